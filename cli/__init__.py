@@ -1,0 +1,1 @@
+"""The `treespec` command line (installed as ``treespec.cli``)."""

@@ -1,0 +1,179 @@
+"""`treespec`: run, and list plugins. Imports torch only in commands that decode."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from treespec.errors import TreespecError
+
+app = typer.Typer(
+    help="Lossless speculative decoding with draft trees.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+OPTION_HELP = (
+    "name=value, repeatable or comma-separated (e.g. -B nodes=25 -B threshold=0.3). "
+    "`treespec plugins` lists every option."
+)
+
+EPILOG = """\
+Examples:
+
+  treespec run --target ../shared/models/stories260K --drafter ../shared/models/stories260K -D layers=4 --builder opt-tree -B nodes=25 --prompt "Once upon a time"
+
+  treespec run --drafter llama-68m --target meta-llama/Llama-2-7b-hf --builder chain -B k=6 --json
+"""
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+@app.command(epilog=EPILOG)
+def run(
+    target: Annotated[str, typer.Option(help="target model: hub id, alias or local directory")] = "../shared/models/stories260K",
+    drafter: Annotated[str, typer.Option(help="drafter name, or a draft model (alias, hub id, directory)")] = "model",
+    builder: Annotated[str, typer.Option(help="tree builder name (see `treespec plugins`)")] = "opt-tree",
+    builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=OPTION_HELP)] = None,
+    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=OPTION_HELP)] = None,
+    prompt: Annotated[Optional[str], typer.Option(help="prompt text")] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option(help="read the prompt from this file")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="stop after this many new tokens")] = 128,
+    seed: Annotated[int, typer.Option(help="random seed (sampling, random-weight models)")] = 0,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ... (default: cpu)")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 (default: float32 on CPU)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
+) -> None:
+    """Generate from a prompt with tree speculative decoding; prints the text and one line of statistics."""
+    from treespec.config import parse_pairs
+
+    try:
+        b_opts = parse_pairs(builder_option, "builder")
+        d_opts = parse_pairs(drafter_option, "drafter")
+        if prompt is not None and prompt_file is not None:
+            _fail("give --prompt or --prompt-file, not both")
+        if prompt_file is not None:
+            if not prompt_file.is_file():
+                _fail(f"--prompt-file {prompt_file}: no such file")
+            text = prompt_file.read_text()
+        else:
+            text = prompt if prompt is not None else "Once upon a time"
+        if drafter == "model" and "model" not in d_opts:
+            _fail("drafter 'model' needs a draft model: --drafter MODEL (alias, hub id or directory) or -D model=PATH")
+
+        import torch
+
+        from treespec.decoder import Decoder
+
+        torch.manual_seed(seed)
+        dec = Decoder(target, drafter, builder, d_opts, b_opts, device=device, dtype=dtype)
+    except TreespecError as exc:
+        _fail(str(exc))
+
+    printed = [""]
+
+    def stream(_new: list[int]) -> None:
+        full = dec.decode(out_ids)
+        # print only complete characters: a token may end inside a multi-byte character
+        if full.endswith("\ufffd"):
+            return
+        sys.stdout.write(full[len(printed[0]) :])
+        sys.stdout.flush()
+        printed[0] = full
+
+    out_ids: list[int] = []
+
+    def collect(new: list[int]) -> None:
+        out_ids.extend(new)
+        if not as_json:
+            stream(new)
+
+    from treespec.errors import DecodingError
+
+    error = None
+    try:
+        out = dec.generate(text, max_new_tokens=max_new_tokens, stream=collect)
+    except DecodingError as exc:
+        out, error = exc.output, str(exc)
+    except TreespecError as exc:
+        _fail(str(exc))
+    if as_json:
+        payload = {"text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()}
+        if error:
+            payload["error"] = error
+        print(json.dumps(payload, ensure_ascii=False))
+    else:
+        sys.stdout.write(out.text[len(printed[0]) :] + "\n")
+        typer.secho(out.stats.summary(), fg=typer.colors.CYAN, err=True)
+    if error:
+        _fail(error, code=1)
+
+
+@app.command()
+def plugins(
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """List the builders and drafters that are installed, with their package, version and options."""
+    from treespec.config import describe_options
+    from treespec.registry import load_plugins
+
+    try:
+        reg = load_plugins()
+    except TreespecError as exc:
+        _fail(str(exc))
+    rows = []
+    for kind, table in (("builder", reg.builders), ("drafter", reg.drafters)):
+        for name in sorted(table):
+            e = table[name]
+            rows.append(
+                {
+                    "kind": kind,
+                    "name": name,
+                    "aliases": list(e.spec.aliases),
+                    "summary": e.spec.summary,
+                    "package": e.package,
+                    "version": e.version,
+                    "entry_point": e.source,
+                    "options": describe_options(e.spec.config),
+                }
+            )
+    failures = [{"entry_point": n, "package": p, "error": err} for n, p, err in reg.failures]
+    if as_json:
+        print(json.dumps({"plugins": rows, "failed": failures, "skipped": reg.skipped}, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="treespec plugins")
+    for col in ("kind", "name", "package", "options", "summary"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        opts = ", ".join(
+            f"{o['name']}" + (" (required)" if o["required"] else f"={o['default']}") for o in r["options"]
+        )
+        name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
+        table.add_row(r["kind"], name, f"{r['package']} {r['version']}", opts, r["summary"])
+    console.print(table)
+    for f in failures:
+        console.print(f"[red]failed to load[/red] {f['entry_point']} ({f['package']}): {f['error']}")
+    if reg.skipped:
+        console.print(f"skipped by TREESPEC_LOAD_PLUGINS/TREESPEC_BLOCK_PLUGINS: {', '.join(reg.skipped)}")
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app()
+
+
+if __name__ == "__main__":
+    main()

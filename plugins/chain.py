@@ -1,0 +1,24 @@
+"""Builder `chain`: classic speculative decoding, one path of k greedily drafted tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from treespec.interfaces import Drafter, TreeBuilder
+from treespec.plugins.configs import ChainConfig
+from treespec.tree import DraftTree
+
+
+class ChainBuilder(TreeBuilder):
+    Config = ChainConfig
+    config: ChainConfig
+
+    def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
+        tree = DraftTree(root_token)
+        node = torch.zeros(1, dtype=torch.long)  # [1] the chain's last node
+        for _ in range(min(self.config.k, max_depth)):
+            prop = drafter.expand(tree, node, 1)  # [1, 1]
+            if float(prop.q[0, 0]) <= 0.0:
+                break
+            node = tree.add_children(node, prop.tokens[:, 0], prop.q[:, 0])
+        return tree

@@ -1,0 +1,24 @@
+"""Options of the built-in plugins. Kept free of torch so that `treespec plugins` stays light."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from treespec.config import PluginConfig
+
+
+class OptTreeConfig(PluginConfig):
+    nodes: int = Field(50, gt=0, description="node budget n: drafted nodes per tree (root excluded)")
+    threshold: float = Field(0.5, ge=0.0, description="δ: keep adding layers while E(A) grows by more than this")
+    max_depth: int = Field(10, gt=0, description="deepest layer of the tree")
+
+
+class ChainConfig(PluginConfig):
+    k: int = Field(4, gt=0, description="drafted tokens per step")
+
+
+class ModelDrafterConfig(PluginConfig):
+    model: str = Field(description="alias (llama-68m, ...), hub id or local directory of the draft model")
+    layers: int | None = Field(None, gt=0, description="keep only the model's first k decoder layers")
+    attn_implementation: str | None = Field(None, description="eager | sdpa | ... (default: the model's)")
+    trust_remote_code: bool = Field(False, description="allow the model's own code from the hub")

@@ -1,0 +1,137 @@
+"""Drafter `model`: an independent Hugging Face causal LM that shares the target's tokenizer.
+
+It keeps its own KV cache across steps. Cache layout during a step:
+
+    rows [0, cache_len)           committed tokens already fed (the draft's prefix)
+    rows [cache_len, root_pos)    pending: committed tokens not fed yet (fed in the step's first forward)
+    rows [root_pos, ...)          tree nodes, in the order they were fed
+
+Each ``expand`` feeds the requested nodes and any of their ancestors not fed yet in ONE forward with a
+tree mask; positions are root_pos + depth. ``commit`` keeps the rows of the accepted nodes it had fed
+and queues the rest of the accepted tokens (and the bonus) as pending.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
+from treespec.plugins.configs import ModelDrafterConfig
+from treespec.target import TargetModel, keep_rows
+from treespec.tree import DraftTree
+
+
+class ModelDrafter(Drafter):
+    Config = ModelDrafterConfig
+    config: ModelDrafterConfig
+
+    def __init__(self, config: ModelDrafterConfig, target: TargetModel):
+        super().__init__(config, target)
+        if target.tokenizer is not None:
+            check_same_tokenizer(
+                target.tokenizer, load_tokenizer(config.model, config.trust_remote_code), target.name, config.model
+            )
+        self.model = load_causal_lm(
+            config.model,
+            device=target.device,
+            dtype=target.dtype,
+            num_hidden_layers=config.layers,
+            attn_implementation=config.attn_implementation,
+            trust_remote_code=config.trust_remote_code,
+        )
+        self.vocab = min(target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
+        self.max_positions = TargetModel(self.model).max_positions
+        self.cache: DynamicCache | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def prefill(self, context: PrefillContext) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.cache_len = 0
+        self.pending: list[int] = context.input_ids[:-1].tolist()
+        self.root_token = int(context.input_ids[-1])
+        self._new_step()
+
+    def _new_step(self) -> None:
+        self.tree: DraftTree | None = None
+        self.row_of: dict[int, int] = {}  # tree node id -> cache row
+        self.row_nodes: list[int] = []  # tree node id of each tree row, in row order
+        self.child_row: dict[tuple[int, int], int] = {}  # (parent row, token) -> row
+        self.probs: torch.Tensor | None = None  # [R, V] draft distribution after each tree row
+
+    @torch.inference_mode()
+    def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
+        if tree is not self.tree:
+            self._new_step()
+            self.tree = tree
+            self.root_pos = self.cache_len + len(self.pending)
+        need = tree.ancestors[nodes].any(dim=0)  # [N] nodes on the requested paths
+        if self.row_of:
+            need[torch.tensor(list(self.row_of))] = False
+        new = need.nonzero().flatten()  # [F] not fed yet; ascending = parents first
+        k = min(k, self.vocab)
+        if self.max_positions and self.root_pos + tree.depth >= self.max_positions:
+            # the draft's context is full: propose nothing (the target still makes progress)
+            m = nodes.shape[0]
+            return Proposals(torch.zeros(m, k, dtype=torch.long), torch.zeros(m, k))
+        if new.numel():
+            self._feed(tree, new)
+        rows = torch.tensor([self.row_of[int(n)] for n in nodes]) - self.root_pos  # [M]
+        q, tokens = self.probs[rows].topk(k, dim=-1)  # [M, k]
+        return Proposals(tokens=tokens.cpu(), q=q.float().cpu())
+
+    def _feed(self, tree: DraftTree, new: torch.Tensor) -> None:
+        """One forward over the pending tokens (first call of a step only) and the tree nodes ``new``."""
+        pending = torch.tensor(self.pending, dtype=torch.long)  # [P]
+        p, f = pending.numel(), new.numel()
+        past = self.cache_len  # rows already in the cache
+        cols = past + p + f
+        blocked = torch.finfo(self.model.dtype).min
+        col = torch.arange(cols)  # [cols]
+        mask = torch.full((p + f, cols), blocked, dtype=self.model.dtype)  # [P+F, cols]
+        # pending rows: causal over the cache and each other (row i sits at position past + i)
+        mask[:p].masked_fill_(col[None, :] <= past + torch.arange(p)[:, None], 0.0)
+        # tree rows: the whole committed prefix, then their own ancestors among the tree rows
+        mask[p:, : self.root_pos] = 0.0
+        row_nodes = torch.tensor(self.row_nodes + new.tolist(), dtype=torch.long)  # [R_old + F]
+        mask[p:, self.root_pos :].masked_fill_(tree.ancestors[new][:, row_nodes], 0.0)  # [F, R_old + F]
+        ids = torch.cat([pending, tree.tokens[new]])  # [P+F]
+        pos = torch.cat([torch.arange(past, past + p), self.root_pos + tree.depths[new]])  # [P+F]
+        dev = self.model.device
+        out = self.model(
+            input_ids=ids[None].to(dev),
+            position_ids=pos[None].to(dev),
+            attention_mask=mask[None, None].to(dev),  # [1, 1, P+F, cols]
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        probs = torch.softmax(out.logits[0, p:, : self.vocab].float(), dim=-1)  # [F, V]
+        self.probs = probs if self.probs is None else torch.cat([self.probs, probs])
+        self.pending = []
+        for node, parent, token in zip(new.tolist(), tree.parents[new].tolist(), tree.tokens[new].tolist()):
+            row = self.root_pos + len(self.row_nodes)
+            self.row_of[node] = row
+            self.row_nodes.append(node)
+            if parent >= 0:
+                self.child_row[(self.row_of[parent], token)] = row
+        self.cache_len = self.root_pos + len(self.row_nodes)
+
+    @torch.inference_mode()
+    def commit(self, commit: Commit) -> None:
+        root, self.root_token = self.root_token, commit.tokens[-1]
+        if not self.row_nodes:  # nothing was fed this step: the root joins the pending tokens
+            self.pending += [root] + commit.tokens[:-1]
+            self._new_step()
+            return
+        keep = [self.root_pos]  # cache rows of the root and the accepted nodes fed this step
+        for token in commit.tokens[:-1]:
+            row = self.child_row.get((keep[-1], token))
+            if row is None:
+                break
+            keep.append(row)
+        m = len(keep)
+        keep_rows(self.cache, self.root_pos, keep)
+        self.cache_len = self.root_pos + m
+        self.pending = commit.tokens[m - 1 : -1]  # accepted tokens not fed; the bonus is the next root
+        self._new_step()

@@ -1,0 +1,73 @@
+"""Plugin configuration: a pydantic model per plugin, and ``name=value`` option parsing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+
+
+class PluginConfig(pydantic.BaseModel):
+    """Base class of every builder's and drafter's ``Config``.
+
+    Unknown options are an error (``extra="forbid"``); values given as strings on the command line
+    are converted by pydantic's lax mode (``"25"`` -> ``25``).
+    """
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+def describe_options(config: type[PluginConfig]) -> list[dict[str, Any]]:
+    """One record per option: name, type, default, description (for ``treespec plugins``)."""
+    out = []
+    for name, field in config.model_fields.items():
+        ann = field.annotation
+        type_name = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+        default = None if field.is_required() else field.get_default(call_default_factory=True)
+        out.append(
+            {
+                "name": name,
+                "type": type_name,
+                "default": default,
+                "required": field.is_required(),
+                "description": field.description or "",
+            }
+        )
+    return out
+
+
+def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, str]:
+    """Turn ``["nodes=25", "threshold=0.5"]`` into a dict; a malformed pair is a ConfigError."""
+    from treespec.errors import ConfigError
+
+    options: dict[str, str] = {}
+    for pair in pairs or []:
+        for item in pair.split(","):
+            if not item.strip():
+                continue
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"{what} option {item!r} is not name=value; write e.g. nodes=25")
+            options[key.strip().replace("-", "_")] = value.strip()
+    return options
+
+
+def build_config(config_cls: type[PluginConfig], options: dict[str, Any] | None, owner: str) -> PluginConfig:
+    """Validate ``options`` against ``config_cls``; any problem becomes a one-line ConfigError."""
+    from treespec.errors import ConfigError
+
+    try:
+        return config_cls.model_validate(dict(options or {}))
+    except pydantic.ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "options"
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown option {loc!r}")
+            else:
+                problems.append(f"option {loc!r}: {err['msg']} (got {err.get('input')!r})")
+        known = ", ".join(
+            f"{o['name']}={o['default']!r}" if not o["required"] else f"{o['name']} (required)"
+            for o in describe_options(config_cls)
+        ) or "none"
+        raise ConfigError(f"{owner}: {'; '.join(problems)}. Valid options: {known}") from None

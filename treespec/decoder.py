@@ -1,0 +1,154 @@
+"""The decode loop: prefill → (build → verify → commit)* → output. Read it top to bottom."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from treespec.errors import ConfigError, DecodingError, TreespecError
+from treespec.factory import make_builder, make_drafter
+from treespec.interfaces import Commit, Drafter, PrefillContext, TreeBuilder
+from treespec.stats import RunStats, StepStats
+from treespec.target import TargetModel
+from treespec.verify import greedy_verify
+
+StreamCallback = Callable[[list[int]], None]
+
+
+@dataclass
+class Output:
+    token_ids: list[int]  # the new tokens only
+    text: str
+    prompt_ids: list[int]
+    stats: RunStats = field(default_factory=RunStats)
+
+
+class Decoder:
+    """Lossless tree speculative decoding of one target with one drafter and one builder.
+
+    ``target``: a model name/path or a ``TargetModel``; ``drafter``/``builder``: a registered name
+    (or for ``drafter``, a model alias / hub id / directory) with options, or an instance.
+    """
+
+    def __init__(
+        self,
+        target: str | TargetModel,
+        drafter: str | Drafter = "model",
+        builder: str | TreeBuilder = "opt-tree",
+        drafter_options: dict[str, Any] | None = None,
+        builder_options: dict[str, Any] | None = None,
+        device: str | None = None,
+        dtype: str | torch.dtype | None = None,
+    ):
+        self.builder = make_builder(builder, builder_options)  # cheap: fail on bad options first
+        self.target = target if isinstance(target, TargetModel) else TargetModel.load(target, device=device, dtype=dtype)
+        self.drafter = make_drafter(drafter, drafter_options, self.target)
+
+    def encode(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
+        if isinstance(prompt, str):
+            if self.target.tokenizer is None:
+                raise ConfigError("the target has no tokenizer: pass token ids instead of text")
+            return list(self.target.tokenizer(prompt).input_ids)
+        return [int(t) for t in (prompt.flatten().tolist() if isinstance(prompt, torch.Tensor) else prompt)]
+
+    def decode(self, ids: list[int]) -> str:
+        tok = self.target.tokenizer
+        return tok.decode(ids, skip_special_tokens=True) if tok is not None else ""
+
+    def generate(
+        self,
+        prompt: str | list[int] | torch.Tensor,
+        max_new_tokens: int = 128,
+        stream: StreamCallback | None = None,
+    ) -> Output:
+        """Decode greedily; the output equals the target's own greedy decoding, token for token.
+
+        Raises ``DecodingError`` on failure, with everything generated so far in ``.output``.
+        """
+        ids = self.encode(prompt)
+        if not ids:
+            raise ConfigError("the prompt is empty: give at least one token")
+        if max_new_tokens <= 0:
+            raise ConfigError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        limit = self.target.max_positions
+        if limit is not None and len(ids) >= limit:
+            raise ConfigError(
+                f"the prompt has {len(ids)} tokens but the target's context is {limit}: shorten the prompt"
+            )
+        out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
+        try:
+            self._run(ids, max_new_tokens, limit, stream, out)
+        except Exception as exc:
+            out.stats.stop_reason = "error"
+            out.text = self.decode(out.token_ids)
+            reason = str(exc) if isinstance(exc, TreespecError) else f"{type(exc).__name__}: {exc}"
+            raise DecodingError(
+                f"decoding stopped after {len(out.token_ids)} new tokens: {reason}", out
+            ) from exc
+        out.text = self.decode(out.token_ids)
+        return out
+
+    def _run(self, ids: list[int], max_new: int, limit: int | None, stream: StreamCallback | None, out: Output) -> None:
+        target, drafter, builder, stats = self.target, self.drafter, self.builder, out.stats
+        want_hidden = drafter.needs_target_hidden
+        eos = target.eos_token_ids
+        t_start = time.perf_counter()
+
+        # prefill: the target caches prompt[:-1]; the last prompt token is the first root
+        prompt = torch.tensor(ids, dtype=torch.long)  # [L]
+        hidden = target.prefill(prompt[:-1], want_hidden=want_hidden)  # [L-1, H] or None
+        drafter.prefill(PrefillContext(input_ids=prompt, hidden=hidden))
+        committed = list(ids)
+        stats.t_prefill = time.perf_counter() - t_start
+
+        while True:
+            room = max_new - len(out.token_ids)
+            if limit is not None:
+                room = min(room, limit - len(committed))
+            if room <= 0:
+                stats.stop_reason = "max_new_tokens" if len(out.token_ids) >= max_new else "context"
+                break
+
+            # build: the builder grows a tree with the drafter; a step emits ≤ depth + 1 tokens
+            t0 = time.perf_counter()
+            tree = builder.build(drafter, committed[-1], max_depth=room - 1)
+
+            # verify: ONE target forward over the whole tree
+            t1 = time.perf_counter()
+            tt = tree.tensors(target.past_len, dtype=target.dtype)
+            logits, hidden = target.forward_tree(tt, want_hidden=want_hidden)  # [N, V], [N, H]
+            t2 = time.perf_counter()
+            acc = greedy_verify(tt, logits)
+
+            # commit: target and drafter keep the accepted path; the bonus token is the next root
+            target.commit(acc.nodes)
+            new = acc.tokens + [acc.bonus]
+            drafter.commit(Commit(tokens=new, hidden=hidden[acc.nodes] if hidden is not None else None))
+            hit_eos = next((i for i, t in enumerate(new) if t in eos), None)
+            if hit_eos is not None:
+                new = new[: hit_eos + 1]
+            committed += new
+            out.token_ids += new
+            t3 = time.perf_counter()
+            step = StepStats(
+                tree_size=tree.size,
+                depth=tree.depth,
+                accepted=acc.accepted,
+                emitted=len(new),
+                expected_accepted=tree.expected_accepted(),
+                t_draft=t1 - t0,
+                t_verify=t2 - t1,
+                t_bookkeeping=t3 - t2,
+            )
+            stats.steps.append(step)
+            stats.new_tokens = len(out.token_ids)
+            builder.observe(step)
+            if stream is not None:
+                stream(new)
+            if hit_eos is not None:
+                stats.stop_reason = "eos"
+                break
+        stats.t_total = time.perf_counter() - t_start

@@ -1,0 +1,48 @@
+"""From names and options to builder and drafter instances (the registry replaces if/elif dispatch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treespec.config import build_config
+from treespec.errors import ConfigError
+from treespec.interfaces import Drafter, TreeBuilder
+from treespec.models import MODEL_ALIASES, looks_like_model
+from treespec.registry import load_plugins
+
+
+def resolve_drafter_name(name: str, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """``--drafter`` takes a drafter name, or a model (alias, hub id, local directory), which means
+    drafter ``model`` with ``model=<that>``."""
+    reg = load_plugins()
+    options = dict(options or {})
+    if reg.find("drafter", name) is not None:
+        return name, options
+    if looks_like_model(name):
+        if "model" in options and options["model"] != name:
+            raise ConfigError(f"--drafter {name!r} is a model, but option model={options['model']!r} names another")
+        options["model"] = name
+        return "model", options
+    reg.get("drafter", name, extra_choices=list(MODEL_ALIASES))  # raises with "did you mean"
+    raise AssertionError("unreachable")
+
+
+def make_builder(builder: str | TreeBuilder, options: dict[str, Any] | None = None) -> TreeBuilder:
+    if isinstance(builder, TreeBuilder):
+        if options:
+            raise ConfigError("builder options go into the builder instance's Config, not builder_options")
+        return builder
+    entry = load_plugins().get("builder", builder)
+    cls = entry.spec.resolve()
+    return cls(build_config(entry.spec.config, options, f"builder {builder!r}"))
+
+
+def make_drafter(drafter: str | Drafter, options: dict[str, Any] | None, target: Any) -> Drafter:
+    if isinstance(drafter, Drafter):
+        if options:
+            raise ConfigError("drafter options go into the drafter instance's Config, not drafter_options")
+        return drafter
+    name, options = resolve_drafter_name(drafter, options)
+    entry = load_plugins().get("drafter", name)
+    cls = entry.spec.resolve()
+    return cls(build_config(entry.spec.config, options, f"drafter {name!r}"), target)

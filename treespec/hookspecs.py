@@ -1,0 +1,42 @@
+"""The plugin hooks of treespec. Plugins are found through the ``treespec`` entry-point group.
+
+A plugin is a module named by an entry point in that group::
+
+    [project.entry-points.treespec]
+    my-plugin = "my_package.treespec_plugin"
+
+whose hook implementations are module-level functions decorated with ``treespec.hookimpl``. Every hook
+is called once, when plugins are first needed; each implementation returns a list of ``PluginSpec``
+records and all the lists are concatenated (no first-result rule). Hook modules should stay light
+(no torch import): put the implementation in another module and name it as ``"module:Class"``.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from treespec.interfaces import PluginSpec
+
+hookspec = pluggy.HookspecMarker("treespec")
+hookimpl = pluggy.HookimplMarker("treespec")
+
+
+@hookspec
+def treespec_builders() -> list[PluginSpec]:
+    """Return the tree builders this plugin provides.
+
+    Each record's ``load`` resolves to a ``treespec.TreeBuilder`` subclass whose ``Config`` is
+    ``record.config``. Called once per process, on first use of the registry. A name that another
+    plugin already registered is an error naming both plugins.
+    """
+
+
+@hookspec
+def treespec_drafters() -> list[PluginSpec]:
+    """Return the drafters this plugin provides.
+
+    Each record's ``load`` resolves to a ``treespec.Drafter`` subclass whose ``Config`` is
+    ``record.config``; ``aliases`` are extra names for the same drafter. Called once per process, on
+    first use of the registry. A name or alias that another plugin already registered is an error
+    naming both plugins.
+    """

@@ -1,0 +1,132 @@
+"""The two plugin interfaces: ``Drafter`` proposes tokens, ``TreeBuilder`` decides the tree's shape.
+
+Builders never see the target; drafters never see the target's cache. See ``docs/design.md``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from treespec.config import PluginConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from treespec.stats import StepStats
+    from treespec.target import TargetModel
+    from treespec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Proposals:
+    """Up to k children for each of M expanded nodes.
+
+    ``tokens[i, j]`` is the j-th proposed child of the i-th requested node and ``q[i, j]`` its draft
+    probability given that node's path, best first. Entries with ``q == 0`` are padding.
+    """
+
+    tokens: "torch.Tensor"  # [M, k] long
+    q: "torch.Tensor"  # [M, k] float
+
+
+@dataclass(frozen=True)
+class PrefillContext:
+    """What a drafter learns about a new prompt before the first step."""
+
+    input_ids: "torch.Tensor"  # [L] long: the whole prompt; its last token is the first root
+    hidden: "torch.Tensor | None" = None  # [L-1, H] the target's hidden states of prompt[:-1],
+    #                                       given only to drafters with needs_target_hidden
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The outcome of one step, told to the drafter.
+
+    ``tokens`` are the accepted draft tokens followed by the target's bonus token; they extend the
+    committed sequence, and the bonus token is the next step's root. ``hidden`` (only for drafters
+    with ``needs_target_hidden``) holds the target's hidden states of the old root and the accepted
+    nodes: ``[len(tokens), H]``, row i being the state at the token *before* ``tokens[i]``.
+    """
+
+    tokens: list[int]
+    hidden: "torch.Tensor | None" = None
+
+
+class Drafter(ABC):
+    """Proposes candidate next tokens for nodes of a draft tree.
+
+    Lifecycle per generation: ``prefill`` once, then per step any number of ``expand`` calls on one
+    growing tree (node ids are stable within a step), then one ``commit``. A drafter owns all of its
+    state (draft KV cache, features, index) and must return to a consistent state after ``commit``.
+    """
+
+    Config: ClassVar[type[PluginConfig]] = PluginConfig
+    #: the Decoder asks the target for hidden states (PrefillContext.hidden, Commit.hidden) only if set
+    needs_target_hidden: ClassVar[bool] = False
+    #: False when q are scores (e.g. normalised match counts) rather than the draft's probabilities
+    provides_probabilities: ClassVar[bool] = True
+
+    def __init__(self, config: PluginConfig, target: "TargetModel"):
+        self.config = config
+        self.target = target
+
+    @abstractmethod
+    def prefill(self, context: PrefillContext) -> None:
+        """Start a new sequence. Called once per ``generate``, before the first step."""
+
+    @abstractmethod
+    def expand(self, tree: "DraftTree", nodes: "torch.Tensor", k: int) -> Proposals:
+        """Propose up to ``k`` children for each node id in ``nodes`` ([M] long) of ``tree``.
+
+        Returns ``Proposals`` with tensors of shape [M, k]. Distinct tokens per node, best first.
+        """
+
+    @abstractmethod
+    def commit(self, commit: Commit) -> None:
+        """The step is over: ``commit.tokens`` were appended to the sequence. Drop draft state of
+        rejected nodes, keep the rest."""
+
+    def close(self) -> None:
+        """Release resources (optional)."""
+
+
+class TreeBuilder(ABC):
+    """Decides which nodes to expand and which to keep, using a drafter's proposals."""
+
+    Config: ClassVar[type[PluginConfig]] = PluginConfig
+
+    def __init__(self, config: PluginConfig):
+        self.config = config
+
+    @abstractmethod
+    def build(self, drafter: Drafter, root_token: int, max_depth: int) -> "DraftTree":
+        """Grow this step's tree from ``root_token``. No node may be deeper than ``max_depth``
+        (the Decoder's cap from ``max_new_tokens`` and the context; 0 means root only)."""
+
+    def observe(self, stats: "StepStats") -> None:
+        """Feedback after each step (adaptive builders override it)."""
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """One builder or drafter, as a plugin hook returns it.
+
+    ``load`` is the implementation class, or a ``"module:Class"`` string imported on first use so
+    that listing plugins stays light. ``config`` is the class's pydantic Config.
+    """
+
+    name: str
+    summary: str
+    config: type[PluginConfig]
+    load: "type | str"
+    aliases: tuple[str, ...] = field(default=())
+
+    def resolve(self) -> type:
+        if isinstance(self.load, str):
+            import importlib
+
+            module, _, attr = self.load.partition(":")
+            return getattr(importlib.import_module(module), attr)
+        return self.load

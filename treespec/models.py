@@ -1,0 +1,135 @@
+"""Finding and loading models: aliases, local directories, hub ids and the offline cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from treespec.errors import ModelLoadError
+
+#: Common public draft models, by short name. Facts, not code: extend freely.
+MODEL_ALIASES: dict[str, str] = {
+    "llama-68m": "JackFram/llama-68m",
+    "llama-160m": "JackFram/llama-160m",
+    "vicuna-68m": "double7/vicuna-68m",
+    "vicuna-160m": "double7/vicuna-160m",
+    "tinyllama": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B-Instruct",
+    "gpt2": "openai-community/gpt2",
+}
+
+
+def resolve_name(name: str) -> str:
+    """An alias becomes its hub id; a path or hub id is returned unchanged."""
+    return MODEL_ALIASES.get(name, name)
+
+
+def looks_like_model(name: str) -> bool:
+    """Whether ``--drafter NAME`` should be read as a model: an alias, a directory, or ``org/model``."""
+    if name in MODEL_ALIASES or Path(name).expanduser().is_dir():
+        return True
+    return name.count("/") == 1 and not name.startswith((".", "/")) and not Path(name).exists()
+
+
+def _hub_kwargs(name: str) -> tuple[str, dict[str, Any]]:
+    resolved = resolve_name(name)
+    path = Path(resolved).expanduser()
+    if path.is_dir():
+        return str(path), {}
+    if path.exists() or resolved.startswith((".", "/", "~")) or resolved.count("/") > 1:
+        raise ModelLoadError(f"model {name!r}: {resolved} is not a model directory; pass a directory holding config.json")
+    return resolved, {}
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+
+
+def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
+    resolved, extra = _hub_kwargs(name)
+    is_local = Path(resolved).is_dir()
+    try:
+        # Local directories and cached hub models load without touching the network.
+        return loader.from_pretrained(resolved, local_files_only=True, **extra, **kwargs)
+    except OSError as exc:
+        if is_local:
+            raise ModelLoadError(f"{what} {name!r}: cannot load from {resolved} ({_first_line(exc)})") from None
+        if _offline():
+            raise ModelLoadError(
+                f"{what} {name!r} ({resolved}) is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                f"pass a local path, or download it first with `hf download {resolved}`"
+            ) from None
+    try:
+        return loader.from_pretrained(resolved, **extra, **kwargs)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"{what} {name!r} ({resolved}) is not in the local cache and the hub cannot be reached "
+            f"({_first_line(exc)}); pass a local path, or download it with `hf download {resolved}`"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def load_causal_lm(
+    name: str,
+    device: Any = None,
+    dtype: Any = None,
+    num_hidden_layers: int | None = None,
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+) -> Any:
+    """``AutoModelForCausalLM`` by alias, local path or hub id; float32 by default on CPU.
+
+    ``num_hidden_layers=k`` keeps only the first k decoder layers (a self-draft made of the target's
+    own first layers); the skipped layers' weights are ignored quietly.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if num_hidden_layers is not None:
+        kwargs["num_hidden_layers"] = num_hidden_layers
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if isinstance(dtype, str):
+        dtype = None if dtype == "auto" else getattr(torch, dtype)
+    kwargs["dtype"] = dtype if dtype is not None else (torch.float32 if _device_type(device) == "cpu" else "auto")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        model = _load(AutoModelForCausalLM, name, "model", **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if device is not None:
+        model = model.to(device)
+    return model.eval()
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
+    from transformers import AutoTokenizer
+
+    return _load(AutoTokenizer, name, "tokenizer", trust_remote_code=trust_remote_code)
+
+
+def _device_type(device: Any) -> str:
+    if device is None:
+        return "cpu"
+    return str(device).split(":")[0]
+
+
+def check_same_tokenizer(target_tok: Any, draft_tok: Any, target_name: str, draft_name: str) -> None:
+    """Refuse a draft whose vocabulary (token → id) differs from the target's."""
+    a, b = target_tok.get_vocab(), draft_tok.get_vocab()
+    if a == b:
+        return
+    differ = sum(1 for t, i in a.items() if b.get(t) != i) + sum(1 for t in b if t not in a)
+    raise ModelLoadError(
+        f"drafter {draft_name!r} does not share the tokenizer of target {target_name!r} "
+        f"({len(b)} vs {len(a)} tokens, {differ} differ); pick a draft from the target's model family"
+    )

@@ -1,0 +1,160 @@
+"""Plugin discovery and lookup.
+
+``load_plugins()`` is lazy and idempotent: the first lookup imports every module of the ``treespec``
+entry-point group (built-ins included: they are entry points of the ``treespec`` distribution), asks
+their hooks for ``PluginSpec`` records and indexes them by name.
+
+Environment switches (read at load time):
+
+- ``TREESPEC_LOAD_PLUGINS=a,b`` loads only the third-party entry points named a and b (empty: none);
+- ``TREESPEC_BLOCK_PLUGINS=a,b`` skips the entry points named a and b.
+
+Built-ins (entry points of the ``treespec`` distribution) always load.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata as md
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pluggy
+
+from treespec import hookspecs
+from treespec.errors import ConfigError, PluginError
+from treespec.interfaces import PluginSpec
+
+Kind = Literal["builder", "drafter"]
+GROUP = "treespec"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered plugin: its record and where it came from."""
+
+    kind: Kind
+    spec: PluginSpec
+    source: str  # entry-point name
+    package: str  # distribution name
+    version: str
+
+    @property
+    def origin(self) -> str:
+        return f"{self.package} {self.version} (entry point {self.source!r})"
+
+
+@dataclass
+class Registry:
+    builders: dict[str, Entry] = field(default_factory=dict)
+    drafters: dict[str, Entry] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)  # drafter alias -> drafter name
+    failures: list[tuple[str, str, str]] = field(default_factory=list)  # (entry point, package, error)
+    skipped: list[str] = field(default_factory=list)
+
+    def _table(self, kind: Kind) -> dict[str, Entry]:
+        return self.builders if kind == "builder" else self.drafters
+
+    def add(self, entry: Entry) -> None:
+        for name in (entry.spec.name, *entry.spec.aliases):
+            other = self.find(entry.kind, name)
+            if other is not None:
+                raise PluginError(
+                    f"{entry.kind} name {name!r} is registered twice: by {other.origin} and by {entry.origin}; "
+                    f"uninstall one of them or block one with TREESPEC_BLOCK_PLUGINS={entry.source}"
+                )
+        self._table(entry.kind)[entry.spec.name] = entry
+        if entry.kind == "drafter":
+            for alias in entry.spec.aliases:
+                self.aliases[alias] = entry.spec.name
+
+    def names(self, kind: Kind) -> list[str]:
+        return sorted(self._table(kind))
+
+    def find(self, kind: Kind, name: str) -> Entry | None:
+        table = self._table(kind)
+        if kind == "drafter" and name in self.aliases:
+            name = self.aliases[name]
+        return table.get(name)
+
+    def get(self, kind: Kind, name: str, extra_choices: list[str] | None = None) -> Entry:
+        entry = self.find(kind, name)
+        if entry is not None:
+            return entry
+        choices = self.names(kind) + (list(self.aliases) if kind == "drafter" else []) + (extra_choices or [])
+        close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        failed = f" ({len(self.failures)} plugin(s) failed to load: see `treespec plugins`)" if self.failures else ""
+        raise ConfigError(
+            f"unknown {kind} {name!r}; {hint}available: {', '.join(self.names(kind)) or 'none'}{failed}"
+        )
+
+
+_lock = threading.Lock()
+_registry: Registry | None = None
+
+
+def _env_list(name: str) -> set[str] | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    return {v.strip() for v in value.split(",") if v.strip()}
+
+
+def _is_builtin(ep: md.EntryPoint) -> bool:
+    return ep.dist is not None and ep.dist.metadata["Name"] == "treespec"
+
+
+def _collect(reg: Registry, module: Any, ep_name: str, package: str, version: str) -> None:
+    pm = pluggy.PluginManager(GROUP)
+    pm.add_hookspecs(hookspecs)
+    pm.register(module, name=ep_name)
+    for kind, hook in (("builder", pm.hook.treespec_builders), ("drafter", pm.hook.treespec_drafters)):
+        for specs in hook():
+            for spec in specs or []:
+                if not isinstance(spec, PluginSpec):
+                    raise PluginError(f"plugin {ep_name!r} ({package}) returned {type(spec).__name__}, not PluginSpec")
+                reg.add(Entry(kind, spec, ep_name, package, version))  # type: ignore[arg-type]
+
+
+def discover(entry_points: list[md.EntryPoint] | None = None) -> Registry:
+    """Build a registry from entry points (default: the installed ``treespec`` group)."""
+    reg = Registry()
+    eps = list(entry_points if entry_points is not None else md.entry_points(group=GROUP))
+    only, blocked = _env_list("TREESPEC_LOAD_PLUGINS"), _env_list("TREESPEC_BLOCK_PLUGINS") or set()
+    seen: set[tuple[str, str]] = set()
+    for ep in sorted(eps, key=lambda e: (not _is_builtin(e), e.name)):
+        package = ep.dist.metadata["Name"] if ep.dist is not None else "?"
+        version = ep.dist.version if ep.dist is not None else "?"
+        if (ep.name, ep.value) in seen:  # one distribution seen twice on sys.path
+            continue
+        seen.add((ep.name, ep.value))
+        if not _is_builtin(ep) and ((only is not None and ep.name not in only) or ep.name in blocked):
+            reg.skipped.append(ep.name)
+            continue
+        try:
+            module = ep.load()
+        except Exception as exc:  # a broken plugin must not take the others down
+            reg.failures.append((ep.name, package, f"{type(exc).__name__}: {exc}"))
+            continue
+        _collect(reg, module, ep.name, package, version)
+    return reg
+
+
+def load_plugins() -> Registry:
+    """The process-wide registry, discovered on first call."""
+    global _registry
+    if _registry is None:
+        with _lock:
+            if _registry is None:
+                _registry = discover()
+    return _registry
+
+
+def reset() -> None:
+    """Forget the loaded plugins (tests, or after installing a plugin at run time)."""
+    global _registry
+    with _lock:
+        _registry = None

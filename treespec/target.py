@@ -1,0 +1,154 @@
+"""TargetModel: a Hugging Face causal LM behind the three calls a step needs.
+
+It owns the target's KV cache, which always holds ``committed[:-1]``: the last committed token is
+the next tree's root and is fed by ``forward_tree``. Works with any model whose forward accepts a 4D
+float ``attention_mask`` and explicit ``position_ids`` over a ``DynamicCache`` (Llama, Mistral,
+Qwen2, GPT-2, ... — measured in ``../shared/README.md``, tested in ``tests/test_tree_forward.py``).
+Devices and dtypes come from the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from treespec.errors import TreespecError
+from treespec.tree import TreeTensors
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Drop every cached position from ``length`` on (transformers 5 crops by a negative count)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def keep_rows(cache: DynamicCache, base: int, rows: list[int] | torch.Tensor) -> None:
+    """Keep cache positions ``rows`` (ascending, all ≥ base) at base, base+1, ... and drop the rest.
+
+    Copy-into-place then crop: about 4× faster than index_select on every layer (../shared/README.md).
+    """
+    rows = torch.as_tensor(rows)
+    m = int(rows.shape[0])
+    if m and int(rows[-1]) != base + m - 1:  # not already a contiguous run from base (chains are)
+        for layer in cache.layers:
+            src = rows.to(layer.keys.device)
+            layer.keys[:, :, base : base + m] = layer.keys[:, :, src]  # [B, H_kv, m, D]
+            layer.values[:, :, base : base + m] = layer.values[:, :, src]
+    crop_cache(cache, base + m)
+
+
+class TargetModel:
+    def __init__(self, model: Any, tokenizer: Any = None, name: str | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.config = model.config
+        self.cache: DynamicCache | None = None
+        self.past_len = 0
+        params = inspect.signature(model.forward).parameters
+        self._has_logits_to_keep = "logits_to_keep" in params
+
+    # ------------------------------------------------------------------ facts about the model
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def max_positions(self) -> int | None:
+        cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.config, "eos_token_id", None)
+        if eos is None:
+            return set()
+        return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @classmethod
+    def load(cls, name_or_path: str, **kwargs: Any) -> "TargetModel":
+        """Load model and tokenizer by alias, local path or hub id (see ``treespec.models``)."""
+        from treespec.models import load_causal_lm, load_tokenizer
+
+        model = load_causal_lm(name_or_path, **kwargs)
+        return cls(model, load_tokenizer(name_or_path), name=name_or_path)
+
+    # ------------------------------------------------------------------ the three calls
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.config)
+        self.past_len = 0
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, want_hidden: bool = False) -> torch.Tensor | None:
+        """Start a new sequence: run ``input_ids`` ([L], the prompt without its last token) into a
+        fresh cache. Returns their last-layer hidden states [L, H] if asked."""
+        self.reset()
+        n = int(input_ids.shape[0])
+        if n == 0:
+            return torch.zeros(0, self.config.hidden_size, device=self.device, dtype=self.dtype) if want_hidden else None
+        ids = input_ids.to(self.device)[None]  # [1, L]
+        kwargs: dict[str, Any] = {}
+        if self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1  # the root's logits come from the first tree forward
+        out = self._forward(
+            input_ids=ids,
+            position_ids=torch.arange(n, device=self.device)[None],  # [1, L]
+            attention_mask=None,  # plain causal
+            output_hidden_states=want_hidden,
+            **kwargs,
+        )
+        self.past_len = n
+        return out.hidden_states[-1][0] if want_hidden else None  # [L, H]
+
+    @torch.inference_mode()
+    def forward_tree(self, tt: TreeTensors, want_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward over every tree node. Returns logits [N, V] (row i: the target's next-token
+        logits after node i's path) and, if asked, last-layer hidden states [N, H]."""
+        out = self._forward(
+            input_ids=tt.input_ids.to(self.device)[None],  # [1, N]
+            position_ids=tt.position_ids.to(self.device)[None],  # [1, N]
+            attention_mask=tt.attention_mask.to(self.device, self.dtype),  # [1, 1, N, P+N]
+            output_hidden_states=want_hidden,
+        )
+        self.past_len += int(tt.input_ids.shape[0])
+        hidden = out.hidden_states[-1][0] if want_hidden else None  # [N, H]
+        return out.logits[0], hidden  # [N, V]
+
+    @torch.inference_mode()
+    def commit(self, nodes: torch.Tensor) -> None:
+        """Keep only the KV rows of ``nodes`` (the root and the accepted nodes, ascending) of the
+        last tree forward: copy them into place behind the prefix and crop the rest."""
+        base = self.past_len - self._tree_len
+        keep_rows(self.cache, base, base + nodes.cpu())
+        self.past_len = base + int(nodes.shape[0])
+
+    # ------------------------------------------------------------------ internals
+    def _forward(self, **kwargs: Any) -> Any:
+        before = self.past_len
+        try:
+            out = self.model(past_key_values=self.cache, use_cache=True, return_dict=True, **kwargs)
+        except Exception as exc:
+            if self.cache is not None and self.cache.get_seq_length() > before:
+                crop_cache(self.cache, before)  # a failed forward may have appended to the cache
+            raise TreespecError(f"target forward failed ({type(exc).__name__}: {exc})") from exc
+        self._tree_len = int(kwargs["input_ids"].shape[1])
+        return out
