@@ -33,6 +33,20 @@ Examples:
 """
 
 
+# Until treespec ships its own model pair (issue 7), the default pair is the real stories260K model
+# from ../shared (relative to the working directory or to this checkout) with its first 4 layers as draft.
+DEFAULT_TARGET = "../shared/models/stories260K"
+DEFAULT_DRAFT_LAYERS = 4
+
+
+def _default_target() -> str:
+    here = Path(DEFAULT_TARGET)
+    if here.is_dir():
+        return DEFAULT_TARGET
+    checkout = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "stories260K"
+    return str(checkout) if checkout.is_dir() else DEFAULT_TARGET
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -40,8 +54,8 @@ def _fail(message: str, code: int = 2) -> None:
 
 @app.command(epilog=EPILOG)
 def run(
-    target: Annotated[str, typer.Option(help="target model: hub id, alias or local directory")] = "../shared/models/stories260K",
-    drafter: Annotated[str, typer.Option(help="drafter name, or a draft model (alias, hub id, directory)")] = "model",
+    target: Annotated[Optional[str], typer.Option(help=f"target model: hub id, alias or local directory [default: {DEFAULT_TARGET}]", show_default=False)] = None,
+    drafter: Annotated[Optional[str], typer.Option(help=f"drafter name, or a draft model (alias, hub id, directory) [default with the default target: its first {DEFAULT_DRAFT_LAYERS} layers]", show_default=False)] = None,
     builder: Annotated[str, typer.Option(help="tree builder name (see `treespec plugins`)")] = "opt-tree",
     builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=OPTION_HELP)] = None,
     drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=OPTION_HELP)] = None,
@@ -67,6 +81,13 @@ def run(
             text = prompt_file.read_text()
         else:
             text = prompt if prompt is not None else "Once upon a time"
+        if target is None:
+            target = _default_target()
+            if drafter is None:
+                drafter = target
+                d_opts.setdefault("layers", str(DEFAULT_DRAFT_LAYERS))
+        if drafter is None:
+            _fail("no drafter: pass --drafter NAME, a draft model (alias, hub id or directory), or -D model=PATH")
         if drafter == "model" and "model" not in d_opts:
             _fail("drafter 'model' needs a draft model: --drafter MODEL (alias, hub id or directory) or -D model=PATH")
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,17 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
 
 
+@functools.lru_cache(maxsize=1)
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick TCP connect to the hub (HF_ENDPOINT), instead of huggingface_hub's minute of retries."""
+    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
     resolved, extra = _hub_kwargs(name)
     is_local = Path(resolved).is_dir()
@@ -55,9 +69,10 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
     except OSError as exc:
         if is_local:
             raise ModelLoadError(f"{what} {name!r}: cannot load from {resolved} ({_first_line(exc)})") from None
-        if _offline():
+        if _offline() or not _hub_reachable():
+            why = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
             raise ModelLoadError(
-                f"{what} {name!r} ({resolved}) is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                f"{what} {name!r} ({resolved}) is not in the local Hugging Face cache and {why}; "
                 f"pass a local path, or download it first with `hf download {resolved}`"
             ) from None
     try:

@@ -20,10 +20,14 @@ from treespec.tree import TreeTensors
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
-    """Drop every cached position from ``length`` on (transformers 5 crops by a negative count)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
+    """Drop every cached position from ``length`` on, layer by layer: a forward that failed part-way
+    may have appended to its first layers only (transformers 5 crops by a negative count)."""
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", True) or getattr(layer, "keys", None) is None:
+            continue
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)
 
 
 def keep_rows(cache: DynamicCache, base: int, rows: list[int] | torch.Tensor) -> None:
@@ -49,6 +53,7 @@ class TargetModel:
         self.config = model.config
         self.cache: DynamicCache | None = None
         self.past_len = 0
+        self._tree_len: int | None = None
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
 
@@ -96,6 +101,7 @@ class TargetModel:
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.config)
         self.past_len = 0
+        self._tree_len: int | None = None  # nodes of the last forward_tree, until commit
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, want_hidden: bool = False) -> torch.Tensor | None:
@@ -129,7 +135,8 @@ class TargetModel:
             attention_mask=tt.attention_mask.to(self.device, self.dtype),  # [1, 1, N, P+N]
             output_hidden_states=want_hidden,
         )
-        self.past_len += int(tt.input_ids.shape[0])
+        self._tree_len = int(tt.input_ids.shape[0])
+        self.past_len += self._tree_len
         hidden = out.hidden_states[-1][0] if want_hidden else None  # [N, H]
         return out.logits[0], hidden  # [N, V]
 
@@ -137,18 +144,21 @@ class TargetModel:
     def commit(self, nodes: torch.Tensor) -> None:
         """Keep only the KV rows of ``nodes`` (the root and the accepted nodes, ascending) of the
         last tree forward: copy them into place behind the prefix and crop the rest."""
+        if self._tree_len is None:
+            raise TreespecError("TargetModel.commit() needs a successful forward_tree() first")
         base = self.past_len - self._tree_len
         keep_rows(self.cache, base, base + nodes.cpu())
         self.past_len = base + int(nodes.shape[0])
+        self._tree_len = None
 
     # ------------------------------------------------------------------ internals
     def _forward(self, **kwargs: Any) -> Any:
         before = self.past_len
+        self._tree_len = None
         try:
             out = self.model(past_key_values=self.cache, use_cache=True, return_dict=True, **kwargs)
         except Exception as exc:
             if self.cache is not None and self.cache.get_seq_length() > before:
                 crop_cache(self.cache, before)  # a failed forward may have appended to the cache
             raise TreespecError(f"target forward failed ({type(exc).__name__}: {exc})") from exc
-        self._tree_len = int(kwargs["input_ids"].shape[1])
         return out

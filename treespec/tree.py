@@ -12,6 +12,7 @@ itself (``tensors``) never walks the graph.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -50,11 +51,14 @@ class DraftTree:
         selection of the top nodes by p̂ (ties broken by depth) is closed under parents.
         """
         parents = parents.to(self.tokens.device, torch.long).reshape(-1)
-        if parents.numel() and int(parents.max()) >= len(self):
+        tokens, q = tokens.reshape(-1), q.reshape(-1)
+        if not parents.shape == tokens.shape == q.shape:
+            raise ValueError("add_children: parents, tokens and q must have the same length")
+        if parents.numel() and (int(parents.min()) < 0 or int(parents.max()) >= len(self)):
             raise ValueError("add_children: a parent id does not exist yet")
         start = len(self)
-        q = q.to(self.q.device, torch.float32).reshape(-1)
-        self.tokens = torch.cat([self.tokens, tokens.to(self.tokens.device, torch.long).reshape(-1)])
+        q = q.to(self.q.device, torch.float32)
+        self.tokens = torch.cat([self.tokens, tokens.to(self.tokens.device, torch.long)])
         self.parents = torch.cat([self.parents, parents])
         self.depths = torch.cat([self.depths, self.depths[parents] + 1])
         self.phat = torch.cat([self.phat, self.phat[parents] * q])
@@ -159,6 +163,8 @@ class DraftTree:
         pars = self.parents.tolist()
         if pars[0] != -1:
             raise ValueError("the root must have no parent")
+        if int(self.depths[0]) != 0 or float(self.phat[0]) != 1.0:
+            raise ValueError("the root must have depth 0 and p̂ = 1")
         if len(self) > 1 and not nx.is_arborescence(g):
             raise ValueError("the nodes do not form a tree rooted at node 0")
         for i in range(1, len(self)):
@@ -167,7 +173,7 @@ class DraftTree:
                 raise ValueError(f"node {i}: parent {p} does not come before it")
             if g.nodes[i]["depth"] != g.nodes[p]["depth"] + 1:
                 raise ValueError(f"node {i}: depth is not its parent's depth + 1")
-            if abs(g.nodes[i]["phat"] - g.nodes[p]["phat"] * g.nodes[i]["q"]) > 1e-6:
+            if not math.isclose(g.nodes[i]["phat"], g.nodes[p]["phat"] * g.nodes[i]["q"], rel_tol=1e-5, abs_tol=1e-30):
                 raise ValueError(f"node {i}: p̂ is not p̂(parent)·q")
             if not 0.0 <= g.nodes[i]["q"] <= 1.0:
                 raise ValueError(f"node {i}: q = {g.nodes[i]['q']} is not a probability")

@@ -1,0 +1,90 @@
+"""Shared fixtures: the real model and prompt sets in ../shared, and the target's own greedy outputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The models here are tiny: one thread per process is fastest, and two test processes (or a test and
+# its `treespec` subprocess) with two OpenMP threads each on two cores slow every matmul ~100x.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("TREESPEC_SHARED", REPO.parent / "shared"))
+STORIES260K = SHARED / "models" / "stories260K"
+TINYSTORIES = SHARED / "prompts" / "tinystories_val.txt"
+
+# stories260K was trained on llama2.c's TinyStories format, where every story starts with BOS (1)
+# and none ends with EOS (2): the model ends a story by emitting BOS. The lossless tests make the
+# target's generation_config stop at either, so that runs which end a story are covered too; the
+# reference `generate` reads the same generation_config.
+STORY_END_IDS = [2, 1]
+
+
+def pytest_configure(config):
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if not STORIES260K.is_dir():
+        raise pytest.UsageError(f"{STORIES260K} is missing: the tests need ../shared (set TREESPEC_SHARED)")
+
+
+def tinystories_prompts(n: int, cut_words: int = 25) -> list[str]:
+    """The first n validation stories, each without its last ``cut_words`` words (at least 12 kept):
+    real text, and some runs reach the story's end within 128 tokens."""
+    stories = [s.strip() for s in TINYSTORIES.read_text().split("\n\n") if s.strip()]
+    out = []
+    for story in stories[:n]:
+        words = story.split()
+        out.append(" ".join(words[: max(12, len(words) - cut_words)]))
+    return out
+
+
+@pytest.fixture(scope="session")
+def target64():
+    """stories260K in float64 (ties between the two best logits are vanishingly rare there)."""
+    import treespec
+
+    target = treespec.TargetModel.load(str(STORIES260K), dtype="float64")
+    target.model.generation_config.eos_token_id = STORY_END_IDS
+    return target
+
+
+class GreedyReference:
+    """The target's own ``generate(do_sample=False)``, cached per (prompt, max_new_tokens)."""
+
+    def __init__(self, target):
+        self.target = target
+        self.cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def __call__(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        import torch
+
+        key = (tuple(prompt_ids), max_new_tokens)
+        if key not in self.cache:
+            ids = torch.tensor([prompt_ids])
+            with torch.inference_mode():
+                out = self.target.model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
+            self.cache[key] = out[0, ids.shape[1] :].tolist()
+        return self.cache[key]
+
+    def explain(self, prompt_ids: list[int], got: list[int], want: list[int]) -> str:
+        """Where two outputs first differ, with the target's logit gap there (≈1e-6: rounding; more: a bug)."""
+        import torch
+
+        i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        with torch.inference_mode():
+            logits = self.target.model(torch.tensor([prompt_ids + want[:i]])).logits[0, -1]
+        top2 = logits.topk(2).values
+        return (
+            f"first difference at new token {i}: got {got[i:i + 3]} want {want[i:i + 3]} "
+            f"(lengths {len(got)} vs {len(want)}); target logit gap there {float(top2[0] - top2[1]):.3g}"
+        )
+
+
+@pytest.fixture(scope="session")
+def greedy_reference(target64):
+    return GreedyReference(target64)

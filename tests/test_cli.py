@@ -1,0 +1,111 @@
+"""The CLI through typer's runner, and one real `treespec run --json` subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import STORIES260K
+from treespec.cli.app import app
+
+runner = CliRunner()
+PAIR = ["--target", str(STORIES260K), "--drafter", str(STORIES260K), "-D", "layers=4"]
+
+
+def test_run_json_matches_target_greedy(greedy_reference):
+    prompt = "Once upon a time, there was a little dog"
+    res = runner.invoke(app, ["run", *PAIR, "--builder", "opt-tree", "-B", "nodes=25,threshold=0.3",
+                              "--prompt", prompt, "--max-new-tokens", "48", "--json", "--dtype", "float64"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert set(data) >= {"text", "token_ids", "stats"}
+    assert set(data["stats"]) >= {"steps", "new_tokens", "mean_accepted", "tokens_per_s"}
+    ids = greedy_reference.target.tokenizer(prompt).input_ids
+    assert data["token_ids"] == greedy_reference(ids, 48)
+    assert data["stats"]["new_tokens"] == 48
+    assert data["stats"]["mean_accepted"] == pytest.approx(48 / data["stats"]["steps"])
+
+
+def test_run_plain_streams_text_and_ends_with_statistics():
+    res = runner.invoke(app, ["run", *PAIR, "--builder", "chain", "-B", "k=3", "--prompt", "Once upon a time",
+                              "--max-new-tokens", "20"])
+    assert res.exit_code == 0, res.output
+    assert "tokens/step" in res.stderr and "20 tokens" in res.stderr
+    assert len(res.stdout.strip()) > 20
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--builder", "opt-tre"], "did you mean 'opt-tree'"),
+        (["--builder", "opt-tree", "-B", "nodes=0"], "nodes"),
+        (["--builder", "opt-tree", "-B", "nodes=many"], "valid integer"),
+        (["--builder", "opt-tree", "-B", "depth=3"], "unknown option 'depth'"),
+        (["--builder", "chain", "-B", "k"], "not name=value"),
+        (["--drafter", "moddel"], "did you mean"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, needle):
+    base = ["run", "--target", str(STORIES260K), "--prompt", "Hi", "--max-new-tokens", "4"]
+    if "--drafter" not in args:
+        base += ["--drafter", str(STORIES260K)]
+    res = runner.invoke(app, base + args)
+    assert res.exit_code == 2
+    err = res.stderr.strip()
+    assert needle in err and err.startswith("error:") and len(err.splitlines()) == 1, err
+    assert "Traceback" not in res.output
+
+
+def test_prompt_longer_than_the_context_is_refused():
+    res = runner.invoke(app, ["run", *PAIR, "--prompt", "tree " * 600, "--max-new-tokens", "4"])
+    assert res.exit_code == 2
+    assert "context is 512" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_plugins_lists_builtins_without_torch():
+    code = (
+        "import sys; from typer.testing import CliRunner; from treespec.cli.app import app; "
+        "r = CliRunner().invoke(app, ['plugins', '--json']); assert r.exit_code == 0, r.output; "
+        "print(r.stdout); assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    names = {(p["kind"], p["name"]): p for p in data["plugins"]}
+    assert {("builder", "opt-tree"), ("builder", "chain"), ("drafter", "model")} <= set(names)
+    opt = {o["name"]: o["default"] for o in names[("builder", "opt-tree")]["options"]}
+    assert opt == {"nodes": 50, "threshold": 0.5, "max_depth": 10}
+    assert names[("builder", "opt-tree")]["package"] == "treespec"
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys; from typer.testing import CliRunner; from treespec.cli.app import app; "
+        "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0; assert 'run' in r.stdout; "
+        "assert 'torch' not in sys.modules"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_real_subprocess_run_json(greedy_reference, tmp_path):
+    exe = shutil.which("treespec", path=os.path.dirname(sys.executable)) or shutil.which("treespec")
+    assert exe, "the treespec console script is not installed"
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("One day, a little girl named Lily found a needle in her room.")
+    proc = subprocess.run(
+        [exe, "run", *PAIR, "--builder", "opt-tree", "--prompt-file", str(prompt_file), "--max-new-tokens", "32",
+         "--json", "--dtype", "float64"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    ids = greedy_reference.target.tokenizer(prompt_file.read_text()).input_ids
+    assert data["token_ids"] == greedy_reference(ids, 32)
