@@ -103,7 +103,7 @@ def run(
     printed = [""]
 
     def stream(_new: list[int]) -> None:
-        full = dec.decode(out_ids)
+        full = dec.decode(out_ids, prompt_ids)
         # print only complete characters: a token may end inside a multi-byte character
         if full.endswith("\ufffd"):
             return
@@ -112,6 +112,10 @@ def run(
         printed[0] = full
 
     out_ids: list[int] = []
+    try:
+        prompt_ids = dec.encode(text)
+    except TreespecError as exc:
+        _fail(str(exc))
 
     def collect(new: list[int]) -> None:
         out_ids.extend(new)
@@ -122,7 +126,7 @@ def run(
 
     error = None
     try:
-        out = dec.generate(text, max_new_tokens=max_new_tokens, stream=collect)
+        out = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, stream=collect)
     except DecodingError as exc:
         out, error = exc.output, str(exc)
     except TreespecError as exc:
@@ -134,6 +138,7 @@ def run(
         print(json.dumps(payload, ensure_ascii=False))
     else:
         sys.stdout.write(out.text[len(printed[0]) :] + "\n")
+        sys.stdout.flush()
         typer.secho(out.stats.summary(), fg=typer.colors.CYAN, err=True)
     if error:
         _fail(error, code=1)
@@ -169,7 +174,7 @@ def plugins(
             )
     failures = [{"entry_point": n, "package": p, "error": err} for n, p, err in reg.failures]
     if as_json:
-        print(json.dumps({"plugins": rows, "failed": failures, "skipped": reg.skipped}, default=str))
+        print(json.dumps({"plugins": rows, "failed": failures, "skipped": reg.skipped, "unmatched": reg.unmatched}, default=str))
         return
     from rich.console import Console
     from rich.table import Table
@@ -187,6 +192,8 @@ def plugins(
     console.print(table)
     for f in failures:
         console.print(f"[red]failed to load[/red] {f['entry_point']} ({f['package']}): {f['error']}")
+    if reg.unmatched:
+        console.print(f"[yellow]no entry point is named[/yellow] {', '.join(reg.unmatched)} (TREESPEC_LOAD_PLUGINS/TREESPEC_BLOCK_PLUGINS take entry-point names)")
     if reg.skipped:
         console.print(f"skipped by TREESPEC_LOAD_PLUGINS/TREESPEC_BLOCK_PLUGINS: {', '.join(reg.skipped)}")
 

@@ -243,6 +243,52 @@ def test_plugin_that_fails_to_import_is_reported_and_the_others_load(fake):
         reg.get("builder", "nope")
 
 
+def test_plugin_whose_hook_raises_is_reported_and_the_others_load(fake):
+    fake.add("fake-hookfail", "hookfail", "fake_hookfail_mod", """
+        import treespec
+
+        @treespec.hookimpl
+        def treespec_builders():
+            raise ValueError("hook exploded")
+        """)
+    fake.add("fake-fine2", "fine2", "fake_fine2_mod", plugin_source("builder", "fine-builder-2"))
+    reg = registry.discover()
+    assert ("hookfail", "fake-hookfail", "ValueError: hook exploded") in reg.failures
+    assert "fine-builder-2" in reg.builders and "chain" in reg.builders
+
+
+def test_builder_alias_resolves(fake):
+    fake.add("fake-alias-b", "alias-b", "fake_alias_b_mod", plugin_source("builder", "beam", aliases=("beam-search",)))
+    reg = registry.discover()
+    assert reg.get("builder", "beam-search") is reg.builders["beam"]
+    with pytest.raises(ConfigError, match="did you mean 'beam-search'"):
+        reg.get("builder", "beam-serch")
+
+
+def test_a_plugin_whose_class_cannot_be_imported_is_named(fake, monkeypatch):
+    from treespec.errors import PluginError
+    from treespec.factory import make_builder
+
+    fake.add("fake-badload", "badload", "fake_badload_mod", """
+        import treespec
+        from treespec.plugins.configs import ChainConfig
+
+        @treespec.hookimpl
+        def treespec_builders():
+            return [treespec.PluginSpec(name="ghost", summary="x", config=ChainConfig, load="no_such_module:Ghost")]
+        """)
+    monkeypatch.setattr(registry, "_registry", registry.discover())
+    with pytest.raises(PluginError) as err:
+        make_builder("ghost")
+    msg = str(err.value)
+    assert "builder 'ghost' from fake-badload 0.1" in msg and "no_such_module" in msg and "\n" not in msg
+
+
+def test_unmatched_switch_names_are_reported(monkeypatch):
+    monkeypatch.setenv("TREESPEC_BLOCK_PLUGINS", "bigram")  # a plugin's drafter name, not an entry point
+    assert "bigram" in registry.discover().unmatched
+
+
 # ---------------------------------------------------------------------------------------------------
 # environment switches
 

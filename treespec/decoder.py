@@ -54,9 +54,17 @@ class Decoder:
             return list(self.target.tokenizer(prompt).input_ids)
         return [int(t) for t in (prompt.flatten().tolist() if isinstance(prompt, torch.Tensor) else prompt)]
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], prompt_ids: list[int] | None = None) -> str:
+        """Text of ``ids``; given the prompt, as the continuation of the prompt's text (so a leading
+        space that the tokenizer folds into the first new token is kept)."""
         tok = self.target.tokenizer
-        return tok.decode(ids, skip_special_tokens=True) if tok is not None else ""
+        if tok is None:
+            return ""
+        if not prompt_ids:
+            return tok.decode(ids, skip_special_tokens=True)
+        head = tok.decode(prompt_ids, skip_special_tokens=True)
+        full = tok.decode(list(prompt_ids) + list(ids), skip_special_tokens=True)
+        return full[len(head) :] if full.startswith(head) else tok.decode(ids, skip_special_tokens=True)
 
     def generate(
         self,
@@ -83,12 +91,12 @@ class Decoder:
             self._run(ids, max_new_tokens, limit, stream, out)
         except Exception as exc:
             out.stats.stop_reason = "error"
-            out.text = self.decode(out.token_ids)
+            out.text = self.decode(out.token_ids, ids)
             reason = str(exc) if isinstance(exc, TreespecError) else f"{type(exc).__name__}: {exc}"
             raise DecodingError(
                 f"decoding stopped after {len(out.token_ids)} new tokens: {reason}", out
             ) from exc
-        out.text = self.decode(out.token_ids)
+        out.text = self.decode(out.token_ids, ids)
         return out
 
     def _run(self, ids: list[int], max_new: int, limit: int | None, stream: StreamCallback | None, out: Output) -> None:

@@ -5,10 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from treespec.config import build_config
-from treespec.errors import ConfigError
+from treespec.errors import ConfigError, PluginError
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.models import MODEL_ALIASES, looks_like_model
-from treespec.registry import load_plugins
+from treespec.registry import Entry, load_plugins
+
+
+def _plugin_class(entry: Entry, base: type) -> type:
+    """The implementation class of a registered plugin; import problems name the plugin."""
+    try:
+        cls = entry.spec.resolve()
+    except Exception as exc:
+        raise PluginError(
+            f"{entry.kind} {entry.spec.name!r} from {entry.origin}: cannot import {entry.spec.load!r} "
+            f"({type(exc).__name__}: {exc}); reinstall the plugin or block it with TREESPEC_BLOCK_PLUGINS={entry.source}"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PluginError(f"{entry.kind} {entry.spec.name!r} from {entry.origin}: {cls!r} is not a {base.__name__}")
+    return cls
 
 
 def resolve_drafter_name(name: str, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
@@ -33,7 +47,7 @@ def make_builder(builder: str | TreeBuilder, options: dict[str, Any] | None = No
             raise ConfigError("builder options go into the builder instance's Config, not builder_options")
         return builder
     entry = load_plugins().get("builder", builder)
-    cls = entry.spec.resolve()
+    cls = _plugin_class(entry, TreeBuilder)
     return cls(build_config(entry.spec.config, options, f"builder {builder!r}"))
 
 
@@ -44,5 +58,5 @@ def make_drafter(drafter: str | Drafter, options: dict[str, Any] | None, target:
         return drafter
     name, options = resolve_drafter_name(drafter, options)
     entry = load_plugins().get("drafter", name)
-    cls = entry.spec.resolve()
+    cls = _plugin_class(entry, Drafter)
     return cls(build_config(entry.spec.config, options, f"drafter {name!r}"), target)

@@ -50,9 +50,10 @@ class Entry:
 class Registry:
     builders: dict[str, Entry] = field(default_factory=dict)
     drafters: dict[str, Entry] = field(default_factory=dict)
-    aliases: dict[str, str] = field(default_factory=dict)  # drafter alias -> drafter name
+    aliases: dict[str, str] = field(default_factory=dict)  # "kind:alias" -> name
     failures: list[tuple[str, str, str]] = field(default_factory=list)  # (entry point, package, error)
     skipped: list[str] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)  # names in the env switches that match no entry point
 
     def _table(self, kind: Kind) -> dict[str, Entry]:
         return self.builders if kind == "builder" else self.drafters
@@ -66,24 +67,23 @@ class Registry:
                     f"uninstall one of them or block one with TREESPEC_BLOCK_PLUGINS={entry.source}"
                 )
         self._table(entry.kind)[entry.spec.name] = entry
-        if entry.kind == "drafter":
-            for alias in entry.spec.aliases:
-                self.aliases[alias] = entry.spec.name
+        for alias in entry.spec.aliases:
+            self.aliases[f"{entry.kind}:{alias}"] = entry.spec.name
+
+    def alias_names(self, kind: Kind) -> list[str]:
+        return sorted(a.partition(":")[2] for a in self.aliases if a.startswith(f"{kind}:"))
 
     def names(self, kind: Kind) -> list[str]:
         return sorted(self._table(kind))
 
     def find(self, kind: Kind, name: str) -> Entry | None:
-        table = self._table(kind)
-        if kind == "drafter" and name in self.aliases:
-            name = self.aliases[name]
-        return table.get(name)
+        return self._table(kind).get(self.aliases.get(f"{kind}:{name}", name))
 
     def get(self, kind: Kind, name: str, extra_choices: list[str] | None = None) -> Entry:
         entry = self.find(kind, name)
         if entry is not None:
             return entry
-        choices = self.names(kind) + (list(self.aliases) if kind == "drafter" else []) + (extra_choices or [])
+        choices = self.names(kind) + self.alias_names(kind) + (extra_choices or [])
         close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
         failed = f" ({len(self.failures)} plugin(s) failed to load: see `treespec plugins`)" if self.failures else ""
@@ -107,16 +107,19 @@ def _is_builtin(ep: md.EntryPoint) -> bool:
     return ep.dist is not None and ep.dist.metadata["Name"] == "treespec"
 
 
-def _collect(reg: Registry, module: Any, ep_name: str, package: str, version: str) -> None:
+def _collect(module: Any, ep_name: str, package: str, version: str) -> list[Entry]:
+    """Ask one plugin module's hooks for its records."""
     pm = pluggy.PluginManager(GROUP)
     pm.add_hookspecs(hookspecs)
     pm.register(module, name=ep_name)
+    entries = []
     for kind, hook in (("builder", pm.hook.treespec_builders), ("drafter", pm.hook.treespec_drafters)):
         for specs in hook():
             for spec in specs or []:
                 if not isinstance(spec, PluginSpec):
-                    raise PluginError(f"plugin {ep_name!r} ({package}) returned {type(spec).__name__}, not PluginSpec")
-                reg.add(Entry(kind, spec, ep_name, package, version))  # type: ignore[arg-type]
+                    raise PluginError(f"hook returned {type(spec).__name__}, not PluginSpec")
+                entries.append(Entry(kind, spec, ep_name, package, version))  # type: ignore[arg-type]
+    return entries
 
 
 def discover(entry_points: list[md.EntryPoint] | None = None) -> Registry:
@@ -124,6 +127,7 @@ def discover(entry_points: list[md.EntryPoint] | None = None) -> Registry:
     reg = Registry()
     eps = list(entry_points if entry_points is not None else md.entry_points(group=GROUP))
     only, blocked = _env_list("TREESPEC_LOAD_PLUGINS"), _env_list("TREESPEC_BLOCK_PLUGINS") or set()
+    reg.unmatched = sorted(((only or set()) | blocked) - {ep.name for ep in eps})
     seen: set[tuple[str, str]] = set()
     for ep in sorted(eps, key=lambda e: (not _is_builtin(e), e.name)):
         package = ep.dist.metadata["Name"] if ep.dist is not None else "?"
@@ -134,12 +138,13 @@ def discover(entry_points: list[md.EntryPoint] | None = None) -> Registry:
         if not _is_builtin(ep) and ((only is not None and ep.name not in only) or ep.name in blocked):
             reg.skipped.append(ep.name)
             continue
-        try:
-            module = ep.load()
-        except Exception as exc:  # a broken plugin must not take the others down
+        try:  # a broken plugin (import or hook) is reported and must not take the others down
+            entries = _collect(ep.load(), ep.name, package, version)
+        except Exception as exc:
             reg.failures.append((ep.name, package, f"{type(exc).__name__}: {exc}"))
             continue
-        _collect(reg, module, ep.name, package, version)
+        for entry in entries:
+            reg.add(entry)  # a duplicate name stays a hard error
     return reg
 
 

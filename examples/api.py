@@ -1,0 +1,34 @@
+"""treespec's Python API in one page. Run from the repository root: python examples/api.py"""
+
+import treespec
+from treespec.plugins.configs import OptTreeConfig
+from treespec.plugins.opt_tree import OptTreeBuilder
+
+TARGET = "../shared/models/stories260K"
+
+# 1. By name: plugins come from the registry, options are validated against each plugin's Config.
+dec = treespec.Decoder(
+    target=TARGET,
+    drafter="model",
+    drafter_options={"model": TARGET, "layers": 4},  # the target's own first 4 layers as the draft
+    builder="opt-tree",
+    builder_options={"nodes": 25, "threshold": 0.5},
+)
+out = dec.generate("Once upon a time, there was a little dog", max_new_tokens=64)
+print(out.text)
+print(out.stats.summary())
+
+# 2. Instances work too: share one loaded target between decoders, pass a configured builder.
+target = dec.target
+chain_like = OptTreeBuilder(OptTreeConfig(nodes=1, threshold=0.0, max_depth=6))  # n = 1: a chain
+dec2 = treespec.Decoder(target, drafter=dec.drafter, builder=chain_like)
+out2 = dec2.generate(out.prompt_ids, max_new_tokens=64)
+assert out2.token_ids == out.token_ids  # both equal the target's own greedy decoding
+
+# 3. Per-step statistics: tree size, depth, E(A) = Σ p̂, accepted tokens, time per phase.
+for i, step in enumerate(out.stats.steps[:5]):
+    print(f"step {i}: {step.tree_size} nodes, depth {step.depth}, E(A) {step.expected_accepted:.2f}, "
+          f"accepted {step.accepted} (+1 bonus), draft {step.t_draft * 1e3:.1f} ms, verify {step.t_verify * 1e3:.1f} ms")
+
+# 4. Streaming: the callback receives each step's new token ids.
+dec.generate("One day, Lily went to the park.", max_new_tokens=32, stream=lambda ids: print(ids, flush=True))
