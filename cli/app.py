@@ -65,6 +65,7 @@ def run(
     seed: Annotated[int, typer.Option(help="random seed (sampling, random-weight models)")] = 0,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ... (default: cpu)")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 (default: float32 on CPU)")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
 ) -> None:
     """Generate from a prompt with tree speculative decoding; prints the text and one line of statistics."""
@@ -96,6 +97,10 @@ def run(
         from treespec.decoder import Decoder
 
         torch.manual_seed(seed)
+        if threads is not None:
+            if threads <= 0:
+                _fail(f"--threads must be > 0, got {threads}")
+            torch.set_num_threads(threads)
         dec = Decoder(target, drafter, builder, d_opts, b_opts, device=device, dtype=dtype)
     except TreespecError as exc:
         _fail(str(exc))
