@@ -36,6 +36,7 @@ dec = treespec.Decoder(model, drafter=model, drafter_options={"layers": args.lay
                        builder=args.builder, builder_options=parse_pairs(args.B, "builder"))
 stories = [s for s in (SHARED / "prompts" / "tinystories_val.txt").read_text().split("\n\n") if s.strip()]
 taus, exact, spec_time, greedy_time, tokens = [], 0, 0.0, 0.0, 0
+phase = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0, "prefill": 0.0}
 for story in stories[: args.prompts]:
     ids = dec.encode(" ".join(story.split()[:12]))
     out = dec.generate(ids, max_new_tokens=args.max_new_tokens)
@@ -46,8 +47,12 @@ for story in stories[: args.prompts]:
     exact += out.token_ids == ref[0, len(ids):].tolist()
     taus.append(out.stats.mean_accepted)
     spec_time += out.stats.t_total
+    d = out.stats.to_dict()
+    for key in phase:
+        phase[key] += d[f"t_{key}"]
     tokens += len(out.token_ids)
 print(f"builder {args.builder} {parse_pairs(args.B, 'builder')} draft layers {args.layers}: "
       f"identical to greedy generate {exact}/{len(taus)}; τ mean {statistics.mean(taus):.2f} "
       f"(min {min(taus):.2f}, max {max(taus):.2f}); {tokens / spec_time:.0f} tokens/s vs "
-      f"generate {tokens / greedy_time:.0f} tokens/s")
+      f"generate {tokens / greedy_time:.0f} tokens/s; time: "
+      + ", ".join(f"{k} {v / spec_time:.0%}" for k, v in phase.items()))

@@ -475,3 +475,12 @@ def test_cli_run_with_the_example():
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(data["token_ids"]) == 16 or data["stats"]["stop_reason"] == "eos"
+
+
+def test_hook_reference_is_generated_from_the_hookspecs():
+    from pathlib import Path
+
+    from treespec import hookspecs
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+    assert doc.read_text() == hookspecs.reference(), "regenerate docs/hooks.md (command at its top)"

@@ -40,3 +40,17 @@ def treespec_drafters() -> list[PluginSpec]:
     first use of the registry. A name or alias that another plugin already registered is an error
     naming both plugins.
     """
+
+
+def reference() -> str:
+    """The hook reference in Markdown, generated from this module (``docs/hooks.md``)."""
+    import inspect
+    import sys
+
+    module = sys.modules[__name__]
+    parts = ["# treespec hooks", "", "Generated from `treespec/hookspecs.py`: `python -c 'import treespec.hookspecs as h; print(h.reference(), end=\"\")' > docs/hooks.md`.", ""]
+    parts += [inspect.cleandoc(module.__doc__ or ""), ""]
+    for name, fn in inspect.getmembers(module, inspect.isfunction):
+        if name.startswith("treespec_"):
+            parts += [f"## `{name}{inspect.signature(fn)}`", "", inspect.cleandoc(fn.__doc__ or ""), ""]
+    return "\n".join(parts).rstrip() + "\n"

@@ -35,14 +35,15 @@ def looks_like_model(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/")) and not Path(name).exists()
 
 
-def _hub_kwargs(name: str) -> tuple[str, dict[str, Any]]:
+def _locate(name: str) -> str:
+    """A local directory, or a hub id (after alias resolution); a path that is no directory is an error."""
     resolved = resolve_name(name)
     path = Path(resolved).expanduser()
     if path.is_dir():
-        return str(path), {}
+        return str(path)
     if path.exists() or resolved.startswith((".", "/", "~")) or resolved.count("/") > 1:
         raise ModelLoadError(f"model {name!r}: {resolved} is not a model directory; pass a directory holding config.json")
-    return resolved, {}
+    return resolved
 
 
 def _offline() -> bool:
@@ -61,14 +62,13 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
-    resolved, extra = _hub_kwargs(name)
-    is_local = Path(resolved).is_dir()
+    resolved = _locate(name)
     try:
         # Local directories and cached hub models load without touching the network.
-        return loader.from_pretrained(resolved, local_files_only=True, **extra, **kwargs)
-    except OSError as exc:
-        if is_local:
-            raise ModelLoadError(f"{what} {name!r}: cannot load from {resolved} ({_first_line(exc)})") from None
+        return loader.from_pretrained(resolved, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as exc:
+        if Path(resolved).is_dir() or not isinstance(exc, OSError):
+            raise ModelLoadError(f"{what} {name!r}: cannot load {resolved} ({_first_line(exc)})") from None
         if _offline() or not _hub_reachable():
             why = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
             raise ModelLoadError(
@@ -76,11 +76,11 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
                 f"pass a local path, or download it first with `hf download {resolved}`"
             ) from None
     try:
-        return loader.from_pretrained(resolved, **extra, **kwargs)
-    except OSError as exc:
+        return loader.from_pretrained(resolved, **kwargs)
+    except (OSError, ValueError) as exc:
         raise ModelLoadError(
-            f"{what} {name!r} ({resolved}) is not in the local cache and the hub cannot be reached "
-            f"({_first_line(exc)}); pass a local path, or download it with `hf download {resolved}`"
+            f"{what} {name!r} ({resolved}) could not be downloaded ({_first_line(exc)}); "
+            f"check the name, or pass a local path"
         ) from None
 
 
