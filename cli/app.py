@@ -149,6 +149,137 @@ def run(
         _fail(error, code=1)
 
 
+BENCH_EPILOG = """\
+Examples:
+
+  treespec bench --dataset tinystories --limit 40 --drafter "../shared/models/stories260K layers=3,4" --builder "opt-tree nodes=10,25,60" --builder "chain k=4,8" --out bench/tinystories
+
+  treespec bench-report bench/tinystories --out docs/benchmarks.md
+"""
+
+
+@app.command(epilog=BENCH_EPILOG)
+def bench(
+    dataset: Annotated[str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")] = "tinystories",
+    limit: Annotated[Optional[int], typer.Option(help="use the first N prompts (conversations for mt-bench)")] = 10,
+    category: Annotated[Optional[str], typer.Option(help="only this category (mt-bench, spec-bench)")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]", show_default=False)] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="new tokens per prompt")] = 128,
+    target: Annotated[Optional[str], typer.Option(help=f"target model [default: {DEFAULT_TARGET}]", show_default=False)] = None,
+    drafter: Annotated[Optional[list[str]], typer.Option(help='drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep)')] = None,
+    builder: Annotated[Optional[list[str]], typer.Option(help='builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4]', show_default=False)] = None,
+    baseline: Annotated[Optional[list[str]], typer.Option(help='Hugging Face baselines besides hf-greedy: "hf-assisted [num_assistant_tokens=..] [num_assistant_tokens_schedule=..] [assistant_confidence_threshold=..]", "hf-lookup [prompt_lookup_num_tokens=..]"; "none" for none [default: hf-assisted with its defaults, hf-assisted at each chain k (constant, no confidence stop), hf-lookup]', show_default=False)] = None,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (sampling verification arrives with issue 6)")] = 0.0,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch [default: torch's]", show_default=False)] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, ...")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, ...")] = None,
+    out: Annotated[Path, typer.Option(help="folder for results.json, steps.jsonl and the plots")] = Path("bench-out"),
+) -> None:
+    """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
+    from treespec.datasets import load_prompts
+
+    if temperature != 0.0:
+        _fail("--temperature > 0 needs the sampling verifier (issue 6); benchmark greedy decoding with --temperature 0")
+    if limit is not None and limit <= 0:
+        _fail(f"--limit must be > 0, got {limit}")
+    if max_new_tokens <= 0:
+        _fail(f"--max-new-tokens must be > 0, got {max_new_tokens}")
+    try:
+        items = load_prompts(dataset, data_dir, limit, category)
+    except TreespecError as exc:
+        _fail(str(exc))
+    if target is None:
+        target = _default_target()
+        drafter = drafter or [f"{target} layers={DEFAULT_DRAFT_LAYERS}"]
+    if not drafter:
+        _fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
+    builder = builder or ["opt-tree", "chain k=4"]
+    if baseline is None:
+        from treespec.bench import default_baselines
+
+        try:
+            baseline = default_baselines(builder)
+        except TreespecError as exc:
+            _fail(str(exc))
+    elif baseline == ["none"]:
+        baseline = []
+
+    import torch
+
+    from treespec import report
+    from treespec.bench import Bench
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # assisted generation warns about its own arguments on every call
+    torch.manual_seed(seed)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        runner = Bench(target, drafter, builder, baseline, max_new_tokens, device=device, dtype=dtype)
+    except TreespecError as exc:
+        _fail(str(exc))
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    n_runs = sum(len(i.turns) for i in items) * len(runner.configs)
+    steps: list[dict] = []
+    with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), TextColumn("{task.description}"), transient=False) as progress:
+        task = progress.add_task("warm-up", total=n_runs)
+
+        def on_sample(config, n, sample, same):
+            for i, st in enumerate(sample.steps):
+                steps.append({"config": config.label, "prompt": n, "step": i, **st})
+            progress.update(task, advance=1, description=f"{config.label[:40]}{'' if same else ' [red]differs'}")
+
+        try:
+            samples = runner.run(items, on_sample=on_sample)
+        except TreespecError as exc:
+            _fail(str(exc), code=1)
+    command = ["treespec", "bench", "--dataset", dataset, "--limit", str(limit), "--max-new-tokens", str(max_new_tokens),
+               "--target", target]
+    command += [a for flag, values in (("--drafter", drafter), ("--builder", builder), ("--baseline", baseline or ["none"]))
+                for v in values for a in (flag, v)]
+    command += (["--category", category] if category else []) + (["--data-dir", str(data_dir)] if data_dir else [])
+    command += ["--seed", str(seed)] + (["--threads", str(threads)] if threads else []) + ["--out", str(out)]
+    result = {
+        "command": report.command_line(command),
+        "dataset": dataset,
+        "category": category,
+        "prompts": runner.n_prompts,
+        "truncated": runner.truncated,
+        "max_new_tokens": max_new_tokens,
+        "target": target,
+        "seed": seed,
+        "temperature": temperature,
+        "environment": report.environment(),
+        "rows": runner.rows(samples),
+    }
+    report.print_table(result)
+    files = report.write_outputs(out, result, steps)
+    typer.echo(f"wrote {out / 'results.json'}, {out / 'steps.jsonl'}, " + ", ".join(str(f) for f in files))
+
+
+@app.command("bench-report")
+def bench_report(
+    runs: Annotated[list[Path], typer.Argument(help="bench output folders (or results.json files), in the order to show")],
+    out: Annotated[Path, typer.Option(help="the Markdown file to write")] = Path("docs/benchmarks.md"),
+) -> None:
+    """Regenerate docs/benchmarks.md from the results.json of bench runs."""
+    from treespec import report
+
+    loaded = []
+    for run_path in runs:
+        path = run_path / "results.json" if run_path.is_dir() else run_path
+        if not path.is_file():
+            _fail(f"{path}: no such results.json; run `treespec bench --out DIR` first")
+        loaded.append((path.resolve(), json.loads(path.read_text())))
+    out.write_text(report.markdown(loaded, out.resolve().parent))
+    typer.echo(f"wrote {out}")
+
+
 @app.command()
 def plugins(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,

@@ -1,0 +1,199 @@
+"""The bench harness: dataset loaders, prompt formatting, configuration specs, rows, outputs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import treespec
+from conftest import SHARED, STORIES260K
+from treespec import datasets
+from treespec.bench import Bench, Config, Sample, default_baselines, parse_spec
+from treespec.cli.app import app
+
+PROMPTS = SHARED / "prompts"
+
+
+# ------------------------------------------------------------------ datasets
+@pytest.mark.parametrize(
+    "name,count,turns,raw",
+    [("mt-bench", 80, 2, False), ("spec-bench", 480, 1, False), ("gsm8k", 1319, 1, False),
+     ("humaneval", 164, 1, True), ("tinystories", None, 1, True)],
+)
+def test_every_named_dataset_loads_from_shared(name, count, turns, raw):
+    items = datasets.load_prompts(name, PROMPTS)
+    if count:
+        assert len(items) == count
+    assert all(len(i.turns) >= turns and all(t.strip() for t in i.turns) for i in items)
+    assert all(i.raw == raw for i in items)
+    if name == "tinystories":
+        assert all(len(i.turns[0].split()) <= datasets.STORY_PROMPT_WORDS for i in items) and len(items) > 1000
+    if name == "humaneval":
+        assert items[0].id == "HumanEval/0" and "def has_close_elements" in items[0].turns[0]
+    if name == "mt-bench":
+        assert items[0].id == "81" and items[0].category == "writing"
+
+
+def test_categories_and_limit():
+    items = datasets.load_prompts("spec-bench", PROMPTS, limit=5, category="summarization")
+    assert len(items) == 5 and {i.category for i in items} == {"summarization"}
+    with pytest.raises(treespec.ConfigError, match="no category 'poetry'; categories: .*rag"):
+        datasets.load_prompts("spec-bench", PROMPTS, category="poetry")
+
+
+def test_user_files_jsonl_gz_and_txt(tmp_path):
+    rows = [{"prompt": "p0"}, {"text": "t1"}, {"question": "q2", "id": "x"}, {"turns": ["a", "b"], "category": "c"}]
+    (tmp_path / "mine.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    items = datasets.load_prompts(str(tmp_path / "mine.jsonl"))
+    assert [i.turns for i in items] == [["p0"], ["t1"], ["q2"], ["a", "b"]]
+    assert items[2].id == "x" and items[3].category == "c" and items[1].raw
+    with gzip.open(tmp_path / "mine.jsonl.gz", "wt") as fh:
+        fh.write(json.dumps({"prompt": "zipped"}) + "\n")
+    assert datasets.load_prompts(str(tmp_path / "mine.jsonl.gz"))[0].turns == ["zipped"]
+    (tmp_path / "mine.txt").write_text("first block\nline two\n\n\nsecond\n")
+    assert [i.turns[0] for i in datasets.load_prompts(str(tmp_path / "mine.txt"))] == ["first block\nline two", "second"]
+    (tmp_path / "bad.jsonl").write_text('{"answer": 1}\n')
+    with pytest.raises(treespec.ConfigError, match="line 1: no 'turns'"):
+        datasets.load_prompts(str(tmp_path / "bad.jsonl"))
+
+
+def test_missing_files_are_clear(tmp_path, monkeypatch):
+    with pytest.raises(treespec.ConfigError, match="mt_bench.jsonl not found; point --data-dir"):
+        datasets.load_prompts("mt-bench", tmp_path)
+    monkeypatch.setenv("TREESPEC_DATA_DIR", str(tmp_path))
+    with pytest.raises(treespec.ConfigError, match=str(tmp_path)):
+        datasets.load_prompts("gsm8k")
+    with pytest.raises(treespec.ConfigError, match="neither a known name"):
+        datasets.load_prompts("mt-bench2")
+
+
+def test_format_raw_and_chat(target64, tmp_path):
+    tok = target64.tokenizer
+    item = datasets.PromptItem("1", ["Tell a story.", "Shorter."])
+    raw = datasets.format_turns(tok, item, ["Once there was a cat."])
+    assert tok.decode(raw, skip_special_tokens=True) == "Tell a story.Once there was a cat.\n\nShorter."
+    tok.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    chat_tok = AutoTokenizer.from_pretrained(tmp_path)
+    chat_tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    ids = datasets.format_turns(chat_tok, item, ["Once there was a cat."])
+    text = chat_tok.decode(ids)
+    assert "<user>Tell a story.<assistant>Once there was a cat.<user>Shorter.<assistant>" in text.replace(" ", "").replace("▁", "") or \
+        text.index("Tell") < text.index("cat") < text.index("Shorter")
+    code = datasets.PromptItem("HumanEval/0", ["def f():"], raw=True)
+    assert chat_tok.decode(datasets.format_turns(chat_tok, code, []), skip_special_tokens=True) == "def f():"
+
+
+# ------------------------------------------------------------------ specs
+def test_parse_spec_sweeps_the_cartesian_product():
+    assert parse_spec("opt-tree nodes=10,25 threshold=0.5,0") == [
+        ("opt-tree", {"nodes": "10", "threshold": "0.5"}), ("opt-tree", {"nodes": "10", "threshold": "0"}),
+        ("opt-tree", {"nodes": "25", "threshold": "0.5"}), ("opt-tree", {"nodes": "25", "threshold": "0"}),
+    ]
+    assert parse_spec("chain") == [("chain", {})]
+    with pytest.raises(treespec.ConfigError, match="not key=value"):
+        parse_spec("chain k")
+    assert default_baselines(["chain k=4,8", "opt-tree"])[1:3] == [
+        f"hf-assisted num_assistant_tokens={k} num_assistant_tokens_schedule=constant assistant_confidence_threshold=0"
+        for k in (4, 8)
+    ]
+
+
+# ------------------------------------------------------------------ runs
+@pytest.fixture(scope="module")
+def small_bench():
+    bench = Bench(str(STORIES260K), [f"{STORIES260K} layers=4"], ["opt-tree nodes=5,10", "chain k=2"],
+                  default_baselines(["chain k=2"]), max_new_tokens=24, dtype="float64")
+    return bench
+
+
+def test_small_run_is_lossless_with_sane_rows(small_bench):
+    items = datasets.load_prompts("tinystories", PROMPTS, limit=3)
+    seen = []
+    samples = small_bench.run(items, on_sample=lambda c, n, s, same: seen.append((c.label, n, same)), warmup=False)
+    rows = {r["config"]: r for r in small_bench.rows(samples)}
+    assert len(seen) == 3 * len(small_bench.configs) and all(same for *_, same in seen)
+    assert set(rows) == {c.label for c in small_bench.configs}
+    assert rows["hf-greedy"]["tau"] == 1.0  # generate makes one forward per new token
+    assert rows["hf-greedy"]["speedup"] == 1.0 and rows["hf-greedy"]["builder"] is None
+    for r in rows.values():
+        assert r["lossless"] and r["mismatches"] == 0 and r["new_tokens"] == 3 * 24
+    tree_rows = [r for r in rows.values() if r["builder"]]
+    assert len(tree_rows) == 3 and all(r["tau"] > 1.0 for r in tree_rows)
+    assert all(0 <= r["share_bookkeeping"] < 1 for r in tree_rows)
+    chain = rows["chain k=2 | stories260K layers=4"]
+    assert chain["assisted_config"].startswith("hf-assisted k=2 schedule=constant confidence=0")
+    assert {"config", "builder", "drafter", "options", "tau", "tokens_per_s", "speedup", "lossless", "corr_ea_a",
+            "steps", "new_tokens"} <= set(chain)
+
+
+def test_a_corrupted_configuration_is_flagged_not_lossless(small_bench):
+    """A deliberately wrong configuration, built here in the test: the real chain runner with one
+    token of its output changed. The harness must report it as not lossless."""
+    real = next(c for c in small_bench.configs if c.builder == "chain")
+
+    def corrupted(ids, max_new):
+        sample = real.run(ids, max_new)
+        return Sample([sample.token_ids[0] ^ 1, *sample.token_ids[1:]], sample.seconds, sample.forwards, sample.steps)
+
+    bad = Config("corrupted chain", "treespec", "chain", {"k": 2}, real.drafter, run=corrupted)
+    small_bench.configs.append(bad)
+    try:
+        items = datasets.load_prompts("tinystories", PROMPTS, limit=2)
+        rows = {r["config"]: r for r in small_bench.rows(small_bench.run(items, warmup=False))}
+    finally:
+        small_bench.configs.remove(bad)
+    assert rows["corrupted chain"]["lossless"] is False and rows["corrupted chain"]["mismatches"] == 2
+    assert rows[real.label]["lossless"] is True
+
+
+def test_mt_bench_second_turn_follows_the_models_first_answer(small_bench):
+    items = datasets.load_prompts("mt-bench", PROMPTS, limit=1)
+    samples = small_bench.run(items, warmup=False)
+    assert small_bench.n_prompts == 2 and len(samples["hf-greedy"]) == 2
+    answer = small_bench.target.tokenizer.decode(samples["hf-greedy"][0].token_ids, skip_special_tokens=True)
+    turn2 = datasets.format_turns(small_bench.target.tokenizer, items[0], [answer])
+    text = small_bench.target.tokenizer.decode(turn2, skip_special_tokens=True)
+    assert answer.strip()[:20] in text and text.endswith(items[0].turns[1])
+
+
+# ------------------------------------------------------------------ the command
+def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "2", "--max-new-tokens", "16",
+                                   "--target", str(STORIES260K), "--drafter", f"{STORIES260K} layers=4",
+                                   "--builder", "opt-tree nodes=4,8", "--builder", "chain k=3", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "hf-greedy" in res.stdout and "lossless" in res.stdout
+    result = json.loads((out / "results.json").read_text())
+    assert result["command"].startswith("treespec bench --dataset tinystories")
+    assert {"python", "torch", "transformers", "cpu", "threads"} <= set(result["environment"])
+    labels = [r["config"] for r in result["rows"]]
+    assert labels[0] == "hf-greedy" and any(lbl.startswith("hf-lookup") for lbl in labels)
+    assert all(r["lossless"] for r in result["rows"])
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert steps and {"config", "prompt", "tree_size", "depth", "expected_accepted", "accepted", "t_draft",
+                      "t_verify", "t_bookkeeping"} <= set(steps[0])
+    for png in ("tau_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    md = tmp_path / "benchmarks.md"
+    res = CliRunner().invoke(app, ["bench-report", str(out), "--out", str(md)])
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert result["command"] in text and "| chain k=3 | stories260K layers=4 |" in text and "Targets:" in text
+
+
+def test_bench_bad_input(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["bench", "--dataset", "nope", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "neither a known name" in res.stderr
+    res = runner.invoke(app, ["bench", "--temperature", "0.7"])
+    assert res.exit_code == 2 and "issue 6" in res.stderr
+    res = runner.invoke(app, ["bench", "--limit", "1", "--builder", "opt-tree nodes=0", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "greater than 0" in res.stderr
+    res = runner.invoke(app, ["bench-report", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and "no such results.json" in res.stderr

@@ -1,0 +1,287 @@
+"""`treespec bench`: τ, speed and exactness of treespec configurations and Hugging Face baselines,
+on the same prompts, interleaved prompt by prompt so that machine drift hits every configuration alike.
+
+A configuration spec is ``"NAME key=v1,v2 key2=v"``: options separated by spaces, and a comma list
+sweeps that option (the cartesian product of all sweeps becomes one configuration each).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from treespec.datasets import PromptItem, format_turns
+from treespec.errors import ConfigError
+from treespec.factory import make_builder, make_drafter, resolve_drafter_name
+from treespec.target import TargetModel
+
+BASELINES = {"hf-greedy", "hf-assisted", "hf-lookup"}
+ASSISTED_KEYS = {"num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"}
+LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
+
+
+def parse_spec(text: str) -> list[tuple[str, dict[str, str]]]:
+    """``"opt-tree nodes=10,25 threshold=0.5"`` → [("opt-tree", {"nodes": "10", "threshold": "0.5"}), (…25…)]."""
+    parts = shlex.split(text)
+    if not parts:
+        raise ConfigError("empty configuration spec; write e.g. 'opt-tree nodes=10,25,60'")
+    name, sweeps = parts[0], {}
+    for part in parts[1:]:
+        key, sep, values = part.partition("=")
+        if not sep or not key or not values:
+            raise ConfigError(f"{text!r}: {part!r} is not key=value[,value...]")
+        sweeps[key.replace("-", "_")] = values.split(",")
+    keys = list(sweeps)
+    return [(name, dict(zip(keys, combo))) for combo in itertools.product(*(sweeps[k] for k in keys))]
+
+
+def default_baselines(builders: list[str]) -> list[str]:
+    """hf-assisted with transformers' defaults, hf-assisted drafting exactly k tokens for every chain k
+    (the like-for-like comparison), and hf-lookup."""
+    from treespec.plugins.configs import ChainConfig
+
+    ks = sorted({int(opts.get("k", ChainConfig().k)) for spec in builders for name, opts in parse_spec(spec) if name == "chain"})
+    fixed = [f"hf-assisted num_assistant_tokens={k} num_assistant_tokens_schedule=constant assistant_confidence_threshold=0"
+             for k in ks]
+    return ["hf-assisted", *fixed, "hf-lookup"]
+
+
+def _assisted_for(row: dict[str, Any], assisted: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The assisted-generation row to compare a row with: same draft, and for a chain of k the one
+    drafting exactly k tokens per step, if measured."""
+    same = [a for a in assisted if a["drafter"] == row["drafter"]] or assisted
+    if row["builder"] == "chain":
+        k = row["options"].get("k")
+        for a in same:
+            o = a["options"]
+            if o.get("num_assistant_tokens") == k and o.get("num_assistant_tokens_schedule") == "constant" \
+                    and not o.get("assistant_confidence_threshold"):
+                return a
+    return same[0] if same else None
+
+
+def _label(name: str, options: dict[str, Any]) -> str:
+    return " ".join([name, *(f"{k}={v}" for k, v in options.items())])
+
+
+@dataclass
+class Config:
+    """One row of the table."""
+
+    label: str
+    kind: str  # "treespec" | "hf-greedy" | "hf-assisted" | "hf-lookup"
+    builder: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # builder options, or the baseline's settings
+    drafter: str | None = None  # drafter label
+    drafter_options: dict[str, Any] = field(default_factory=dict)
+    run: Callable[[list[int], int], "Sample"] | None = field(default=None, repr=False)
+
+
+@dataclass
+class Sample:
+    """One configuration on one prompt."""
+
+    token_ids: list[int]
+    seconds: float
+    forwards: int  # target forwards that produced tokens (treespec: steps; HF: generate's forward calls)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # treespec per-step statistics
+
+
+class Bench:
+    def __init__(
+        self,
+        target: str,
+        drafters: list[str],
+        builders: list[str],
+        baselines: list[str],
+        max_new_tokens: int = 128,
+        device: str | None = None,
+        dtype: str | None = None,
+    ):
+        self.max_new = max_new_tokens
+        self.target = TargetModel.load(target, device=device, dtype=dtype)
+        self.target_name = target
+        self.configs: list[Config] = [Config("hf-greedy", "hf-greedy", run=self._hf_runner({}))]
+        hf_drafts = []  # (drafter label, HF model) for assisted generation
+        builder_variants = [v for spec in builders for v in parse_spec(spec)]
+        for spec in drafters:
+            for d_name, d_opts in parse_spec(spec):
+                name, opts = resolve_drafter_name(d_name, d_opts)
+                drafter = make_drafter(name, opts, self.target)
+                d_label = _label(Path(opts["model"]).name if name == "model" else name,
+                                 {k: v for k, v in opts.items() if k != "model"})
+                if getattr(drafter, "model", None) is not None and name == "model":
+                    hf_drafts.append((d_label, drafter.model))
+                for b_name, b_opts in builder_variants:
+                    builder = make_builder(b_name, b_opts)
+                    self.configs.append(Config(
+                        f"{_label(b_name, b_opts)} | {d_label}", "treespec", b_name, dict(builder.config),
+                        d_label, {k: v for k, v in dict(drafter.config).items() if v is not None},
+                        run=self._treespec_runner(drafter, builder),
+                    ))
+        for spec in baselines:
+            for b_name, b_opts in parse_spec(spec):
+                if b_name not in BASELINES:
+                    raise ConfigError(f"unknown baseline {b_name!r}; baselines: {', '.join(sorted(BASELINES))}")
+                if b_name == "hf-assisted":
+                    unknown = set(b_opts) - ASSISTED_KEYS
+                    if unknown:
+                        raise ConfigError(f"hf-assisted: unknown setting(s) {sorted(unknown)}; settings: {sorted(ASSISTED_KEYS)}")
+                    for d_label, model in hf_drafts:
+                        settings = _assistant_settings(model, b_opts)
+                        short = {"num_assistant_tokens": "k", "num_assistant_tokens_schedule": "schedule",
+                                 "assistant_confidence_threshold": "confidence"}
+                        name = _label("hf-assisted", {short[k]: v for k, v in b_opts.items()})
+                        self.configs.append(Config(f"{name} | {d_label}", "hf-assisted",
+                                                   options=settings, drafter=d_label,
+                                                   run=self._hf_runner({"assistant_model": model}, model, settings)))
+                elif b_name == "hf-lookup":
+                    settings = {**LOOKUP_DEFAULTS, **{k: int(v) for k, v in b_opts.items()}}
+                    self.configs.append(Config(_label("hf-lookup", b_opts), "hf-lookup", options=settings,
+                                               run=self._hf_runner(settings)))
+
+    # ------------------------------------------------------------------ runners
+    def _treespec_runner(self, drafter: Any, builder: Any) -> Callable[[list[int], int], Sample]:
+        from treespec.decoder import Decoder
+
+        dec = Decoder(self.target, drafter=drafter, builder=builder)
+
+        def run(ids: list[int], max_new: int) -> Sample:
+            out = dec.generate(ids, max_new_tokens=max_new)
+            steps = [asdict(s) for s in out.stats.steps]
+            return Sample(out.token_ids, out.stats.t_total, out.stats.n_steps, steps)
+
+        return run
+
+    def _hf_runner(self, kwargs: dict[str, Any], assistant: Any = None, settings: dict | None = None):
+        model = self.target.model
+        pad = next(iter(self.target.eos_token_ids), 0)
+
+        def run(ids: list[int], max_new: int) -> Sample:
+            if assistant is not None:  # HF reads the assistant's settings from its generation_config
+                for key, value in (settings or {}).items():
+                    setattr(assistant.generation_config, key, value)
+            calls = [0]
+            hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+            try:
+                x = torch.tensor([ids], device=self.target.device)
+                t = time.perf_counter()
+                with torch.inference_mode():
+                    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                         max_new_tokens=max_new, pad_token_id=pad, **kwargs)
+                seconds = time.perf_counter() - t
+            finally:
+                hook.remove()
+            return Sample(out[0, len(ids):].tolist(), seconds, calls[0])
+
+        return run
+
+    # ------------------------------------------------------------------ the run
+    def prompts_fit(self, ids: list[int]) -> list[int]:
+        """Left-truncate a prompt so that prompt + max_new_tokens fits the target's context."""
+        limit = self.target.max_positions
+        if limit is not None and len(ids) + self.max_new > limit:
+            return ids[-(limit - self.max_new) :]
+        return ids
+
+    def run(self, items: list[PromptItem], on_sample: Callable[[Config, int, Sample, bool], None] | None = None,
+            warmup: bool = True) -> dict[str, list[Sample | None]]:
+        """Every configuration on every prompt (turn by turn), interleaved; returns samples per label."""
+        tok = self.target.tokenizer
+        prompts: list[tuple[PromptItem, int]] = [(it, t) for t in range(max(len(i.turns) for i in items))
+                                                 for it in items if t < len(it.turns)]
+        samples: dict[str, list[Sample | None]] = {c.label: [] for c in self.configs}
+        answers: dict[str, list[str]] = {it.id: [] for it in items}
+        self.truncated = 0
+        if warmup:
+            first = self.prompts_fit(format_turns(tok, items[0], []))
+            for c in self.configs:
+                c.run(first, min(8, self.max_new))
+        for n, (item, turn) in enumerate(prompts):
+            ids = format_turns(tok, item, answers[item.id][:turn])
+            fitted = self.prompts_fit(ids)
+            self.truncated += len(fitted) < len(ids)
+            order = self.configs[n % len(self.configs):] + self.configs[: n % len(self.configs)]
+            results = {c.label: c.run(fitted, self.max_new) for c in order}
+            reference = results["hf-greedy"].token_ids
+            answers[item.id].append(tok.decode(reference, skip_special_tokens=True))
+            for c in self.configs:
+                samples[c.label].append(results[c.label])
+                if on_sample:
+                    on_sample(c, n, results[c.label], results[c.label].token_ids == reference)
+        self.n_prompts = len(prompts)
+        return samples
+
+    def rows(self, samples: dict[str, list[Sample]]) -> list[dict[str, Any]]:
+        ref = samples["hf-greedy"]
+        per_config = {}
+        for c in self.configs:
+            got = samples[c.label]
+            tokens = sum(len(s.token_ids) for s in got)
+            seconds = sum(s.seconds for s in got)
+            forwards = sum(s.forwards for s in got)
+            steps = [st for s in got for st in s.steps]
+            row = {
+                "config": c.label,
+                "builder": c.builder,
+                "drafter": c.drafter,
+                "options": c.options,
+                "drafter_options": c.drafter_options,
+                "tau": tokens / forwards if forwards else None,
+                "tokens_per_s": tokens / seconds if seconds else None,
+                "lossless": all(a.token_ids == b.token_ids for a, b in zip(got, ref)),
+                "mismatches": sum(a.token_ids != b.token_ids for a, b in zip(got, ref)),
+                "corr_ea_a": _pearson([s["expected_accepted"] for s in steps], [s["accepted"] for s in steps]),
+                "steps": forwards,
+                "new_tokens": tokens,
+                "seconds": seconds,
+            }
+            if steps:
+                total = sum(s["t_draft"] + s["t_verify"] + s["t_bookkeeping"] for s in steps)
+                for phase in ("draft", "verify", "bookkeeping"):
+                    row[f"share_{phase}"] = sum(s[f"t_{phase}"] for s in steps) / total if total else None
+                row["mean_tree_size"] = statistics.mean(s["tree_size"] for s in steps)
+            per_config[c.label] = row
+        base = per_config["hf-greedy"]["tokens_per_s"]
+        assisted_rows = [per_config[c.label] for c in self.configs if c.kind == "hf-assisted"]
+        for c in self.configs:
+            row = per_config[c.label]
+            row["speedup"] = row["tokens_per_s"] / base if base and row["tokens_per_s"] else None
+            assisted = _assisted_for(row, assisted_rows)
+            row["assisted_config"] = assisted["config"] if assisted else None
+            row["speedup_vs_assisted"] = (row["tokens_per_s"] / assisted["tokens_per_s"]
+                                          if assisted and row["tokens_per_s"] else None)
+        return [per_config[c.label] for c in self.configs]
+
+
+def _assistant_settings(model: Any, options: dict[str, str]) -> dict[str, Any]:
+    """The assistant's settings: the options given, else its generation_config, else transformers' defaults."""
+    gc = model.generation_config
+    defaults = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4}
+    if hasattr(gc, "_get_default_generation_params"):
+        defaults.update({k: v for k, v in gc._get_default_generation_params().items() if k in defaults})
+    value = {k: options.get(k, getattr(gc, k, None) if getattr(gc, k, None) is not None else defaults[k]) for k in defaults}
+    settings = {
+        "num_assistant_tokens": int(value["num_assistant_tokens"]),
+        "num_assistant_tokens_schedule": str(value["num_assistant_tokens_schedule"]),
+        "assistant_confidence_threshold": float(value["assistant_confidence_threshold"]),
+    }
+    if settings["num_assistant_tokens_schedule"] not in ("constant", "heuristic", "heuristic_transient"):
+        raise ConfigError("hf-assisted: num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient")
+    return settings
+
+
+def _pearson(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 2:
+        return None
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:  # a constant series
+        return None

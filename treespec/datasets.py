@@ -1,0 +1,126 @@
+"""Prompt sets for benchmarks: the files in ../shared/prompts (or --data-dir / TREESPEC_DATA_DIR).
+
+Every loader returns ``PromptItem``s: one or more user turns. ``format_turns`` turns a conversation
+into token ids for a target: its chat template when the tokenizer has one, plain text otherwise.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from treespec.errors import ConfigError
+
+#: dataset name -> (file name, format)
+DATASETS: dict[str, tuple[str, str]] = {
+    "mt-bench": ("mt_bench.jsonl", "turns"),
+    "spec-bench": ("spec_bench.jsonl", "turns"),
+    "gsm8k": ("gsm8k_test.jsonl", "question"),
+    "humaneval": ("humaneval.jsonl.gz", "prompt"),
+    "tinystories": ("tinystories_val.txt", "story"),
+}
+STORY_PROMPT_WORDS = 12  # a TinyStories prompt is the first 12 words of a validation story
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    id: str
+    turns: list[str]
+    category: str = ""
+    raw: bool = field(default=False)  # True: a completion prompt (code, story), never chat-formatted
+
+
+def default_data_dir() -> Path:
+    """``TREESPEC_DATA_DIR``, else ``../shared/prompts`` from the working directory or this checkout."""
+    env = os.environ.get("TREESPEC_DATA_DIR")
+    if env:
+        return Path(env)
+    here = Path("../shared/prompts")
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parents[1].parent / "shared" / "prompts"
+
+
+def load_prompts(
+    dataset: str, data_dir: str | Path | None = None, limit: int | None = None, category: str | None = None
+) -> list[PromptItem]:
+    """A named dataset, or a path to a ``.jsonl`` (``.jsonl.gz``) or ``.txt`` file."""
+    if dataset in DATASETS:
+        fname, fmt = DATASETS[dataset]
+        path = Path(data_dir) if data_dir is not None else default_data_dir()
+        path = path / fname
+        if not path.is_file():
+            raise ConfigError(
+                f"dataset {dataset!r}: {path} not found; point --data-dir (or TREESPEC_DATA_DIR) at the folder holding {fname}"
+            )
+    else:
+        path, fmt = Path(dataset), "auto"
+        if not path.is_file():
+            names = ", ".join(DATASETS)
+            raise ConfigError(f"dataset {dataset!r} is neither a known name ({names}) nor a file")
+    items = _read(path, fmt)
+    if category:
+        cats = sorted({i.category for i in items})
+        items = [i for i in items if i.category == category]
+        if not items:
+            raise ConfigError(f"dataset {dataset!r} has no category {category!r}; categories: {', '.join(cats) or 'none'}")
+    if not items:
+        raise ConfigError(f"dataset {dataset!r} ({path}) holds no prompts")
+    return items[:limit] if limit else items
+
+
+def _read(path: Path, fmt: str) -> list[PromptItem]:
+    if path.suffix == ".txt":
+        blocks = [b.strip() for b in path.read_text(encoding="utf-8").split("\n\n") if b.strip()]
+        if fmt == "story":
+            return [PromptItem(f"story-{i}", [" ".join(b.split()[:STORY_PROMPT_WORDS])], raw=True) for i, b in enumerate(blocks)]
+        return [PromptItem(f"{path.stem}-{i}", [b], raw=True) for i, b in enumerate(blocks)]
+    opener = gzip.open if path.suffix == ".gz" else open
+    items = []
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for n, line in enumerate(fh):
+            if line.strip():
+                items.append(_record(json.loads(line), n, path))
+    return items
+
+
+def _record(row: dict[str, Any], n: int, path: Path) -> PromptItem:
+    rid = str(row.get("question_id", row.get("task_id", row.get("id", n))))
+    cat = str(row.get("category", ""))
+    if "turns" in row:
+        return PromptItem(rid, [str(t) for t in row["turns"]], cat)
+    if "question" in row:
+        return PromptItem(rid, [str(row["question"])], cat)
+    if "prompt" in row:
+        return PromptItem(rid, [str(row["prompt"])], cat, raw="task_id" in row)  # HumanEval: code to complete
+    if "text" in row:
+        return PromptItem(rid, [str(row["text"])], cat, raw=True)
+    raise ConfigError(f"{path} line {n + 1}: no 'turns', 'question', 'prompt' or 'text' field")
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def format_turns(tokenizer: Any, item: PromptItem, answers: list[str]) -> list[int]:
+    """Token ids of the conversation up to the next user turn: ``item.turns[: len(answers) + 1]``
+    with the model's previous ``answers`` in between (FastChat's multi-turn MT-Bench)."""
+    turns = item.turns[: len(answers) + 1]
+    if has_chat_template(tokenizer) and not item.raw:
+        messages = []
+        for i, turn in enumerate(turns):
+            messages.append({"role": "user", "content": turn})
+            if i < len(answers):
+                messages.append({"role": "assistant", "content": answers[i]})
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    text = ""
+    for i, turn in enumerate(turns):
+        text += turn if i == 0 else f"\n\n{turn}"
+        if i < len(answers):
+            text += answers[i]
+    return list(tokenizer(text).input_ids)

@@ -1,0 +1,237 @@
+"""Bench outputs: the terminal table, results.json, steps.jsonl, PNG plots, and docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+BUDGET_KEYS = ("nodes", "total_tokens", "k")  # the option that is a builder's node budget
+
+
+def environment() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    import treespec
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "treespec": treespec.__version__,
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def budget(row: dict[str, Any]) -> float | None:
+    for key in BUDGET_KEYS:
+        if key in (row.get("options") or {}):
+            return float(row["options"][key])
+    return None
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return format(value, spec)
+
+
+COLUMNS = [
+    ("config", "config", "s"),
+    ("τ", "tau", ".2f"),
+    ("tokens/s", "tokens_per_s", ".0f"),
+    ("× greedy", "speedup", ".2f"),
+    ("× assisted", "speedup_vs_assisted", ".2f"),
+    ("lossless", "lossless", ""),
+    ("corr E(A),A", "corr_ea_a", ".2f"),
+    ("bookkeeping", "share_bookkeeping", ".1%"),
+]
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result['dataset']} · {result['prompts']} prompts · {result['max_new_tokens']} new tokens · {result['target']}")
+    for title, _, _ in COLUMNS:
+        table.add_column(title, justify="left" if title == "config" else "right", no_wrap=True)
+    for row in result["rows"]:
+        table.add_row(*[_fmt(row.get(key), spec) if key != "config" else row["config"] for _, key, spec in COLUMNS])
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: do not squeeze the table into 80 columns
+        console = Console(width=200)
+    console.print(table)
+
+
+def write_outputs(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    with open(out / "steps.jsonl", "w") as fh:
+        for s in steps:
+            fh.write(json.dumps(s) + "\n")
+    return plot(out, result, steps)
+
+
+def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list[Path]:
+    """τ against node budget per builder; E(A) against accepted length (OPT-Tree, Fig. 4); accepted lengths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    rows = [r for r in result["rows"] if r["builder"] and budget(r) is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (builder, drafter) in sorted({(r["builder"], r["drafter"]) for r in rows}):
+        pts = sorted((budget(r), r["tau"]) for r in rows if r["builder"] == builder and r["drafter"] == drafter)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{builder} | {drafter}")
+    ax.set_xlabel("node budget (nodes / k)")
+    ax.set_ylabel("τ (tokens per target forward)")
+    ax.set_title(f"τ vs node budget · {result['dataset']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    files.append(out / "tau_vs_budget.png")
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+
+    configs = [r["config"] for r in result["rows"] if r["builder"]]
+    by_config: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    for s in steps:
+        by_config.setdefault(s["config"], []).append(s)
+    if configs:
+        cols = min(3, len(configs))
+        nrows = (len(configs) + cols - 1) // cols
+        fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.4 * nrows), squeeze=False)
+        for ax, c in zip(axes.flat, configs):
+            xs = [s["expected_accepted"] for s in by_config[c]]
+            ys = [s["accepted"] for s in by_config[c]]
+            if xs:
+                top = max(max(xs), max(ys)) + 1
+                ax.hist2d(xs, ys, bins=[20, range(int(top) + 2)], cmap="Blues")
+                ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--")
+            ax.set_title(c, fontsize=7)
+            ax.set_xlabel("E(A) = Σ p̂")
+            ax.set_ylabel("accepted draft tokens")
+        for ax in list(axes.flat)[len(configs):]:
+            ax.axis("off")
+        fig.tight_layout()
+        files.append(out / "ea_vs_accepted.png")
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        top = max((s["accepted"] for s in steps), default=0) + 2
+        for c in configs:
+            ax.hist([s["accepted"] for s in by_config[c]], bins=range(top), histtype="step", density=True, label=c)
+        ax.set_xlabel("accepted draft tokens per step")
+        ax.set_ylabel("share of steps")
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        files.append(out / "accepted_hist.png")
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
+    return files
+
+
+def targets(result: dict[str, Any]) -> list[str]:
+    """The issue's benchmark targets, checked on these numbers."""
+    lines = []
+    rows = result["rows"]
+    for drafter in sorted({r["drafter"] for r in rows if r["builder"]}):
+        mine = [r for r in rows if r["drafter"] == drafter]
+        for chain in (r for r in mine if r["builder"] == "chain"):
+            k = budget(chain)
+            same = [r for r in mine if r["builder"] == "opt-tree" and budget(r) is not None and budget(r) <= k]
+            if same:
+                best = max(same, key=lambda r: r["tau"])
+                ok = best["tau"] >= chain["tau"]
+                lines.append(f"- {'met' if ok else 'MISSED'}: τ opt-tree at ≤ {k:g} nodes ({best['tau']:.2f}, {best['config']}) "
+                             f"≥ chain k={k:g} ({chain['tau']:.2f}) with {drafter}")
+            a = next((r for r in rows if r["config"] == chain.get("assisted_config")), None)
+            if a is not None:
+                ok = chain["tokens_per_s"] >= a["tokens_per_s"]
+                lines.append(f"- {'met' if ok else 'MISSED'}: {chain['config']} {chain['tokens_per_s']:.0f} tokens/s vs "
+                             f"{a['config']} {a['tokens_per_s']:.0f} tokens/s")
+    for r in rows:
+        share = r.get("share_bookkeeping")
+        if share is not None and share >= 0.10:
+            lines.append(f"- MISSED: bookkeeping {share:.1%} ≥ 10% of the step for {r['config']}")
+    shares = [r["share_bookkeeping"] for r in rows if r.get("share_bookkeeping") is not None]
+    if shares:
+        lines.append(f"- bookkeeping share of a step: {min(shares):.1%} – {max(shares):.1%} (aim: under 10%)")
+    lossy = [r["config"] for r in rows if not r["lossless"]]
+    lines.append(f"- lossless: {'every row' if not lossy else 'NOT ' + ', '.join(lossy)}")
+    return lines
+
+
+def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path) -> str:
+    parts = [
+        "# Benchmarks",
+        "",
+        "Generated by `treespec bench-report` from the `results.json` of each run below; do not edit by hand.",
+        "Each section gives the exact command that produced its numbers. τ = new tokens per target forward",
+        "(bonus token included; Hugging Face rows count `generate`'s own forward calls). Speed-ups are over the",
+        "target's plain greedy `generate` (`hf-greedy`) and over Hugging Face assisted generation with the same",
+        "draft model, measured in the same run on the same prompts, interleaved prompt by prompt. `lossless` = every",
+        "output equals `hf-greedy`'s token for token.",
+        "",
+    ]
+    for path, res in results:
+        env = res["environment"]
+        rel = os.path.relpath(path.parent, doc_dir)
+        parts += [
+            f"## {res['dataset']}{' / ' + res['category'] if res.get('category') else ''}: {res['prompts']} prompts, "
+            f"{res['max_new_tokens']} new tokens, target {res['target']}",
+            "",
+            "```bash",
+            res["command"],
+            "```",
+            "",
+            f"{env['date']} · {env['cpu']} · {env['threads']} torch thread(s) · Python {env['python']} · "
+            f"torch {env['torch']} · transformers {env['transformers']} · treespec {env['treespec']}"
+            + (f" · {res['truncated']} prompt(s) left-truncated to fit the context" if res.get("truncated") else ""),
+            "",
+            "| config | τ | tokens/s | × greedy | × assisted | lossless | corr E(A),A | tree nodes | draft / verify / bookkeeping |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in res["rows"]:
+            shares = (" / ".join(_fmt(r.get(f"share_{p}"), ".0%") for p in ("draft", "verify", "bookkeeping"))
+                      if r.get("share_draft") is not None else "–")
+            settings = "" if r["builder"] else (" (" + ", ".join(f"{k}={v}" for k, v in r["options"].items()) + ")" if r["options"] else "")
+            parts.append(
+                f"| {r['config']}{settings} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'], '.0f')} | {_fmt(r['speedup'])} | "
+                f"{_fmt(r['speedup_vs_assisted'])} | {_fmt(r['lossless'])} | {_fmt(r['corr_ea_a'])} | "
+                f"{_fmt(r.get('mean_tree_size'), '.1f')} | {shares} |"
+            )
+        parts += ["", "Targets:", "", *targets(res), ""]
+        for png in ("tau_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png"):
+            if (path.parent / png).exists():
+                parts.append(f"![{png}]({rel}/{png})")
+        parts.append("")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def command_line(argv: list[str]) -> str:
+    """The command that reproduces a run, every effective setting spelled out."""
+    import shlex
+
+    return " ".join(shlex.quote(a) for a in argv)
