@@ -17,6 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts contain literal [brackets]
 )
 
 OPTION_HELP = (
@@ -152,9 +153,11 @@ def run(
 BENCH_EPILOG = """\
 Examples:
 
-  treespec bench --dataset tinystories --limit 40 --drafter "../shared/models/stories260K layers=3,4" --builder "opt-tree nodes=10,25,60" --builder "chain k=4,8" --out bench/tinystories
+  treespec bench --dataset tinystories --limit 40 --drafter "../shared/models/stories260K layers=3,4" --builder "opt-tree nodes=10,25,60" --builder "chain k=4,8" --threads 1 --out docs/bench/tinystories --report docs/benchmarks.md
 
-  treespec bench-report bench/tinystories --out docs/benchmarks.md
+  treespec bench --dataset spec-bench --category summarization --limit 10 --out bench/summarization
+
+  treespec bench-report docs/bench/tinystories bench/summarization --out docs/benchmarks.md
 """
 
 
@@ -175,6 +178,7 @@ def bench(
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, ...")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, ...")] = None,
     out: Annotated[Path, typer.Option(help="folder for results.json, steps.jsonl and the plots")] = Path("bench-out"),
+    report_to: Annotated[Optional[Path], typer.Option("--report", help="then regenerate this Markdown file (e.g. docs/benchmarks.md) from every results.json in --out's parent folder")] = None,
 ) -> None:
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
     from treespec.datasets import load_prompts
@@ -244,6 +248,7 @@ def bench(
                 for v in values for a in (flag, v)]
     command += (["--category", category] if category else []) + (["--data-dir", str(data_dir)] if data_dir else [])
     command += ["--seed", str(seed)] + (["--threads", str(threads)] if threads else []) + ["--out", str(out)]
+    command += ["--report", str(report_to)] if report_to else []
     result = {
         "command": report.command_line(command),
         "dataset": dataset,
@@ -260,6 +265,21 @@ def bench(
     report.print_table(result)
     files = report.write_outputs(out, result, steps)
     typer.echo(f"wrote {out / 'results.json'}, {out / 'steps.jsonl'}, " + ", ".join(str(f) for f in files))
+    if report_to is not None:
+        _write_report(sorted(out.parent.glob("*/results.json")), report_to)
+
+
+def _write_report(paths: list[Path], out: Path) -> None:
+    from treespec import report
+
+    loaded = []
+    for path in paths:
+        if not path.is_file():
+            _fail(f"{path}: no such results.json; run `treespec bench --out DIR` first")
+        loaded.append((path.resolve(), json.loads(path.read_text())))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report.markdown(loaded, out.resolve().parent))
+    typer.echo(f"wrote {out}")
 
 
 @app.command("bench-report")
@@ -268,16 +288,7 @@ def bench_report(
     out: Annotated[Path, typer.Option(help="the Markdown file to write")] = Path("docs/benchmarks.md"),
 ) -> None:
     """Regenerate docs/benchmarks.md from the results.json of bench runs."""
-    from treespec import report
-
-    loaded = []
-    for run_path in runs:
-        path = run_path / "results.json" if run_path.is_dir() else run_path
-        if not path.is_file():
-            _fail(f"{path}: no such results.json; run `treespec bench --out DIR` first")
-        loaded.append((path.resolve(), json.loads(path.read_text())))
-    out.write_text(report.markdown(loaded, out.resolve().parent))
-    typer.echo(f"wrote {out}")
+    _write_report([r / "results.json" if r.is_dir() else r for r in runs], out)
 
 
 @app.command()

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
 from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from treespec.plugins.configs import ModelDrafterConfig
-from treespec.target import TargetModel, keep_rows
+from treespec.target import TargetModel, crop_cache, keep_rows, window_mask
 from treespec.tree import DraftTree
 
 
@@ -42,12 +42,13 @@ class ModelDrafter(Drafter):
             trust_remote_code=config.trust_remote_code,
         )
         self.vocab = min(target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
-        self.max_positions = TargetModel(self.model).max_positions
+        facts = TargetModel(self.model)
+        self.max_positions, self.window = facts.max_positions, facts.window
         self.cache: DynamicCache | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def prefill(self, context: PrefillContext) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = DynamicCache()  # full layers: committed row i holds position i
         self.cache_len = 0
         self.pending: list[int] = context.input_ids[:-1].tolist()
         self.root_token = int(context.input_ids[-1])
@@ -63,6 +64,9 @@ class ModelDrafter(Drafter):
     @torch.inference_mode()
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         if tree is not self.tree:
+            if self.row_nodes:  # a second tree in one step: drop the first tree's rows
+                crop_cache(self.cache, self.root_pos)
+                self.cache_len = self.root_pos
             self._new_step()
             self.tree = tree
             self.root_pos = self.cache_len + len(self.pending)
@@ -71,7 +75,7 @@ class ModelDrafter(Drafter):
             need[torch.tensor(list(self.row_of))] = False
         new = need.nonzero().flatten()  # [F] not fed yet; ascending = parents first
         k = min(k, self.vocab)
-        if self.max_positions and self.root_pos + tree.depth >= self.max_positions:
+        if nodes.numel() == 0 or (self.max_positions and self.root_pos + int(tree.depths[nodes].max()) >= self.max_positions):
             # the draft's context is full: propose nothing (the target still makes progress)
             m = nodes.shape[0]
             return Proposals(torch.zeros(m, k, dtype=torch.long), torch.zeros(m, k))
@@ -98,6 +102,8 @@ class ModelDrafter(Drafter):
         mask[p:, self.root_pos :].masked_fill_(tree.ancestors[new][:, row_nodes], 0.0)  # [F, R_old + F]
         ids = torch.cat([pending, tree.tokens[new]])  # [P+F]
         pos = torch.cat([torch.arange(past, past + p), self.root_pos + tree.depths[new]])  # [P+F]
+        kv_pos = torch.cat([torch.arange(self.root_pos), self.root_pos + tree.depths[row_nodes]])  # [cols]
+        mask = window_mask(mask, pos, kv_pos, self.window)
         dev = self.model.device
         out = self.model(
             input_ids=ids[None].to(dev),

@@ -16,6 +16,9 @@ def _config(arch: str, seed: int):
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2)
+    if arch == "mistral-window":  # every layer attends to the last 8 positions only
+        return MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, max_position_embeddings=256, sliding_window=8, **common)
     if arch == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **common)
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch]
@@ -35,7 +38,7 @@ def _model(arch: str, seed: int, path):
     return model
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2", "mistral-window"])
 def test_decode_loop_is_lossless_on_architecture(arch, tmp_path):
     target_model = _model(arch, 0, tmp_path / "target")
     _model(arch, 1, tmp_path / "draft")
@@ -56,3 +59,14 @@ def test_decode_loop_is_lossless_on_architecture(arch, tmp_path):
                     assert all(s.accepted == s.depth for s in out.stats.steps)
                 if draft == "target":  # the root's best child is the target's own next token
                     assert all(s.accepted >= 1 for s in out.stats.steps if s.depth >= 1)
+
+
+def test_models_mixing_window_and_full_layers_are_refused():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+                      max_window_layers=1)
+    assert len(set(cfg.layer_types)) == 2
+    with pytest.raises(treespec.ConfigError, match="mixes sliding-window and full attention"):
+        treespec.TargetModel(Qwen2ForCausalLM(cfg))

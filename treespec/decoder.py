@@ -104,59 +104,65 @@ class Decoder:
         want_hidden = drafter.needs_target_hidden
         eos = target.eos_token_ids
         t_start = time.perf_counter()
+        try:
+            # prefill: the target caches prompt[:-1]; the last prompt token is the first root
+            prompt = torch.tensor(ids, dtype=torch.long)  # [L]
+            hidden = target.prefill(prompt[:-1], want_hidden=want_hidden)  # [L-1, H] or None
+            drafter.prefill(PrefillContext(input_ids=prompt, hidden=hidden))
+            committed = list(ids)
+            stats.t_prefill = time.perf_counter() - t_start
 
-        # prefill: the target caches prompt[:-1]; the last prompt token is the first root
-        prompt = torch.tensor(ids, dtype=torch.long)  # [L]
-        hidden = target.prefill(prompt[:-1], want_hidden=want_hidden)  # [L-1, H] or None
-        drafter.prefill(PrefillContext(input_ids=prompt, hidden=hidden))
-        committed = list(ids)
-        stats.t_prefill = time.perf_counter() - t_start
+            while True:
+                room = max_new - len(out.token_ids)
+                if limit is not None:
+                    room = min(room, limit - len(committed))
+                if room <= 0:
+                    stats.stop_reason = "max_new_tokens" if len(out.token_ids) >= max_new else "context"
+                    break
 
-        while True:
-            room = max_new - len(out.token_ids)
-            if limit is not None:
-                room = min(room, limit - len(committed))
-            if room <= 0:
-                stats.stop_reason = "max_new_tokens" if len(out.token_ids) >= max_new else "context"
-                break
+                # build: the builder grows a tree with the drafter; a step emits ≤ depth + 1 tokens
+                t0 = time.perf_counter()
+                tree = builder.build(drafter, committed[-1], max_depth=room - 1)
+                if tree.depth > room - 1:
+                    raise TreespecError(
+                        f"builder {type(builder).__name__} returned a tree of depth {tree.depth} > max_depth {room - 1}"
+                    )
 
-            # build: the builder grows a tree with the drafter; a step emits ≤ depth + 1 tokens
-            t0 = time.perf_counter()
-            tree = builder.build(drafter, committed[-1], max_depth=room - 1)
+                # verify: ONE target forward over the whole tree
+                t1 = time.perf_counter()
+                tt = tree.tensors(target.past_len, dtype=target.dtype)
+                t_tensors = time.perf_counter()
+                logits, hidden = target.forward_tree(tt, want_hidden=want_hidden)  # [N, V], [N, H]
+                t2 = time.perf_counter()
+                acc = greedy_verify(tt, logits)
 
-            # verify: ONE target forward over the whole tree
-            t1 = time.perf_counter()
-            tt = tree.tensors(target.past_len, dtype=target.dtype)
-            logits, hidden = target.forward_tree(tt, want_hidden=want_hidden)  # [N, V], [N, H]
-            t2 = time.perf_counter()
-            acc = greedy_verify(tt, logits)
-
-            # commit: target and drafter keep the accepted path; the bonus token is the next root
-            target.commit(acc.nodes)
-            new = acc.tokens + [acc.bonus]
-            drafter.commit(Commit(tokens=new, hidden=hidden[acc.nodes] if hidden is not None else None))
-            hit_eos = next((i for i, t in enumerate(new) if t in eos), None)
-            if hit_eos is not None:
-                new = new[: hit_eos + 1]
-            committed += new
-            out.token_ids += new
-            t3 = time.perf_counter()
-            step = StepStats(
-                tree_size=tree.size,
-                depth=tree.depth,
-                accepted=acc.accepted,
-                emitted=len(new),
-                expected_accepted=tree.expected_accepted(),
-                t_draft=t1 - t0,
-                t_verify=t2 - t1,
-                t_bookkeeping=t3 - t2,
-            )
-            stats.steps.append(step)
-            stats.new_tokens = len(out.token_ids)
-            builder.observe(step)
-            if stream is not None:
-                stream(new)
-            if hit_eos is not None:
-                stats.stop_reason = "eos"
-                break
-        stats.t_total = time.perf_counter() - t_start
+                # commit: target and drafter keep the accepted path; the bonus token is the next root
+                target.commit(acc.nodes)
+                new = acc.tokens + [acc.bonus]
+                drafter.commit(Commit(tokens=new, hidden=hidden[acc.nodes] if hidden is not None else None))
+                hit_eos = next((i for i, t in enumerate(new) if t in eos), None)
+                if hit_eos is not None:
+                    new = new[: hit_eos + 1]
+                committed += new
+                out.token_ids += new
+                t3 = time.perf_counter()
+                step = StepStats(
+                    tree_size=tree.size,
+                    depth=tree.depth,
+                    accepted=acc.accepted,
+                    emitted=len(new),
+                    expected_accepted=tree.expected_accepted(),
+                    t_draft=t1 - t0,
+                    t_verify=t2 - t_tensors,
+                    t_bookkeeping=(t_tensors - t1) + (t3 - t2),
+                )
+                stats.steps.append(step)
+                stats.new_tokens = len(out.token_ids)
+                builder.observe(step)
+                if stream is not None:
+                    stream(new)
+                if hit_eos is not None:
+                    stats.stop_reason = "eos"
+                    break
+        finally:
+            stats.t_total = time.perf_counter() - t_start  # also when a step fails: the partial output's speed

@@ -79,6 +79,8 @@ def print_table(result: dict[str, Any]) -> None:
     if not console.is_terminal:  # a pipe or a file: do not squeeze the table into 80 columns
         console = Console(width=200)
     console.print(table)
+    for line in targets(result):
+        console.print(line)
 
 
 def write_outputs(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list[Path]:
@@ -162,10 +164,12 @@ def targets(result: dict[str, Any]) -> list[str]:
             k = budget(chain)
             same = [r for r in mine if r["builder"] == "opt-tree" and budget(r) is not None and budget(r) <= k]
             if same:
-                best = max(same, key=lambda r: r["tau"])
+                best = max(same, key=budget)
                 ok = best["tau"] >= chain["tau"]
-                lines.append(f"- {'met' if ok else 'MISSED'}: τ opt-tree at ≤ {k:g} nodes ({best['tau']:.2f}, {best['config']}) "
-                             f"≥ chain k={k:g} ({chain['tau']:.2f}) with {drafter}")
+                lines.append(f"- {'met' if ok else 'MISSED'}: τ {best['config']} = {best['tau']:.2f} ≥ τ chain k={k:g} = "
+                             f"{chain['tau']:.2f} (node budget {budget(best):g} ≤ {k:g})")
+            else:
+                lines.append(f"- not measured: no opt-tree row with ≤ {k:g} nodes to compare with chain k={k:g} ({drafter})")
             a = next((r for r in rows if r["config"] == chain.get("assisted_config")), None)
             if a is not None:
                 ok = chain["tokens_per_s"] >= a["tokens_per_s"]

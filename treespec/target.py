@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from treespec.errors import TreespecError
+from treespec.errors import ConfigError, TreespecError
 from treespec.tree import TreeTensors
 
 
@@ -28,6 +28,36 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
         extra = layer.get_seq_length() - length
         if extra > 0:
             layer.crop(-extra)
+
+
+def attention_window(config: Any) -> int | None:
+    """The sliding-attention window every layer uses, or None. Caches here keep every row at its
+    position (``DynamicCache()`` without a config), so the window is applied in our own masks."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(cfg, "sliding_window", None)
+    if not window:
+        return None
+    types = getattr(cfg, "layer_types", None)
+    if types is None:  # e.g. Mistral: every layer slides when sliding_window is set
+        return int(window)
+    sliding = ["sliding" in str(t) for t in types]
+    if not any(sliding):
+        return None
+    if not all(sliding):
+        raise ConfigError(
+            f"{getattr(cfg, 'model_type', 'this model')} mixes sliding-window and full attention layers, which "
+            "treespec does not support yet (one tree mask serves every layer); pick another model"
+        )
+    return int(window)
+
+
+def window_mask(mask: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Block keys at or beyond ``window`` positions behind each query (Hugging Face's sliding rule:
+    key visible iff kv_pos > q_pos − window). mask: [..., Q, K]; q_pos: [Q]; kv_pos: [K]."""
+    if window is None:
+        return mask
+    far = kv_pos.to(mask.device)[None, :] <= q_pos.to(mask.device)[:, None] - window  # [Q, K]
+    return mask.masked_fill(far, torch.finfo(mask.dtype).min)
 
 
 def keep_rows(cache: DynamicCache, base: int, rows: list[int] | torch.Tensor) -> None:
@@ -56,6 +86,7 @@ class TargetModel:
         self._tree_len: int | None = None
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
+        self.window = attention_window(model.config)
 
     # ------------------------------------------------------------------ facts about the model
     @property
@@ -99,7 +130,7 @@ class TargetModel:
 
     # ------------------------------------------------------------------ the three calls
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.config)
+        self.cache = DynamicCache()  # full layers: row i holds position i (see attention_window)
         self.past_len = 0
         self._tree_len: int | None = None  # nodes of the last forward_tree, until commit
 
@@ -129,10 +160,14 @@ class TargetModel:
     def forward_tree(self, tt: TreeTensors, want_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward over every tree node. Returns logits [N, V] (row i: the target's next-token
         logits after node i's path) and, if asked, last-layer hidden states [N, H]."""
+        mask = tt.attention_mask.to(self.device, self.dtype)  # [1, 1, N, P+N]
+        past = mask.shape[-1] - tt.position_ids.shape[0]
+        kv_pos = torch.cat([torch.arange(past), tt.position_ids.cpu()])  # [P+N] position of every key
+        mask = window_mask(mask, tt.position_ids, kv_pos, self.window)
         out = self._forward(
             input_ids=tt.input_ids.to(self.device)[None],  # [1, N]
             position_ids=tt.position_ids.to(self.device)[None],  # [1, N]
-            attention_mask=tt.attention_mask.to(self.device, self.dtype),  # [1, 1, N, P+N]
+            attention_mask=mask,
             output_hidden_states=want_hidden,
         )
         self._tree_len = int(tt.input_ids.shape[0])
