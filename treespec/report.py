@@ -221,12 +221,16 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path) -> str:
             shares = (" / ".join(_fmt(r.get(f"share_{p}"), ".0%") for p in ("draft", "verify", "bookkeeping"))
                       if r.get("share_draft") is not None else "–")
             settings = "" if r["builder"] else (" (" + ", ".join(f"{k}={v}" for k, v in r["options"].items()) + ")" if r["options"] else "")
+            cell = f"{r['config']}{settings}".replace("|", "\\|")  # a literal pipe inside a table cell
             parts.append(
-                f"| {r['config']}{settings} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'], '.0f')} | {_fmt(r['speedup'])} | "
+                f"| {cell} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'], '.0f')} | {_fmt(r['speedup'])} | "
                 f"{_fmt(r['speedup_vs_assisted'])} | {_fmt(r['lossless'])} | {_fmt(r['corr_ea_a'])} | "
                 f"{_fmt(r.get('mean_tree_size'), '.1f')} | {shares} |"
             )
         parts += ["", "Targets:", "", *targets(res), ""]
+        notes = path.parent / "NOTES.md"  # hand-written reading of this run, kept beside its results
+        if notes.is_file():
+            parts += [notes.read_text().strip(), ""]
         for png in ("tau_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png"):
             if (path.parent / png).exists():
                 parts.append(f"![{png}]({rel}/{png})")
