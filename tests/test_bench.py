@@ -184,7 +184,7 @@ def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     res = CliRunner().invoke(app, ["bench-report", str(out), "--out", str(md)])
     assert res.exit_code == 0, res.output
     text = md.read_text()
-    assert result["command"] in text and "| chain k=3 | stories260K layers=4 |" in text and "Targets:" in text
+    assert result["command"] in text and "| chain k=3 \\| stories260K layers=4 |" in text and "Targets:" in text
 
 
 def test_bench_bad_input(tmp_path):
