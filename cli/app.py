@@ -291,6 +291,65 @@ def bench_report(
     _write_report([r / "results.json" if r.is_dir() else r for r in runs], out)
 
 
+tree_app = typer.Typer(help="Look at draft trees.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(tree_app, name="tree")
+
+
+@tree_app.command("show", epilog="Example:\n\n  treespec tree show --builder opt-tree -B nodes=25 --prompt \"Once upon a time\" --png tree.png")
+def tree_show(
+    builder: Annotated[str, typer.Option(help="tree builder name")] = "opt-tree",
+    builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=OPTION_HELP)] = None,
+    target: Annotated[Optional[str], typer.Option(help=f"target model [default: {DEFAULT_TARGET}]", show_default=False)] = None,
+    drafter: Annotated[Optional[str], typer.Option(help="drafter name or draft model [default with the default target: its first 4 layers]", show_default=False)] = None,
+    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=OPTION_HELP)] = None,
+    prompt: Annotated[str, typer.Option(help="prompt text")] = "Once upon a time, there was a little dog",
+    dot: Annotated[Optional[Path], typer.Option(help="also write the tree as Graphviz DOT")] = None,
+    png: Annotated[Optional[Path], typer.Option(help="also draw the tree to a PNG (matplotlib)")] = None,
+    max_nodes: Annotated[int, typer.Option(help="show at most this many nodes in the terminal")] = 200,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, ...")] = None,
+) -> None:
+    """Build one tree for a prompt, verify it with the target, and draw it (accepted path highlighted)."""
+    from treespec.config import parse_pairs
+
+    try:
+        b_opts = parse_pairs(builder_option, "builder")
+        d_opts = parse_pairs(drafter_option, "drafter")
+        if target is None:
+            target = _default_target()
+            if drafter is None:
+                drafter = target
+                d_opts.setdefault("layers", str(DEFAULT_DRAFT_LAYERS))
+        if drafter is None:
+            _fail("no drafter: pass --drafter NAME or a draft model")
+        from rich.console import Console
+
+        from treespec import render
+        from treespec.decoder import Decoder
+
+        dec = Decoder(target, drafter, builder, d_opts, b_opts, device=device)
+        ids, tree, acc = dec.draft_and_verify(prompt)
+    except TreespecError as exc:
+        _fail(str(exc))
+    show = render.token_text(dec.target.tokenizer)
+    decode = dec.decode
+    console = Console()
+    console.print(f"prompt: {prompt!r} ({len(ids)} tokens) · builder {builder} {b_opts or ''}")
+    console.print(render.rich_tree(tree, acc, show, max_nodes=max_nodes))
+    console.print(
+        f"{tree.size} drafted nodes, depth {tree.depth}, E(A) = Σ p̂ = {tree.expected_accepted():.2f}; "
+        f"the target accepts {acc.accepted} + 1 bonus token: {decode(acc.tokens + [acc.bonus], ids)!r}"
+    )
+    if dot is not None:
+        dot.write_text(render.to_dot(tree, acc, show))
+        console.print(f"wrote {dot} (render with: dot -Tpng {dot} -o tree.png)")
+    if png is not None:
+        try:
+            render.to_png(tree, acc, show, png)
+        except TreespecError as exc:
+            _fail(str(exc))
+        console.print(f"wrote {png}")
+
+
 @app.command()
 def plugins(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pydantic
@@ -42,7 +43,8 @@ def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, str]:
 
     options: dict[str, str] = {}
     for pair in pairs or []:
-        for item in pair.split(","):
+        # commas separate pairs only where a new name= follows, so values may hold commas ([[0],[1]])
+        for item in re.split(r",(?=\s*[A-Za-z_][\w-]*=)", pair):
             if not item.strip():
                 continue
             key, sep, value = item.partition("=")

@@ -13,7 +13,8 @@ from treespec.factory import make_builder, make_drafter
 from treespec.interfaces import Commit, Drafter, PrefillContext, TreeBuilder
 from treespec.stats import RunStats, StepStats
 from treespec.target import TargetModel
-from treespec.verify import greedy_verify
+from treespec.tree import DraftTree
+from treespec.verify import Acceptance, greedy_verify
 
 StreamCallback = Callable[[list[int]], None]
 
@@ -98,6 +99,24 @@ class Decoder:
             ) from exc
         out.text = self.decode(out.token_ids, ids)
         return out
+
+    def draft_and_verify(self, prompt: str | list[int] | torch.Tensor) -> tuple[list[int], DraftTree, Acceptance]:
+        """One step for inspection (``treespec tree show``): prefill the prompt, build the first tree
+        and verify it, without committing. Returns the prompt ids, the tree and what the target accepts."""
+        ids = self.encode(prompt)
+        if not ids:
+            raise ConfigError("the prompt is empty: give at least one token")
+        limit = self.target.max_positions
+        if limit is not None and len(ids) >= limit:
+            raise ConfigError(f"the prompt has {len(ids)} tokens but the target's context is {limit}: shorten the prompt")
+        prompt_t = torch.tensor(ids, dtype=torch.long)  # [L]
+        hidden = self.target.prefill(prompt_t[:-1], want_hidden=self.drafter.needs_target_hidden)
+        self.drafter.prefill(PrefillContext(input_ids=prompt_t, hidden=hidden))
+        depth = limit - len(ids) - 1 if limit is not None else 1 << 30
+        tree = self.builder.build(self.drafter, ids[-1], max_depth=depth)
+        tt = tree.tensors(self.target.past_len, dtype=self.target.dtype)
+        logits, _ = self.target.forward_tree(tt)  # [N, V]
+        return ids, tree, greedy_verify(tt, logits)
 
     def _run(self, ids: list[int], max_new: int, limit: int | None, stream: StreamCallback | None, out: Output) -> None:
         target, drafter, builder, stats = self.target, self.drafter, self.builder, out.stats
