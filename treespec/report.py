@@ -40,9 +40,13 @@ def environment() -> dict[str, Any]:
 
 
 def budget(row: dict[str, Any]) -> float | None:
+    """A builder row's node budget: its nodes / total_tokens / k option, else (static shapes) the
+    measured mean tree size."""
     for key in BUDGET_KEYS:
         if key in (row.get("options") or {}):
             return float(row["options"][key])
+    if row.get("builder") and row.get("mean_tree_size"):
+        return float(round(row["mean_tree_size"]))
     return None
 
 
