@@ -295,6 +295,17 @@ tree_app = typer.Typer(help="Look at draft trees.", no_args_is_help=True, rich_m
 app.add_typer(tree_app, name="tree")
 
 
+@tree_app.command("presets")
+def tree_presets() -> None:
+    """List the static builder's named tree shapes, with their size, depth and source."""
+    from treespec.plugins.static import load_shape, preset_names, preset_source
+
+    for name in preset_names():
+        paths = load_shape(name)
+        typer.echo(f"{name:24s} {len(paths):3d} nodes, depth {max(map(len, paths))}  {preset_source(name)}")
+    typer.echo("also: chain-K (a chain of K), kary-K-D (K children per node, depth D), a JSON list of rank paths, or a JSON file")
+
+
 @tree_app.command("show", epilog="Example:\n\n  treespec tree show --builder opt-tree -B nodes=25 --prompt \"Once upon a time\" --png tree.png")
 def tree_show(
     builder: Annotated[str, typer.Option(help="tree builder name")] = "opt-tree",
@@ -402,6 +413,11 @@ def plugins(
         console.print(f"[yellow]no entry point is named[/yellow] {', '.join(reg.unmatched)} (TREESPEC_LOAD_PLUGINS/TREESPEC_BLOCK_PLUGINS take entry-point names)")
     if reg.skipped:
         console.print(f"skipped by TREESPEC_LOAD_PLUGINS/TREESPEC_BLOCK_PLUGINS: {', '.join(reg.skipped)}")
+
+
+from treespec.cli.sequoia import EPILOG as SEQUOIA_EPILOG, sequoia_measure  # noqa: E402
+
+app.command("sequoia-measure", epilog=SEQUOIA_EPILOG)(sequoia_measure)
 
 
 def main() -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from treespec.hookspecs import hookimpl
 from treespec.interfaces import PluginSpec
-from treespec.plugins.configs import ChainConfig, ModelDrafterConfig, OptTreeConfig
+from treespec.plugins.configs import (
+    ChainConfig,
+    Eagle2Config,
+    ModelDrafterConfig,
+    OptTreeConfig,
+    SequoiaConfig,
+    StaticConfig,
+)
 
 
 @hookimpl
@@ -21,6 +28,24 @@ def treespec_builders() -> list[PluginSpec]:
             summary="classic speculative decoding: a single chain of k drafted tokens",
             config=ChainConfig,
             load="treespec.plugins.chain:ChainBuilder",
+        ),
+        PluginSpec(
+            name="static",
+            summary="a fixed tree shape: EAGLE's and Medusa's published trees, chains, k-ary trees, or your own paths",
+            config=StaticConfig,
+            load="treespec.plugins.static:StaticBuilder",
+        ),
+        PluginSpec(
+            name="sequoia",
+            summary="Sequoia: the optimal static tree for a measured per-rank acceptance vector (dynamic programming)",
+            config=SequoiaConfig,
+            load="treespec.plugins.sequoia:SequoiaBuilder",
+        ),
+        PluginSpec(
+            name="eagle2",
+            summary="EAGLE-2's dynamic tree: expand the top-k frontier by p̂ for `depth` steps, keep the best total_tokens",
+            config=Eagle2Config,
+            load="treespec.plugins.eagle2:Eagle2Builder",
         ),
     ]
 

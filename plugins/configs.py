@@ -22,3 +22,25 @@ class ModelDrafterConfig(PluginConfig):
     layers: int | None = Field(None, gt=0, description="keep only the model's first k decoder layers")
     attn_implementation: str | None = Field(None, description="eager | sdpa | ... (default: the model's)")
     trust_remote_code: bool = Field(False, description="allow the model's own code from the hub")
+
+
+class StaticConfig(PluginConfig):
+    shape: str = Field(
+        "eagle-mc_sim_7b_63",
+        description="a preset (`treespec tree presets`: eagle-mc_sim_7b_63 (25 nodes), eagle-25, "
+        "medusa-mc_sim_7b_63 (63 nodes), chain-K, kary-K-D), a JSON list of paths of child ranks, or a JSON file",
+    )
+
+
+class SequoiaConfig(PluginConfig):
+    nodes: int = Field(50, gt=0, description="node budget n: drafted nodes per tree (root excluded)")
+    max_depth: int = Field(10, gt=0, description="deepest layer of the tree")
+    acceptance: str | list[float] = Field(
+        description="per-rank acceptance vector: a JSON file made by `treespec sequoia-measure` (or a list in Python)"
+    )
+
+
+class Eagle2Config(PluginConfig):
+    top_k: int = Field(10, gt=0, description="frontier nodes expanded per step, and children proposed per node")
+    depth: int = Field(6, gt=0, description="expansion steps (the tree's maximum depth)")
+    total_tokens: int = Field(60, gt=0, description="drafted nodes kept after reranking by p̂ (root excluded)")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import treespec
-from conftest import STORIES260K, tinystories_prompts
+from conftest import REPO, STORIES260K, tinystories_prompts
 
 N_PROMPTS = 24  # ≥ 20; with this cut, 4 of them end their story within 128 tokens
 MAX_NEW = 128
@@ -48,7 +48,18 @@ SWEEP = {  # several n and δ, on the two real partial drafts
     "opt-tree-n60-d0.2": ("opt-tree", {"nodes": 60, "threshold": 0.2, "max_depth": 12}),
     "opt-tree-n4-d1": ("opt-tree", {"nodes": 4, "threshold": 1.0}),
 }
-CASES = [(d, b) for d in DRAFTERS for b in BUILDERS] + [(d, b) for d in ("layers3", "layers4") for b in SWEEP]
+ACCEPTANCE = REPO / "docs" / "bench" / "acceptance-stories260K-l{}.json"  # made by `treespec sequoia-measure`
+OTHER_BUILDERS = {  # every other built-in builder, on the two real partial drafts
+    "static-eagle-25": ("static", {"shape": "eagle-25"}),
+    "static-kary-2-3": ("static", {"shape": "kary-2-3"}),
+    "eagle2": ("eagle2", {"top_k": 8, "depth": 6, "total_tokens": 40}),
+    "sequoia-n30": ("sequoia", {"nodes": 30, "max_depth": 8, "acceptance": "{layers}"}),
+}
+CASES = (
+    [(d, b) for d in DRAFTERS for b in BUILDERS]
+    + [(d, b) for d in ("layers3", "layers4") for b in SWEEP]
+    + [(d, b) for d in ("layers3", "layers4") for b in OTHER_BUILDERS]
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +70,9 @@ def prompts(target64):
 @pytest.mark.parametrize("drafter_key,builder_key", CASES)
 def test_greedy_equals_target_generate(drafter_key, builder_key, target64, greedy_reference, prompts, random_draft_dir):
     model, d_opts = DRAFTERS[drafter_key](random_draft_dir)
-    builder, b_opts = {**BUILDERS, **SWEEP}[builder_key]
+    builder, b_opts = {**BUILDERS, **SWEEP, **OTHER_BUILDERS}[builder_key]
+    if b_opts.get("acceptance") == "{layers}":  # the vector measured for this draft
+        b_opts = {**b_opts, "acceptance": str(ACCEPTANCE).format(d_opts["layers"])}
     dec = treespec.Decoder(target64, drafter=model, drafter_options=d_opts, builder=builder, builder_options=b_opts)
     failures, eos_runs, steps = [], 0, 0
     for ids in prompts:

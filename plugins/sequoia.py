@@ -1,0 +1,250 @@
+"""Builder `sequoia`: the optimal *static* tree for a measured per-rank acceptance vector.
+
+Sequoia (Chen et al. 2024, "Sequoia: Scalable, Robust, and Hardware-aware Speculative Decoding",
+arXiv 2402.12374) fixes the tree's shape once, from an acceptance vector p = [p_0, p_1, ...]:
+p_r is the probability that the target accepts the draft's r-th ranked child of an accepted node.
+Under greedy verification the siblings of a node are mutually exclusive (at most one child matches
+the target's token), so a node at rank path (r_1 .. r_d) is accepted with probability Π p_{r_i} and
+
+    E(A) = Σ over drafted nodes of Π p_{r_i}          (the expected number of accepted draft tokens)
+
+Dynamic programming over subtree sizes (``optimal_shapes``). With E(m, d) the best value of a
+subtree of EXACTLY m nodes (root included, counted as 1) and depth ≤ d,
+
+    E(1, d)  = 1,    E(m, 0) = −∞ for m > 1
+    E(m, d)  = 1 + G_0(m − 1)                                    (d ≥ 1)
+    G_r(0)   = 0,    G_R(b) = −∞ for b > 0
+    G_r(b)   = max_{1 ≤ j ≤ b}  p_r · E(j, d − 1) + G_{r+1}(b − j)  (b ≥ 1)
+
+G_r is a knapsack over ranks: children take the first c ranks (rank r only if ranks < r are used),
+and rank r's subtree gets j of the remaining b nodes. The best tree of budget n and depth ≤ D is the
+best E(m, D) over m ≤ n + 1, the smallest such m on ties (a node that adds nothing, e.g. one whose
+acceptance rounds away, costs verification work for nothing). Ranks beyond the vector have p = 0;
+trailing zeros are dropped, and a tree never has more than n children per node, so R ≤ min(len p, n).
+
+Cost: O(D · R · n²) time (each (d, r) is one [n+1, n] max-plus convolution, vectorised), O(D · R · n)
+memory for the argmax table; n = 60, D = 10, R = 16 takes a few milliseconds. The table of one solve
+also gives the best tree of every smaller depth, which ``build`` uses when the Decoder caps the depth
+near ``max_new_tokens`` or the end of the context.
+
+``build`` only walks the cached shape: layer by layer, one ``drafter.expand`` per depth with k = 1 +
+the largest rank wanted at that depth, keeping the ranked children the shape asks for. A proposal
+with q = 0 (padding: the drafter has fewer candidates) is skipped together with its subtree.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from treespec.errors import ConfigError
+from treespec.interfaces import Drafter, TreeBuilder
+from treespec.plugins.configs import SequoiaConfig
+from treespec.tree import DraftTree
+
+RankPath = tuple[int, ...]
+MEASURE_HINT = "make one with `treespec sequoia-measure --target T --drafter D --out FILE`"
+
+
+# ---------------------------------------------------------------------------------------- acceptance
+def load_acceptance(value: str | Path | Sequence[float]) -> tuple[float, ...]:
+    """The acceptance vector from a list of floats, a JSON list written inline (``"[0.5, 0.2]"``, as a
+    command line gives it), or a JSON file: ``{"acceptance": [...], ...}`` (``sequoia-measure``'s
+    output) or a bare list. Problems are one-line ``ConfigError``s."""
+    source = "acceptance"
+    if isinstance(value, (str, Path)):
+        text = str(value).strip()
+        if isinstance(value, str) and text.startswith("["):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"sequoia: acceptance {text!r} is not a JSON list of numbers ({exc.msg})") from None
+        else:
+            path = Path(text).expanduser()
+            source = f"acceptance file {path}"
+            if not path.is_file():
+                raise ConfigError(f"sequoia: acceptance file {path} not found; {MEASURE_HINT}")
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"sequoia: {source} is not JSON ({exc}); {MEASURE_HINT}") from None
+            if isinstance(data, dict):
+                if "acceptance" not in data:
+                    raise ConfigError(f"sequoia: {source} has no 'acceptance' list; {MEASURE_HINT}")
+                data = data["acceptance"]
+    else:
+        data = value
+    if not isinstance(data, (list, tuple)) or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in data
+    ):
+        raise ConfigError(f"sequoia: {source} must be a list of numbers in [0, 1], got {str(data)[:80]}")
+    if not data:
+        raise ConfigError(f"sequoia: {source} is empty; give at least p_0 (e.g. [0.6, 0.15, 0.05])")
+    for r, x in enumerate(data):
+        if not (math.isfinite(x) and 0.0 <= x <= 1.0):
+            raise ConfigError(f"sequoia: {source}: p_{r} = {x} is not a probability in [0, 1]")
+    return tuple(float(x) for x in data)
+
+
+# ---------------------------------------------------------------------------------------- the DP
+@dataclass(frozen=True)
+class SequoiaShape:
+    """A static tree: the rank paths of its drafted nodes (root excluded), by depth then rank."""
+
+    paths: tuple[RankPath, ...]
+    expected_accepted: float  # Σ Π p over the drafted nodes = T(n + 1, D) − 1
+
+    @property
+    def nodes(self) -> int:
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+
+def shape_value(paths: Sequence[RankPath], acceptance: Sequence[float]) -> float:
+    """Σ over the paths of Π p_r (ranks beyond the vector count as p = 0)."""
+    total = 0.0
+    for path in paths:
+        prod = 1.0
+        for r in path:
+            prod *= acceptance[r] if r < len(acceptance) else 0.0
+        total += prod
+    return total
+
+
+@functools.lru_cache(maxsize=64)
+def optimal_shapes(acceptance: tuple[float, ...], nodes: int, max_depth: int) -> tuple[SequoiaShape, ...]:
+    """The best tree of at most ``nodes`` drafted nodes for every depth limit 0..max_depth
+    (index d: depth ≤ d), from one DP solve. Memoised per (vector, nodes, max_depth)."""
+    if nodes < 0 or max_depth < 0:
+        raise ValueError("nodes and max_depth must be ≥ 0")
+    p = list(acceptance)
+    while p and p[-1] <= 0.0:
+        p.pop()  # trailing zeros: such ranks never help
+    n_ranks = min(len(p), nodes)
+    depth = min(max_depth, nodes)  # deeper than n nodes is impossible
+    size = nodes + 1  # subtree sizes 1..size (root included); index 0 unused
+    neg = -math.inf
+    E = torch.full((depth + 1, size + 1), neg, dtype=torch.float64)  # E[d, m]: exactly m nodes
+    E[:, 1] = 1.0
+    # choice[d, r, b]: the size of rank r's subtree when b nodes go to ranks ≥ r at depth d (0: none)
+    choice = torch.zeros((depth + 1, max(n_ranks, 1), size), dtype=torch.long)
+    b = torch.arange(size)[:, None]  # [S, 1] nodes left for ranks ≥ r
+    j = torch.arange(1, size)[None, :]  # [1, S-1] nodes given to rank r
+    rest = (b - j).clamp(min=0)  # [S, S-1] nodes left for ranks > r
+    fits = j <= b  # [S, S-1]
+    for d in range(1, depth + 1):
+        sub = E[d - 1, 1:size]  # [S-1] best subtree of exactly j nodes, depth ≤ d-1
+        G = torch.full((size,), neg, dtype=torch.float64)  # G_R
+        G[0] = 0.0
+        for r in reversed(range(n_ranks)):
+            gain = torch.where(torch.isfinite(sub), p[r] * sub.clamp(min=0.0), neg)  # [S-1] (no 0·∞)
+            cand = torch.where(fits, gain[None, :] + G[rest], neg)  # [S, S-1]
+            best, arg = cand.max(dim=1)  # [S] (first index on ties: the smaller subtree)
+            best[0] = 0.0
+            choice[d, r] = torch.where(torch.isfinite(best), arg + 1, 0)
+            choice[d, r, 0] = 0
+            G = best
+        E[d, 1:] = 1.0 + G  # E(m) = 1 + G_0(m - 1)
+
+    def rebuild(d: int, m: int, prefix: RankPath, out: list[RankPath]) -> None:
+        left, r = m - 1, 0
+        while left > 0:
+            k = int(choice[d, r, left])
+            out.append(prefix + (r,))
+            rebuild(d - 1, k, prefix + (r,), out)
+            left, r = left - k, r + 1
+
+    shapes = []
+    for d in range(depth + 1):
+        row = E[d, 1:]  # [S] m = 1..S
+        m = int(torch.argmax(row)) + 1  # first maximum: the fewest nodes
+        paths: list[RankPath] = []
+        rebuild(d, m, (), paths)
+        paths.sort(key=lambda path: (len(path), path))
+        shapes.append(SequoiaShape(tuple(paths), float(row[m - 1]) - 1.0))
+    shapes += [shapes[-1]] * (max_depth - depth)
+    return tuple(shapes)
+
+
+def optimal_shape(acceptance: Sequence[float], nodes: int, max_depth: int) -> SequoiaShape:
+    """The best tree of at most ``nodes`` drafted nodes and depth ≤ ``max_depth``."""
+    return optimal_shapes(tuple(float(x) for x in acceptance), nodes, max_depth)[-1]
+
+
+# ---------------------------------------------------------------------------------------- the walk
+@dataclass(frozen=True)
+class _Level:
+    """One depth of a shape, ready for ``build``: which nodes of the previous depth to expand, and
+    which (parent row, rank) each child of this depth is."""
+
+    parents: torch.Tensor  # [P] index of each expanded parent among the previous depth's nodes
+    child_row: torch.Tensor  # [C] index into parents
+    child_rank: torch.Tensor  # [C]
+
+
+def _levels(shape: SequoiaShape) -> list[_Level]:
+    index: dict[RankPath, int] = {(): 0}  # path -> index among the nodes of its depth
+    levels = []
+    for d in range(1, shape.depth + 1):
+        kids = [p for p in shape.paths if len(p) == d]  # sorted: grouped by parent, ranks ascending
+        parent_paths = list(dict.fromkeys(p[:-1] for p in kids))
+        row = {pp: i for i, pp in enumerate(parent_paths)}
+        levels.append(
+            _Level(
+                parents=torch.tensor([index[pp] for pp in parent_paths], dtype=torch.long),
+                child_row=torch.tensor([row[p[:-1]] for p in kids], dtype=torch.long),
+                child_rank=torch.tensor([p[-1] for p in kids], dtype=torch.long),
+            )
+        )
+        index = {p: i for i, p in enumerate(kids)}
+    return levels
+
+
+class SequoiaBuilder(TreeBuilder):
+    Config = SequoiaConfig
+    config: SequoiaConfig
+
+    def __init__(self, config: SequoiaConfig):
+        super().__init__(config)
+        self.acceptance = load_acceptance(config.acceptance)
+        self.shapes = optimal_shapes(self.acceptance, config.nodes, config.max_depth)  # per depth cap
+        self._levels: dict[int, list[_Level]] = {}
+
+    @property
+    def shape(self) -> SequoiaShape:
+        """The tree built when the Decoder does not cap the depth."""
+        return self.shapes[-1]
+
+    def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
+        d = max(0, min(max_depth, self.config.max_depth))
+        if d not in self._levels:
+            self._levels[d] = _levels(self.shapes[d])
+        tree = DraftTree(root_token)
+        ids = torch.zeros(1, dtype=torch.long)  # [N_d] node id of each shape node of this depth, -1: skipped
+        for level in self._levels[d]:
+            parent_ids = ids[level.parents]  # [P]
+            ok = parent_ids >= 0  # [P] parents that were drafted
+            if not bool(ok.any()):
+                break
+            row_of = torch.cumsum(ok.long(), 0) - 1  # [P] row of each parent in the expand call
+            c_ok = ok[level.child_row]  # [C]
+            k = 1 + int(level.child_rank[c_ok].max())
+            prop = drafter.expand(tree, parent_ids[ok], k)  # tokens, q: [P_ok, k]
+            rows, ranks = row_of[level.child_row].clamp(min=0), level.child_rank  # [C]
+            q = torch.where(c_ok, prop.q[rows, ranks].float(), 0.0)  # [C]
+            keep = c_ok & (q > 0)  # q = 0 is padding: skip it and its subtree
+            ids = torch.full((level.child_rank.shape[0],), -1, dtype=torch.long)
+            if bool(keep.any()):
+                ids[keep] = tree.add_children(
+                    parent_ids[level.child_row[keep]], prop.tokens[rows[keep], ranks[keep]], q[keep]
+                )
+        return tree
