@@ -239,7 +239,9 @@ class SequoiaBuilder(TreeBuilder):
             c_ok = ok[level.child_row]  # [C]
             k = 1 + int(level.child_rank[c_ok].max())
             prop = drafter.expand(tree, parent_ids[ok], k)  # tokens, q: [P_ok, k]
-            rows, ranks = row_of[level.child_row].clamp(min=0), level.child_rank  # [C]
+            cols = prop.q.shape[1]  # a drafter may return fewer columns than asked
+            c_ok = c_ok & (level.child_rank < cols)
+            rows, ranks = row_of[level.child_row].clamp(min=0), level.child_rank.clamp(max=cols - 1)  # [C]
             q = torch.where(c_ok, prop.q[rows, ranks].float(), 0.0)  # [C]
             keep = c_ok & (q > 0)  # q = 0 is padding: skip it and its subtree
             ids = torch.full((level.child_rank.shape[0],), -1, dtype=torch.long)
