@@ -212,6 +212,9 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path) -> str:
         "draft model, measured in the same run on the same prompts, interleaved prompt by prompt. `lossless` = every",
         "output equals `hf-greedy`'s token for token.",
         "",
+        "Regenerate this page from the runs' results: `treespec bench-report "
+        + " ".join(os.path.relpath(p.parent, Path.cwd()) for p, _ in results) + " --out docs/benchmarks.md`.",
+        "",
     ]
     for path, res in results:
         env = res["environment"]
