@@ -8,6 +8,8 @@ from treespec.plugins.configs import (
     ChainConfig,
     Eagle2Config,
     ModelDrafterConfig,
+    NgramConfig,
+    SelfDrafterConfig,
     OptTreeConfig,
     SequoiaConfig,
     StaticConfig,
@@ -58,5 +60,17 @@ def treespec_drafters() -> list[PluginSpec]:
             summary="an independent Hugging Face causal LM sharing the target's tokenizer, with its own KV cache",
             config=ModelDrafterConfig,
             load="treespec.plugins.model_drafter:ModelDrafter",
+        ),
+        PluginSpec(
+            name="ngram",
+            summary="prompt lookup: the tokens that followed earlier occurrences of a node's last n-gram (longest n first)",
+            config=NgramConfig,
+            load="treespec.plugins.ngram:NgramDrafter",
+        ),
+        PluginSpec(
+            name="self",
+            summary="the target's own first k decoder layers plus its norm and head, sharing its weights, own KV cache",
+            config=SelfDrafterConfig,
+            load="treespec.plugins.self_drafter:SelfDrafter",
         ),
     ]

@@ -44,3 +44,15 @@ class Eagle2Config(PluginConfig):
     top_k: int = Field(10, gt=0, description="frontier nodes expanded per step, and children proposed per node")
     depth: int = Field(6, gt=0, description="expansion steps (the tree's maximum depth)")
     total_tokens: int = Field(60, gt=0, description="drafted nodes kept after reranking by p̂ (root excluded)")
+
+
+class NgramConfig(PluginConfig):
+    max_ngram: int = Field(3, gt=0, description="longest n-gram looked up (the longest one that matches wins)")
+    min_ngram: int = Field(1, gt=0, description="shortest n-gram looked up (at most max_ngram)")
+    max_matches: int = Field(8, gt=0, description="at most this many candidate continuations per node")
+
+
+class SelfDrafterConfig(PluginConfig):
+    layers: int = Field(
+        2, gt=0, description="draft with the target's own first k decoder layers (fewer than the target has)"
+    )
