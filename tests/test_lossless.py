@@ -48,7 +48,7 @@ SWEEP = {  # several n and δ, on the two real partial drafts
     "opt-tree-n60-d0.2": ("opt-tree", {"nodes": 60, "threshold": 0.2, "max_depth": 12}),
     "opt-tree-n4-d1": ("opt-tree", {"nodes": 4, "threshold": 1.0}),
 }
-ACCEPTANCE = REPO / "docs" / "bench" / "acceptance-stories260K-l{}.json"  # made by `treespec sequoia-measure`
+ACCEPTANCE = REPO / "docs" / "bench" / "acceptance-s260k-l{}.json"  # made by `treespec sequoia-measure`
 OTHER_BUILDERS = {  # every other built-in builder, on the two real partial drafts
     "static-eagle-25": ("static", {"shape": "eagle-25"}),
     "static-kary-2-3": ("static", {"shape": "kary-2-3"}),
