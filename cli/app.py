@@ -48,6 +48,16 @@ def _default_target() -> str:
     return str(checkout) if checkout.is_dir() else DEFAULT_TARGET
 
 
+def _default_pair(target: str | None, drafter: str | None, d_opts: dict[str, str]) -> tuple[str, str | None]:
+    """No --target: the default target, and, with no --drafter either, its first layers as the draft."""
+    if target is None:
+        target = _default_target()
+        if drafter is None:
+            drafter = target
+            d_opts.setdefault("layers", str(DEFAULT_DRAFT_LAYERS))
+    return target, drafter
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -83,11 +93,7 @@ def run(
             text = prompt_file.read_text()
         else:
             text = prompt if prompt is not None else "Once upon a time"
-        if target is None:
-            target = _default_target()
-            if drafter is None:
-                drafter = target
-                d_opts.setdefault("layers", str(DEFAULT_DRAFT_LAYERS))
+        target, drafter = _default_pair(target, drafter, d_opts)
         if drafter is None:
             _fail("no drafter: pass --drafter NAME, a draft model (alias, hub id or directory), or -D model=PATH")
         if drafter == "model" and "model" not in d_opts:
@@ -325,11 +331,7 @@ def tree_show(
     try:
         b_opts = parse_pairs(builder_option, "builder")
         d_opts = parse_pairs(drafter_option, "drafter")
-        if target is None:
-            target = _default_target()
-            if drafter is None:
-                drafter = target
-                d_opts.setdefault("layers", str(DEFAULT_DRAFT_LAYERS))
+        target, drafter = _default_pair(target, drafter, d_opts)
         if drafter is None:
             _fail("no drafter: pass --drafter NAME or a draft model")
         from rich.console import Console

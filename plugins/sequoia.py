@@ -46,6 +46,7 @@ import torch
 from treespec.errors import ConfigError
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import SequoiaConfig
+from treespec.plugins.static import grow, shape_layers
 from treespec.tree import DraftTree
 
 RankPath = tuple[int, ...]
@@ -180,35 +181,6 @@ def optimal_shape(acceptance: Sequence[float], nodes: int, max_depth: int) -> Se
     return optimal_shapes(tuple(float(x) for x in acceptance), nodes, max_depth)[-1]
 
 
-# ---------------------------------------------------------------------------------------- the walk
-@dataclass(frozen=True)
-class _Level:
-    """One depth of a shape, ready for ``build``: which nodes of the previous depth to expand, and
-    which (parent row, rank) each child of this depth is."""
-
-    parents: torch.Tensor  # [P] index of each expanded parent among the previous depth's nodes
-    child_row: torch.Tensor  # [C] index into parents
-    child_rank: torch.Tensor  # [C]
-
-
-def _levels(shape: SequoiaShape) -> list[_Level]:
-    index: dict[RankPath, int] = {(): 0}  # path -> index among the nodes of its depth
-    levels = []
-    for d in range(1, shape.depth + 1):
-        kids = [p for p in shape.paths if len(p) == d]  # sorted: grouped by parent, ranks ascending
-        parent_paths = list(dict.fromkeys(p[:-1] for p in kids))
-        row = {pp: i for i, pp in enumerate(parent_paths)}
-        levels.append(
-            _Level(
-                parents=torch.tensor([index[pp] for pp in parent_paths], dtype=torch.long),
-                child_row=torch.tensor([row[p[:-1]] for p in kids], dtype=torch.long),
-                child_rank=torch.tensor([p[-1] for p in kids], dtype=torch.long),
-            )
-        )
-        index = {p: i for i, p in enumerate(kids)}
-    return levels
-
-
 class SequoiaBuilder(TreeBuilder):
     Config = SequoiaConfig
     config: SequoiaConfig
@@ -217,7 +189,7 @@ class SequoiaBuilder(TreeBuilder):
         super().__init__(config)
         self.acceptance = load_acceptance(config.acceptance)
         self.shapes = optimal_shapes(self.acceptance, config.nodes, config.max_depth)  # per depth cap
-        self._levels: dict[int, list[_Level]] = {}
+        self._layers: dict[int, list] = {}  # depth cap -> the walk of that cap's optimal shape
 
     @property
     def shape(self) -> SequoiaShape:
@@ -226,27 +198,6 @@ class SequoiaBuilder(TreeBuilder):
 
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
         d = max(0, min(max_depth, self.config.max_depth))
-        if d not in self._levels:
-            self._levels[d] = _levels(self.shapes[d])
-        tree = DraftTree(root_token)
-        ids = torch.zeros(1, dtype=torch.long)  # [N_d] node id of each shape node of this depth, -1: skipped
-        for level in self._levels[d]:
-            parent_ids = ids[level.parents]  # [P]
-            ok = parent_ids >= 0  # [P] parents that were drafted
-            if not bool(ok.any()):
-                break
-            row_of = torch.cumsum(ok.long(), 0) - 1  # [P] row of each parent in the expand call
-            c_ok = ok[level.child_row]  # [C]
-            k = 1 + int(level.child_rank[c_ok].max())
-            prop = drafter.expand(tree, parent_ids[ok], k)  # tokens, q: [P_ok, k]
-            cols = prop.q.shape[1]  # a drafter may return fewer columns than asked
-            c_ok = c_ok & (level.child_rank < cols)
-            rows, ranks = row_of[level.child_row].clamp(min=0), level.child_rank.clamp(max=cols - 1)  # [C]
-            q = torch.where(c_ok, prop.q[rows, ranks].float(), 0.0)  # [C]
-            keep = c_ok & (q > 0)  # q = 0 is padding: skip it and its subtree
-            ids = torch.full((level.child_rank.shape[0],), -1, dtype=torch.long)
-            if bool(keep.any()):
-                ids[keep] = tree.add_children(
-                    parent_ids[level.child_row[keep]], prop.tokens[rows[keep], ranks[keep]], q[keep]
-                )
-        return tree
+        if d not in self._layers:
+            self._layers[d] = shape_layers([list(p) for p in self.shapes[d].paths])  # sorted: depth, path
+        return grow(self._layers[d], drafter, root_token, d)

@@ -145,11 +145,13 @@ class _Layer:
     k: int  # 1 + max(rank): children asked per expanded node
 
 
-def _layers(paths: list[list[int]]) -> list[_Layer]:
-    """Index tensors per depth for sorted, validated ``paths``."""
+def shape_layers(paths: list[list[int]]) -> list[_Layer]:
+    """Index tensors per depth for sorted (by depth, then path), validated ``paths``."""
     by_depth: dict[int, list[tuple[int, ...]]] = {}
     for p in paths:
         by_depth.setdefault(len(p), []).append(tuple(p))
+    if not by_depth:
+        return []
     index = {(): 0}  # path -> index within its layer
     layers = []
     for d in range(1, max(by_depth) + 1):
@@ -168,6 +170,33 @@ def _layers(paths: list[list[int]]) -> list[_Layer]:
     return layers
 
 
+def grow(layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
+    """Walk a shape: ONE ``drafter.expand`` per depth, the wanted ranks added, padding (q = 0) and its
+    subtree skipped, never deeper than ``max_depth``. Shared by ``static`` and ``sequoia``."""
+    tree = DraftTree(root_token)
+    ids = torch.zeros(1, dtype=torch.long)  # [n_{d-1}] tree id of each shape node of the last layer, -1: absent
+    for layer in layers[: max(0, max_depth)]:
+        parent_ids = ids[layer.expand]  # [E]
+        present = parent_ids >= 0  # [E] nodes cut by padding above have no children either
+        if not bool(present.any()):
+            break
+        prop = drafter.expand(tree, parent_ids[present], layer.k)  # tokens, q: [E', k]
+        tokens, q_all = prop.tokens.to(ids.device), prop.q.to(ids.device)
+        cols = q_all.shape[1]  # k, unless a drafter returns fewer columns (missing ranks: padding)
+        if cols == 0:
+            break
+        pos = torch.cumsum(present.long(), 0) - 1  # [E] row of each expanded node in the proposals
+        row = pos[layer.row].clamp(min=0)  # [C]
+        col = layer.rank.clamp(max=cols - 1)  # [C]
+        q = q_all[row, col]  # [C]
+        keep = present[layer.row] & (layer.rank < cols) & (q > 0)  # [C] padding: no node, no subtree
+        ids = torch.full((layer.row.numel(),), -1, dtype=torch.long)
+        ids[keep] = tree.add_children(parent_ids[layer.row][keep], tokens[row, col][keep], q[keep])
+        if not bool(keep.any()):
+            break
+    return tree
+
+
 class StaticBuilder(TreeBuilder):
     Config = StaticConfig
     config: StaticConfig
@@ -175,7 +204,7 @@ class StaticBuilder(TreeBuilder):
     def __init__(self, config: StaticConfig):
         super().__init__(config)
         self.paths = load_shape(config.shape)  # sorted: depth, then path
-        self.layers = _layers(self.paths)
+        self.layers = shape_layers(self.paths)
 
     @property
     def size(self) -> int:
@@ -183,25 +212,4 @@ class StaticBuilder(TreeBuilder):
         return len(self.paths)
 
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
-        tree = DraftTree(root_token)
-        ids = torch.zeros(1, dtype=torch.long)  # [n_{d-1}] tree id of each shape node of the last layer, -1: absent
-        for layer in self.layers[: max(0, max_depth)]:
-            parent_ids = ids[layer.expand]  # [E]
-            present = parent_ids >= 0  # [E] nodes cut by padding above have no children either
-            if not bool(present.any()):
-                break
-            prop = drafter.expand(tree, parent_ids[present], layer.k)  # tokens, q: [E', k]
-            tokens, q_all = prop.tokens.to(ids.device), prop.q.to(ids.device)
-            cols = q_all.shape[1]  # k, unless a drafter returns fewer columns (missing ranks: padding)
-            if cols == 0:
-                break
-            pos = torch.cumsum(present.long(), 0) - 1  # [E] row of each expanded node in the proposals
-            row = pos[layer.row].clamp(min=0)  # [C]
-            col = layer.rank.clamp(max=cols - 1)  # [C]
-            q = q_all[row, col]  # [C]
-            keep = present[layer.row] & (layer.rank < cols) & (q > 0)  # [C] padding: no node, no subtree
-            ids = torch.full((layer.row.numel(),), -1, dtype=torch.long)
-            ids[keep] = tree.add_children(parent_ids[layer.row][keep], tokens[row, col][keep], q[keep])
-            if not bool(keep.any()):
-                break
-        return tree
+        return grow(self.layers, drafter, root_token, max_depth)

@@ -55,6 +55,16 @@ class Decoder:
             return list(self.target.tokenizer(prompt).input_ids)
         return [int(t) for t in (prompt.flatten().tolist() if isinstance(prompt, torch.Tensor) else prompt)]
 
+    def _prompt_ids(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
+        """Token ids of a prompt that leaves room for at least one new token."""
+        ids = self.encode(prompt)
+        if not ids:
+            raise ConfigError("the prompt is empty: give at least one token")
+        limit = self.target.max_positions
+        if limit is not None and len(ids) >= limit:
+            raise ConfigError(f"the prompt has {len(ids)} tokens but the target's context is {limit}: shorten the prompt")
+        return ids
+
     def decode(self, ids: list[int], prompt_ids: list[int] | None = None) -> str:
         """Text of ``ids``; given the prompt, as the continuation of the prompt's text (so a leading
         space that the tokenizer folds into the first new token is kept)."""
@@ -77,16 +87,10 @@ class Decoder:
 
         Raises ``DecodingError`` on failure, with everything generated so far in ``.output``.
         """
-        ids = self.encode(prompt)
-        if not ids:
-            raise ConfigError("the prompt is empty: give at least one token")
+        ids = self._prompt_ids(prompt)
         if max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         limit = self.target.max_positions
-        if limit is not None and len(ids) >= limit:
-            raise ConfigError(
-                f"the prompt has {len(ids)} tokens but the target's context is {limit}: shorten the prompt"
-            )
         out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
         try:
             self._run(ids, max_new_tokens, limit, stream, out)
@@ -103,12 +107,8 @@ class Decoder:
     def draft_and_verify(self, prompt: str | list[int] | torch.Tensor) -> tuple[list[int], DraftTree, Acceptance]:
         """One step for inspection (``treespec tree show``): prefill the prompt, build the first tree
         and verify it, without committing. Returns the prompt ids, the tree and what the target accepts."""
-        ids = self.encode(prompt)
-        if not ids:
-            raise ConfigError("the prompt is empty: give at least one token")
+        ids = self._prompt_ids(prompt)
         limit = self.target.max_positions
-        if limit is not None and len(ids) >= limit:
-            raise ConfigError(f"the prompt has {len(ids)} tokens but the target's context is {limit}: shorten the prompt")
         prompt_t = torch.tensor(ids, dtype=torch.long)  # [L]
         hidden = self.target.prefill(prompt_t[:-1], want_hidden=self.drafter.needs_target_hidden)
         self.drafter.prefill(PrefillContext(input_ids=prompt_t, hidden=hidden))
