@@ -66,14 +66,19 @@ def _fail(message: str, code: int = 2) -> None:
 @app.command(epilog=EPILOG)
 def run(
     target: Annotated[Optional[str], typer.Option(help=f"target model: hub id, alias or local directory [default: {DEFAULT_TARGET}]", show_default=False)] = None,
-    drafter: Annotated[Optional[str], typer.Option(help=f"drafter name, or a draft model (alias, hub id, directory) [default with the default target: its first {DEFAULT_DRAFT_LAYERS} layers]", show_default=False)] = None,
+    drafter: Annotated[Optional[str], typer.Option(help=f"drafter name, or a draft model (alias, hub id, directory); a+b composes drafters, e.g. self+ngram with -D ngram.max_ngram=4 [default with the default target: its first {DEFAULT_DRAFT_LAYERS} layers]", show_default=False)] = None,
     builder: Annotated[str, typer.Option(help="tree builder name (see `treespec plugins`)")] = "opt-tree",
     builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=OPTION_HELP)] = None,
     drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=OPTION_HELP)] = None,
     prompt: Annotated[Optional[str], typer.Option(help="prompt text")] = None,
     prompt_file: Annotated[Optional[Path], typer.Option(help="read the prompt from this file")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="stop after this many new tokens")] = 128,
-    seed: Annotated[int, typer.Option(help="random seed (sampling, random-weight models)")] = 0,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (lossless token for token); > 0 = exact speculative sampling")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling: keep the smallest set of tokens with probability >= top_p (1 = off)")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="keep the k likeliest tokens (0 = off; Hugging Face's generate defaults to 50)")] = 0,
+    draft_temperature: Annotated[Optional[float], typer.Option(help="the draft's temperature for builders with sample=true [default: --temperature]", show_default=False)] = None,
+    sampling_rule: Annotated[str, typer.Option(help="verification rule when sampling: auto, specinfer, deterministic, target-only (docs/sampling.md)")] = "auto",
+    seed: Annotated[int, typer.Option(help="random seed: the same seed gives the same sampled output")] = 0,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ... (default: cpu)")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 (default: float32 on CPU)")] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
@@ -138,7 +143,9 @@ def run(
 
     error = None
     try:
-        out = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, stream=collect)
+        out = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, stream=collect, temperature=temperature,
+                           top_p=top_p, top_k=top_k, seed=seed, draft_temperature=draft_temperature,
+                           rule=sampling_rule)
     except DecodingError as exc:
         out, error = exc.output, str(exc)
     except TreespecError as exc:
@@ -178,8 +185,10 @@ def bench(
     drafter: Annotated[Optional[list[str]], typer.Option(help='drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep)')] = None,
     builder: Annotated[Optional[list[str]], typer.Option(help='builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4]', show_default=False)] = None,
     baseline: Annotated[Optional[list[str]], typer.Option(help='Hugging Face baselines besides hf-greedy: "hf-assisted [num_assistant_tokens=..] [num_assistant_tokens_schedule=..] [assistant_confidence_threshold=..]", "hf-lookup [prompt_lookup_num_tokens=..]"; "none" for none [default: hf-assisted with its defaults, hf-assisted at each chain k (constant, no confidence stop), hf-lookup]', show_default=False)] = None,
-    temperature: Annotated[float, typer.Option(help="0 = greedy (sampling verification arrives with issue 6)")] = 0.0,
-    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 = sampling in every row (treespec exact speculative sampling, Hugging Face generate(do_sample=True)); outputs are then not compared token for token")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling threshold when --temperature > 0 (1 = off)")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="top-k filter when --temperature > 0 (0 = off)")] = 0,
+    seed: Annotated[int, typer.Option(help="random seed; prompt n is sampled with seed + n in every row")] = 0,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch [default: torch's]", show_default=False)] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, ...")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, ...")] = None,
@@ -189,8 +198,15 @@ def bench(
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
     from treespec.datasets import load_prompts
 
+    sampling = None
     if temperature != 0.0:
-        _fail("--temperature > 0 needs the sampling verifier (issue 6); benchmark greedy decoding with --temperature 0")
+        from treespec.sampling import SamplingParams
+
+        try:
+            SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        except TreespecError as exc:
+            _fail(str(exc))
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
     if limit is not None and limit <= 0:
         _fail(f"--limit must be > 0, got {limit}")
     if max_new_tokens <= 0:
@@ -227,7 +243,8 @@ def bench(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        runner = Bench(target, drafter, builder, baseline, max_new_tokens, device=device, dtype=dtype)
+        runner = Bench(target, drafter, builder, baseline, max_new_tokens, device=device, dtype=dtype,
+                       sampling=sampling, seed=seed)
     except TreespecError as exc:
         _fail(str(exc))
 
@@ -253,6 +270,8 @@ def bench(
     command += [a for flag, values in (("--drafter", drafter), ("--builder", builder), ("--baseline", baseline or ["none"]))
                 for v in values for a in (flag, v)]
     command += (["--category", category] if category else []) + (["--data-dir", str(data_dir)] if data_dir else [])
+    if sampling:
+        command += ["--temperature", str(temperature), "--top-p", str(top_p), "--top-k", str(top_k)]
     command += ["--seed", str(seed)] + (["--threads", str(threads)] if threads else []) + ["--out", str(out)]
     command += ["--report", str(report_to)] if report_to else []
     result = {
@@ -265,6 +284,8 @@ def bench(
         "target": target,
         "seed": seed,
         "temperature": temperature,
+        "top_p": top_p if sampling else None,
+        "top_k": top_k if sampling else None,
         "environment": report.environment(),
         "rows": runner.rows(samples),
     }
@@ -420,6 +441,14 @@ def plugins(
 from treespec.cli.sequoia import EPILOG as SEQUOIA_EPILOG, sequoia_measure  # noqa: E402
 
 app.command("sequoia-measure", epilog=SEQUOIA_EPILOG)(sequoia_measure)
+
+from treespec.cli.datastore import datastore_app  # noqa: E402
+
+app.add_typer(datastore_app, name="datastore")
+
+from treespec.cli.train import train_app  # noqa: E402
+
+app.add_typer(train_app, name="train")
 
 
 def main() -> None:

@@ -32,3 +32,12 @@ for i, step in enumerate(out.stats.steps[:5]):
 
 # 4. Streaming: the callback receives each step's new token ids.
 dec.generate("One day, Lily went to the park.", max_new_tokens=32, stream=lambda ids: print(ids, flush=True))
+
+# 5. Composing drafters: one drafter made of several, their candidates merged by token (docs/plugins.md).
+both = treespec.compose(dec.drafter, "ngram", merge="mix", weights=[0.7, 0.3])  # instances or names
+out5 = treespec.Decoder(target, drafter=both, builder="opt-tree").generate(out.prompt_ids, max_new_tokens=64)
+assert out5.token_ids == out.token_ids
+print(f"model+ngram: {out5.stats.mean_accepted:.2f} tokens/step (model alone: {out.stats.mean_accepted:.2f})")
+# by name, as on the command line (--drafter self+ngram -D self.layers=3):
+treespec.Decoder(target, drafter="self+ngram", drafter_options={"self.layers": 3, "ngram.max_ngram": 4})
+

@@ -6,8 +6,11 @@ from treespec.hookspecs import hookimpl
 from treespec.interfaces import PluginSpec
 from treespec.plugins.configs import (
     ChainConfig,
+    ComposeConfig,
+    EagleConfig,
     Eagle2Config,
     ModelDrafterConfig,
+    DatastoreConfig,
     NgramConfig,
     SelfDrafterConfig,
     OptTreeConfig,
@@ -68,9 +71,28 @@ def treespec_drafters() -> list[PluginSpec]:
             load="treespec.plugins.ngram:NgramDrafter",
         ),
         PluginSpec(
+            name="datastore",
+            summary="retrieval (REST): the tokens that followed a node's longest context suffix in a corpus's suffix array",
+            config=DatastoreConfig,
+            load="treespec.plugins.datastore:DatastoreDrafter",
+        ),
+        PluginSpec(
             name="self",
             summary="the target's own first k decoder layers plus its norm and head, sharing its weights, own KV cache",
             config=SelfDrafterConfig,
             load="treespec.plugins.self_drafter:SelfDrafter",
+        ),
+        PluginSpec(
+            name="compose",
+            summary="several drafters as one, their candidate trees merged by token: --drafter model+ngram "
+            "(a part's options: -D ngram.max_ngram=4)",
+            config=ComposeConfig,
+            load="treespec.plugins.compose:ComposedDrafter",
+        ),
+        PluginSpec(
+            name="eagle",
+            summary="an EAGLE-1/2 head: one decoder layer drafting from the target's features, reusing its embeddings and head",
+            config=EagleConfig,
+            load="treespec.plugins.eagle:EagleDrafter",
         ),
     ]

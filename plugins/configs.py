@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
 
 from treespec.config import PluginConfig
 
@@ -15,6 +17,11 @@ class OptTreeConfig(PluginConfig):
 
 class ChainConfig(PluginConfig):
     k: int = Field(4, gt=0, description="drafted tokens per step")
+    sample: bool = Field(
+        False, description="with temperature > 0: draw children at random from the draft's distribution "
+        "(without replacement, at the draft temperature) instead of its top-k, verified by SpecInfer's rule; "
+        "needs a drafter with full distributions (model, self)",
+    )
 
 
 class ModelDrafterConfig(PluginConfig):
@@ -30,6 +37,11 @@ class StaticConfig(PluginConfig):
         description="a preset (`treespec tree presets`: eagle-mc_sim_7b_63 (25 nodes), eagle-25, "
         "medusa-mc_sim_7b_63 (63 nodes), chain-K, kary-K-D), a JSON list of paths of child ranks, or a JSON file",
     )
+    sample: bool = Field(
+        False, description="with temperature > 0: draw children at random from the draft's distribution "
+        "(without replacement, at the draft temperature) instead of its top-k, verified by SpecInfer's rule; "
+        "needs a drafter with full distributions (model, self)",
+    )
 
 
 class SequoiaConfig(PluginConfig):
@@ -37,6 +49,11 @@ class SequoiaConfig(PluginConfig):
     max_depth: int = Field(10, gt=0, description="deepest layer of the tree")
     acceptance: str | list[float] = Field(
         description="per-rank acceptance vector: a JSON file made by `treespec sequoia-measure` (or a list in Python)"
+    )
+    sample: bool = Field(
+        False, description="with temperature > 0: draw children at random from the draft's distribution "
+        "(without replacement, at the draft temperature) instead of its top-k, verified by SpecInfer's rule; "
+        "needs a drafter with full distributions (model, self)",
     )
 
 
@@ -52,7 +69,72 @@ class NgramConfig(PluginConfig):
     max_matches: int = Field(8, gt=0, description="at most this many candidate continuations per node")
 
 
+class DatastoreConfig(PluginConfig):
+    corpus: str = Field(
+        description="a corpus file (.txt: documents separated by blank lines; .jsonl/.jsonl.gz: a 'text' field "
+        "or a 'turns' list), indexed and cached on first use, or an index .npz from `treespec datastore build`"
+    )
+    max_suffix: int = Field(16, gt=0, description="longest context suffix looked up (the longest one that occurs wins)")
+    min_suffix: int = Field(2, gt=0, description="shortest context suffix looked up (at most max_suffix)")
+    max_matches: int = Field(
+        512, gt=0, description="occurrences read per lookup to count followers (evenly spread over all of them)"
+    )
+    cache_dir: str | None = Field(
+        None, description="folder of cached indexes [default: $XDG_CACHE_HOME/treespec/datastore or ~/.cache/treespec/datastore]"
+    )
+
+
 class SelfDrafterConfig(PluginConfig):
     layers: int = Field(
         2, gt=0, description="draft with the target's own first k decoder layers (fewer than the target has)"
     )
+
+
+def _split_list(value: Any, seps: str) -> Any:
+    """``"a,b"`` (or with another separator in ``seps``, or ``"[a, b]"``) → ``["a", "b"]``: list options from the CLI."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().strip("[]")
+    for sep in seps[1:]:
+        text = text.replace(sep, seps[0])
+    return [v.strip().strip("'\"") for v in text.split(seps[0]) if v.strip()]
+
+
+class ComposeConfig(PluginConfig):
+    parts: list[str] = Field(
+        default_factory=list,
+        description="the drafters to compose, e.g. model,ngram (same as --drafter model+ngram); "
+        "a part's own options: PART.option=value, or 1.option=value for the first part",
+    )
+    merge: Literal["max", "mix"] = Field(
+        "max", description="q of a token proposed by several parts: max = the most confident part's q; "
+        "mix = Σ w_i q_i, weights renormalised over the parts that proposed anything at that node",
+    )
+    weights: list[float] | None = Field(
+        None, description="merge=mix only: one weight per part, e.g. 0.7,0.3 (or 0.7:0.3; default equal)"
+    )
+
+    @field_validator("parts", mode="before")
+    @classmethod
+    def _split_parts(cls, value: Any) -> Any:
+        return _split_list(value, ",+")
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _split_weights(cls, value: Any) -> Any:
+        return _split_list(value, ",:")
+
+    @field_validator("weights")
+    @classmethod
+    def _positive(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and any(w <= 0 for w in value):
+            raise ValueError("every weight must be > 0")
+        return value
+
+
+class EagleConfig(PluginConfig):
+    head: str = Field(
+        description="the EAGLE-1/2 head: a local directory (config.json + model.safetensors or pytorch_model.bin), "
+        "or a hub id such as yuhuili/EAGLE-llama2-chat-7B; train one with `treespec train eagle`"
+    )
+    attn_implementation: str | None = Field(None, description="eager | sdpa (default: sdpa)")

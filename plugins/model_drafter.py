@@ -85,6 +85,19 @@ class ModelDrafter(Drafter):
         q, tokens = self.probs[rows].topk(k, dim=-1)  # [M, k]
         return Proposals(tokens=tokens.cpu(), q=q.float().cpu())
 
+    def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """The draft's softmax [M, V'] after each of ``nodes`` (fed by an earlier ``expand`` of this
+        step); zeros for nodes it could not feed (the draft's context is full)."""
+        out = torch.zeros(nodes.shape[0], self.vocab, device=self.model.device)
+        if tree is not self.tree or self.probs is None:
+            return out
+        rows = [self.row_of.get(int(n), -1) for n in nodes]
+        fed = torch.tensor([r >= 0 for r in rows], dtype=torch.bool)
+        if bool(fed.any()):
+            idx = torch.tensor([r - self.root_pos for r in rows if r >= 0], device=self.probs.device)
+            out[fed.to(out.device)] = self.probs[idx].to(out)
+        return out
+
     def _feed(self, tree: DraftTree, new: torch.Tensor) -> None:
         """One forward over the pending tokens (first call of a step only) and the tree nodes ``new``."""
         pending = torch.tensor(self.pending, dtype=torch.long)  # [P]

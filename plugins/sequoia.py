@@ -47,6 +47,7 @@ from treespec.errors import ConfigError
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import SequoiaConfig
 from treespec.plugins.static import grow, shape_layers
+from treespec.sampling import DraftSampling
 from treespec.tree import DraftTree
 
 RankPath = tuple[int, ...]
@@ -184,6 +185,14 @@ def optimal_shape(acceptance: Sequence[float], nodes: int, max_depth: int) -> Se
 class SequoiaBuilder(TreeBuilder):
     Config = SequoiaConfig
     config: SequoiaConfig
+    sampling: DraftSampling | None = None
+
+    @property
+    def samples_children(self) -> bool:
+        return self.config.sample
+
+    def start(self, sampling: DraftSampling | None) -> None:
+        self.sampling = sampling if self.config.sample else None
 
     def __init__(self, config: SequoiaConfig):
         super().__init__(config)
@@ -200,4 +209,4 @@ class SequoiaBuilder(TreeBuilder):
         d = max(0, min(max_depth, self.config.max_depth))
         if d not in self._layers:
             self._layers[d] = shape_layers([list(p) for p in self.shapes[d].paths])  # sorted: depth, path
-        return grow(self._layers[d], drafter, root_token, d)
+        return grow(self._layers[d], drafter, root_token, d, self.sampling)

@@ -28,6 +28,7 @@ import torch
 from treespec.errors import ConfigError
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import StaticConfig
+from treespec.sampling import DraftSampling, sampled_expand
 from treespec.tree import DraftTree
 
 #: kary-K-D and file shapes larger than this are refused (a typo like kary-10-10 would hang)
@@ -143,6 +144,17 @@ class _Layer:
     row: torch.Tensor  # [C] long: for each node of layer d, its parent's index into ``expand``
     rank: torch.Tensor  # [C] long: its child rank, the column of the proposals
     k: int  # 1 + max(rank): children asked per expanded node
+    slot: torch.Tensor | None = None  # [C] long: its position among its siblings (the draw, when sampling)
+
+
+def _slots(nodes: list[tuple[int, ...]]) -> list[int]:
+    """Position of each node among its siblings, in the given (rank) order."""
+    seen: dict[tuple[int, ...], int] = {}
+    out = []
+    for p in nodes:
+        out.append(seen.get(p[:-1], 0))
+        seen[p[:-1]] = out[-1] + 1
+    return out
 
 
 def shape_layers(paths: list[list[int]]) -> list[_Layer]:
@@ -164,15 +176,21 @@ def shape_layers(paths: list[list[int]]) -> list[_Layer]:
                 row=torch.tensor([slot[index[p[:-1]]] for p in nodes], dtype=torch.long),
                 rank=torch.tensor([p[-1] for p in nodes], dtype=torch.long),
                 k=1 + max(p[-1] for p in nodes),
+                slot=torch.tensor(_slots(nodes), dtype=torch.long),
             )
         )
         index.update({p: i for i, p in enumerate(nodes)})
     return layers
 
 
-def grow(layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
+def grow(layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int,
+         sampling: DraftSampling | None = None) -> DraftTree:
     """Walk a shape: ONE ``drafter.expand`` per depth, the wanted ranks added, padding (q = 0) and its
-    subtree skipped, never deeper than ``max_depth``. Shared by ``static`` and ``sequoia``."""
+    subtree skipped, never deeper than ``max_depth``. Shared by ``static`` and ``sequoia``.
+
+    With ``sampling`` the children are drawn from the draft instead of ranked: a node with c children
+    in the shape gets the first c draws (without replacement), its i-th child in shape order the i-th
+    draw, so the children are always a prefix of the draws, as SpecInfer's rule requires."""
     tree = DraftTree(root_token)
     ids = torch.zeros(1, dtype=torch.long)  # [n_{d-1}] tree id of each shape node of the last layer, -1: absent
     for layer in layers[: max(0, max_depth)]:
@@ -180,16 +198,20 @@ def grow(layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int
         present = parent_ids >= 0  # [E] nodes cut by padding above have no children either
         if not bool(present.any()):
             break
-        prop = drafter.expand(tree, parent_ids[present], layer.k)  # tokens, q: [E', k]
+        if sampling is not None:
+            prop = sampled_expand(drafter, tree, parent_ids[present], layer.k, sampling)  # in draw order
+        else:
+            prop = drafter.expand(tree, parent_ids[present], layer.k)  # tokens, q: [E', k]
         tokens, q_all = prop.tokens.to(ids.device), prop.q.to(ids.device)
         cols = q_all.shape[1]  # k, unless a drafter returns fewer columns (missing ranks: padding)
         if cols == 0:
             break
         pos = torch.cumsum(present.long(), 0) - 1  # [E] row of each expanded node in the proposals
         row = pos[layer.row].clamp(min=0)  # [C]
-        col = layer.rank.clamp(max=cols - 1)  # [C]
+        rank = layer.rank if sampling is None else layer.slot  # [C]
+        col = rank.clamp(max=cols - 1)  # [C]
         q = q_all[row, col]  # [C]
-        keep = present[layer.row] & (layer.rank < cols) & (q > 0)  # [C] padding: no node, no subtree
+        keep = present[layer.row] & (rank < cols) & (q > 0)  # [C] padding: no node, no subtree
         ids = torch.full((layer.row.numel(),), -1, dtype=torch.long)
         ids[keep] = tree.add_children(parent_ids[layer.row][keep], tokens[row, col][keep], q[keep])
         if not bool(keep.any()):
@@ -200,6 +222,14 @@ def grow(layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int
 class StaticBuilder(TreeBuilder):
     Config = StaticConfig
     config: StaticConfig
+    sampling: DraftSampling | None = None
+
+    @property
+    def samples_children(self) -> bool:
+        return self.config.sample
+
+    def start(self, sampling: DraftSampling | None) -> None:
+        self.sampling = sampling if self.config.sample else None
 
     def __init__(self, config: StaticConfig):
         super().__init__(config)
@@ -212,4 +242,4 @@ class StaticBuilder(TreeBuilder):
         return len(self.paths)
 
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
-        return grow(self.layers, drafter, root_token, max_depth)
+        return grow(self.layers, drafter, root_token, max_depth, self.sampling)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -41,6 +42,27 @@ def tinystories_prompts(n: int, cut_words: int = 25) -> list[str]:
         words = story.split()
         out.append(" ".join(words[: max(12, len(words) - cut_words)]))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def eagle_head_dir() -> Path:
+    """An EAGLE head for stories260K trained here once per session (≈ 10 s; trained heads are not
+    committed): 240 TinyStories prompts the tests do not prompt with, 3 short epochs."""
+    import tempfile
+
+    from treespec.plugins.eagle_train import train
+
+    out = Path(tempfile.mkdtemp(prefix="treespec-eagle-head-"))
+    train(EAGLE_TEST_SETTINGS(out), log=lambda _: None)
+    return out
+
+
+def EAGLE_TEST_SETTINGS(out: Path, **overrides):
+    from treespec.plugins.eagle_train import TrainSettings
+
+    base = dict(target=str(STORIES260K), data="tinystories", out=str(out), offset=200, limit=240,
+                max_new_tokens=64, epochs=3, batch_size=16)
+    return TrainSettings(**(base | overrides))
 
 
 @pytest.fixture(scope="session")

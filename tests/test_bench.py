@@ -136,8 +136,8 @@ def test_a_corrupted_configuration_is_flagged_not_lossless(small_bench):
     token of its output changed. The harness must report it as not lossless."""
     real = next(c for c in small_bench.configs if c.builder == "chain")
 
-    def corrupted(ids, max_new):
-        sample = real.run(ids, max_new)
+    def corrupted(ids, max_new, seed):
+        sample = real.run(ids, max_new, seed)
         return Sample([sample.token_ids[0] ^ 1, *sample.token_ids[1:]], sample.seconds, sample.forwards, sample.steps)
 
     bad = Config("corrupted chain", "treespec", "chain", {"k": 2}, real.drafter, run=corrupted)
@@ -159,6 +159,18 @@ def test_mt_bench_second_turn_follows_the_models_first_answer(small_bench):
     turn2 = datasets.format_turns(small_bench.target.tokenizer, items[0], [answer])
     text = small_bench.target.tokenizer.decode(turn2, skip_special_tokens=True)
     assert answer.strip()[:20] in text and text.endswith(items[0].turns[1])
+
+
+def test_sampled_bench_rows_are_seeded_and_not_compared_token_for_token():
+    bench = Bench(str(STORIES260K), [f"{STORIES260K} layers=4"], ["chain k=2 sample=true"], ["hf-assisted"],
+                  max_new_tokens=12, sampling={"temperature": 0.8, "top_p": 0.9, "top_k": 0}, seed=3)
+    items = datasets.load_prompts("tinystories", PROMPTS, limit=2)
+    first, second = bench.run(items, warmup=False), bench.run(items, warmup=False)
+    assert [c.label for c in bench.configs][0] == "hf-sample"
+    assert all([s.token_ids for s in first[k]] == [s.token_ids for s in second[k]] for k in first)  # seeded
+    rows = bench.rows(first)
+    assert all(r["lossless"] is None and r["mismatches"] is None for r in rows)
+    assert rows[0]["speedup"] == 1.0 and all(r["new_tokens"] == 24 for r in rows)
 
 
 # ------------------------------------------------------------------ the command
@@ -191,8 +203,10 @@ def test_bench_bad_input(tmp_path):
     runner = CliRunner()
     res = runner.invoke(app, ["bench", "--dataset", "nope", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "neither a known name" in res.stderr
-    res = runner.invoke(app, ["bench", "--temperature", "0.7"])
-    assert res.exit_code == 2 and "issue 6" in res.stderr
+    res = runner.invoke(app, ["bench", "--temperature", "-0.7"])
+    assert res.exit_code == 2 and "temperature" in res.stderr
+    res = runner.invoke(app, ["bench", "--temperature", "0.7", "--top-p", "2"])
+    assert res.exit_code == 2 and "top_p" in res.stderr
     res = runner.invoke(app, ["bench", "--limit", "1", "--builder", "opt-tree nodes=0", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "greater than 0" in res.stderr
     res = runner.invoke(app, ["bench-report", str(tmp_path / "missing")])

@@ -23,17 +23,23 @@ _LAZY = {
     "RunStats": "treespec.stats",
     "StepStats": "treespec.stats",
     "greedy_verify": "treespec.verify",
+    "sampling_verify": "treespec.verify",
+    "SamplingParams": "treespec.sampling",
     "Acceptance": "treespec.verify",
     "load_plugins": "treespec.registry",
+    "compose": "treespec.plugins.compose",
+    "ComposedDrafter": "treespec.plugins.compose",
 }
 
 if TYPE_CHECKING:
     from treespec.decoder import Decoder, Output
+    from treespec.plugins.compose import ComposedDrafter, compose
     from treespec.registry import load_plugins
     from treespec.stats import RunStats, StepStats
     from treespec.target import TargetModel
     from treespec.tree import DraftTree, TreeTensors
-    from treespec.verify import Acceptance, greedy_verify
+    from treespec.sampling import SamplingParams
+    from treespec.verify import Acceptance, greedy_verify, sampling_verify
 
 
 def __getattr__(name: str) -> Any:

@@ -81,7 +81,7 @@ class Config:
     options: dict[str, Any] = field(default_factory=dict)  # builder options, or the baseline's settings
     drafter: str | None = None  # drafter label
     drafter_options: dict[str, Any] = field(default_factory=dict)
-    run: Callable[[list[int], int], "Sample"] | None = field(default=None, repr=False)
+    run: Callable[[list[int], int, int], "Sample"] | None = field(default=None, repr=False)  # (ids, max_new, seed)
 
 
 @dataclass
@@ -104,19 +104,35 @@ class Bench:
         max_new_tokens: int = 128,
         device: str | None = None,
         dtype: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        seed: int = 0,
     ):
+        """``sampling``: None for greedy decoding, else ``{"temperature": t, "top_p": p, "top_k": k}``
+        (t > 0) for every configuration: treespec samples exactly, the Hugging Face rows call
+        ``generate(do_sample=True, ...)``; prompt n runs with seed ``seed + n`` in every row. Under
+        sampling the reference row is ``hf-sample`` and outputs are not compared token for token
+        (exactness in distribution is what tests/test_sampling_*.py check)."""
         self.max_new = max_new_tokens
+        self.sampling = dict(sampling) if sampling and sampling.get("temperature") else None
+        if self.sampling is not None:
+            from treespec.sampling import SamplingParams
+
+            SamplingParams(**self.sampling)  # one-line errors for bad settings
+        self.seed = seed
+        self.reference = "hf-greedy" if self.sampling is None else "hf-sample"
         self.target = TargetModel.load(target, device=device, dtype=dtype)
         self.target_name = target
-        self.configs: list[Config] = [Config("hf-greedy", "hf-greedy", run=self._hf_runner({}))]
+        self.configs: list[Config] = [Config(self.reference, "hf-greedy", run=self._hf_runner({}))]
         hf_drafts = []  # (drafter label, HF model) for assisted generation
         builder_variants = [v for spec in builders for v in parse_spec(spec)]
         for spec in drafters:
             for d_name, d_opts in parse_spec(spec):
                 name, opts = resolve_drafter_name(d_name, d_opts)
                 drafter = make_drafter(name, opts, self.target)
-                d_label = _label(Path(opts["model"]).name if name == "model" else name,
-                                 {k: v for k, v in opts.items() if k != "model"})
+                short = Path(opts["model"]).name if name == "model" else name
+                if name == "compose":  # a+b: the parts' short names
+                    short = "+".join(Path(p).name for p in drafter.config.parts)
+                d_label = _label(short, {k: v for k, v in opts.items() if k not in ("model", "parts")})
                 if getattr(drafter, "model", None) is not None and name == "model":
                     hf_drafts.append((d_label, drafter.model))
                 for b_name, b_opts in builder_variants:
@@ -152,9 +168,10 @@ class Bench:
         from treespec.decoder import Decoder
 
         dec = Decoder(self.target, drafter=drafter, builder=builder)
+        sampling = self.sampling or {}
 
-        def run(ids: list[int], max_new: int) -> Sample:
-            out = dec.generate(ids, max_new_tokens=max_new)
+        def run(ids: list[int], max_new: int, seed: int) -> Sample:
+            out = dec.generate(ids, max_new_tokens=max_new, seed=seed, **sampling)
             steps = [asdict(s) for s in out.stats.steps]
             return Sample(out.token_ids, out.stats.t_total, out.stats.n_steps, steps)
 
@@ -164,7 +181,12 @@ class Bench:
         model = self.target.model
         pad = next(iter(self.target.eos_token_ids), 0)
 
-        def run(ids: list[int], max_new: int) -> Sample:
+        sampling = {"do_sample": False} if self.sampling is None else {
+            "do_sample": True, "temperature": self.sampling["temperature"],
+            "top_k": self.sampling.get("top_k") or 0, "top_p": self.sampling.get("top_p", 1.0),
+        }
+
+        def run(ids: list[int], max_new: int, seed: int) -> Sample:
             if assistant is not None:  # HF reads the assistant's settings from its generation_config
                 for key, value in (settings or {}).items():
                     setattr(assistant.generation_config, key, value)
@@ -172,9 +194,10 @@ class Bench:
             hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
             try:
                 x = torch.tensor([ids], device=self.target.device)
+                torch.manual_seed(seed)  # Hugging Face samples from torch's global RNG
                 t = time.perf_counter()
                 with torch.inference_mode():
-                    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                    out = model.generate(x, attention_mask=torch.ones_like(x), **sampling,
                                          max_new_tokens=max_new, pad_token_id=pad, **kwargs)
                 seconds = time.perf_counter() - t
             finally:
@@ -203,24 +226,26 @@ class Bench:
         if warmup:
             first = self.prompts_fit(format_turns(tok, items[0], []))
             for c in self.configs:
-                c.run(first, min(8, self.max_new))
+                c.run(first, min(8, self.max_new), self.seed)
         for n, (item, turn) in enumerate(prompts):
             ids = format_turns(tok, item, answers[item.id][:turn])
             fitted = self.prompts_fit(ids)
             self.truncated += len(fitted) < len(ids)
             order = self.configs[n % len(self.configs):] + self.configs[: n % len(self.configs)]
-            results = {c.label: c.run(fitted, self.max_new) for c in order}
-            reference = results["hf-greedy"].token_ids
+            results = {c.label: c.run(fitted, self.max_new, self.seed + n) for c in order}
+            reference = results[self.reference].token_ids
             answers[item.id].append(tok.decode(reference, skip_special_tokens=True))
             for c in self.configs:
                 samples[c.label].append(results[c.label])
                 if on_sample:
-                    on_sample(c, n, results[c.label], results[c.label].token_ids == reference)
+                    same = self.sampling is not None or results[c.label].token_ids == reference  # sampled: not compared
+                    on_sample(c, n, results[c.label], same)
         self.n_prompts = len(prompts)
         return samples
 
     def rows(self, samples: dict[str, list[Sample]]) -> list[dict[str, Any]]:
-        ref = samples["hf-greedy"]
+        ref = samples[self.reference]
+        compare = self.sampling is None  # sampled outputs are not compared token for token
         per_config = {}
         for c in self.configs:
             got = samples[c.label]
@@ -236,8 +261,8 @@ class Bench:
                 "drafter_options": c.drafter_options,
                 "tau": tokens / forwards if forwards else None,
                 "tokens_per_s": tokens / seconds if seconds else None,
-                "lossless": all(a.token_ids == b.token_ids for a, b in zip(got, ref)),
-                "mismatches": sum(a.token_ids != b.token_ids for a, b in zip(got, ref)),
+                "lossless": all(a.token_ids == b.token_ids for a, b in zip(got, ref)) if compare else None,
+                "mismatches": sum(a.token_ids != b.token_ids for a, b in zip(got, ref)) if compare else None,
                 "corr_ea_a": _pearson([s["expected_accepted"] for s in steps], [s["accepted"] for s in steps]),
                 "steps": forwards,
                 "new_tokens": tokens,
@@ -249,7 +274,7 @@ class Bench:
                     row[f"share_{phase}"] = sum(s[f"t_{phase}"] for s in steps) / total if total else None
                 row["mean_tree_size"] = statistics.mean(s["tree_size"] for s in steps)
             per_config[c.label] = row
-        base = per_config["hf-greedy"]["tokens_per_s"]
+        base = per_config[self.reference]["tokens_per_s"]
         assisted_rows = [per_config[c.label] for c in self.configs if c.kind == "hf-assisted"]
         for c in self.configs:
             row = per_config[c.label]

@@ -43,8 +43,9 @@ def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, str]:
 
     options: dict[str, str] = {}
     for pair in pairs or []:
-        # commas separate pairs only where a new name= follows, so values may hold commas ([[0],[1]])
-        for item in re.split(r",(?=\s*[A-Za-z_][\w-]*=)", pair):
+        # commas separate pairs only where a new name= follows, so values may hold commas ([[0],[1]]);
+        # a name may be routed to a composed drafter's part: ngram.max_ngram=4, 1.layers=3
+        for item in re.split(r",(?=\s*\w[\w.-]*=)", pair):
             if not item.strip():
                 continue
             key, sep, value = item.partition("=")

@@ -14,7 +14,8 @@ from treespec.interfaces import Commit, Drafter, PrefillContext, TreeBuilder
 from treespec.stats import RunStats, StepStats
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
-from treespec.verify import Acceptance, greedy_verify
+from treespec.sampling import RULES, DraftSampling, SamplingParams, make_generator
+from treespec.verify import Acceptance, greedy_verify, sampling_verify
 
 StreamCallback = Callable[[list[int]], None]
 
@@ -82,18 +83,35 @@ class Decoder:
         prompt: str | list[int] | torch.Tensor,
         max_new_tokens: int = 128,
         stream: StreamCallback | None = None,
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        draft_temperature: float | None = None,
+        rule: str = "auto",
     ) -> Output:
-        """Decode greedily; the output equals the target's own greedy decoding, token for token.
+        """Decode. With ``temperature`` None or 0 (the default): greedily, and the output equals the
+        target's own greedy decoding, token for token. With ``temperature > 0``: speculative sampling,
+        and the output is distributed exactly as the target's own ``generate(do_sample=True,
+        temperature=, top_k=, top_p=)`` (top_k None/0 and top_p None/1 are off; docs/sampling.md).
+
+        ``seed`` makes a sampled run reproducible (without it the seed comes from torch's global RNG);
+        ``draft_temperature`` (default: ``temperature``) is the draft's temperature for builders that
+        draw children at random (``sample=true``); ``rule`` picks the verification rule:
+        ``auto`` | ``specinfer`` | ``deterministic`` | ``target-only``.
 
         Raises ``DecodingError`` on failure, with everything generated so far in ``.output``.
         """
         ids = self._prompt_ids(prompt)
         if max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        params, draft = self._sampling(temperature, top_p, top_k, seed, draft_temperature, rule)
         limit = self.target.max_positions
         out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
+        self.builder.start(draft)
         try:
-            self._run(ids, max_new_tokens, limit, stream, out)
+            self._run(ids, max_new_tokens, limit, stream, out, params, draft, rule)
         except Exception as exc:
             out.stats.stop_reason = "error"
             out.text = self.decode(out.token_ids, ids)
@@ -104,11 +122,41 @@ class Decoder:
         out.text = self.decode(out.token_ids, ids)
         return out
 
+    def _sampling(
+        self, temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
+        draft_temperature: float | None, rule: str,
+    ) -> tuple[SamplingParams | None, DraftSampling | None]:
+        """The target's sampling settings and the draft side's (None, None: greedy). One-line errors."""
+        if rule not in RULES:
+            raise ConfigError(f"unknown verification rule {rule!r}; rules: {', '.join(RULES)}")
+        if temperature is not None and not temperature >= 0:  # also catches NaN
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if not temperature:
+            return None, None
+        params = SamplingParams(
+            temperature=float(temperature),
+            top_k=0 if top_k is None else top_k,
+            top_p=1.0 if top_p is None else float(top_p),
+        )
+        if draft_temperature is not None and not (0 < draft_temperature < float("inf")):
+            raise ConfigError(f"draft_temperature must be > 0, got {draft_temperature}")
+        has_dist = self.drafter.provides_probabilities and type(self.drafter).distribution is not Drafter.distribution
+        if not has_dist and (rule == "specinfer" or getattr(self.builder, "samples_children", False)):
+            what = "rule specinfer" if rule == "specinfer" else f"builder {type(self.builder).__name__} with sample=true"
+            raise ConfigError(
+                f"{what} needs the draft's full distribution, which drafter {type(self.drafter).__name__} does not "
+                "provide: use a model/self drafter, or the deterministic rule (the default) with ranked children"
+            )
+        generator = make_generator(seed, self.target.device)
+        draft_t = float(draft_temperature) if draft_temperature is not None else params.temperature
+        return params, DraftSampling(temperature=draft_t, generator=generator)
+
     def draft_and_verify(self, prompt: str | list[int] | torch.Tensor) -> tuple[list[int], DraftTree, Acceptance]:
         """One step for inspection (``treespec tree show``): prefill the prompt, build the first tree
         and verify it, without committing. Returns the prompt ids, the tree and what the target accepts."""
         ids = self._prompt_ids(prompt)
         limit = self.target.max_positions
+        self.builder.start(None)  # greedy: ranked children
         prompt_t = torch.tensor(ids, dtype=torch.long)  # [L]
         hidden = self.target.prefill(prompt_t[:-1], want_hidden=self.drafter.needs_target_hidden)
         self.drafter.prefill(PrefillContext(input_ids=prompt_t, hidden=hidden))
@@ -118,7 +166,10 @@ class Decoder:
         logits, _ = self.target.forward_tree(tt)  # [N, V]
         return ids, tree, greedy_verify(tt, logits)
 
-    def _run(self, ids: list[int], max_new: int, limit: int | None, stream: StreamCallback | None, out: Output) -> None:
+    def _run(
+        self, ids: list[int], max_new: int, limit: int | None, stream: StreamCallback | None, out: Output,
+        params: SamplingParams | None = None, draft: DraftSampling | None = None, rule: str = "auto",
+    ) -> None:
         target, drafter, builder, stats = self.target, self.drafter, self.builder, out.stats
         want_hidden = drafter.needs_target_hidden
         eos = target.eos_token_ids
@@ -153,7 +204,10 @@ class Decoder:
                 t_tensors = time.perf_counter()
                 logits, hidden = target.forward_tree(tt, want_hidden=want_hidden)  # [N, V], [N, H]
                 t2 = time.perf_counter()
-                acc = greedy_verify(tt, logits)
+                if params is None:
+                    acc = greedy_verify(tt, logits)
+                else:  # exact speculative sampling (docs/sampling.md)
+                    acc = sampling_verify(tt, logits, params, draft.generator, rule)
 
                 # commit: target and drafter keep the accepted path; the bonus token is the next root
                 target.commit(acc.nodes)

@@ -14,6 +14,7 @@ from treespec.config import PluginConfig
 if TYPE_CHECKING:
     import torch
 
+    from treespec.sampling import DraftSampling
     from treespec.stats import StepStats
     from treespec.target import TargetModel
     from treespec.tree import DraftTree
@@ -88,6 +89,13 @@ class Drafter(ABC):
         """The step is over: ``commit.tokens`` were appended to the sequence. Drop draft state of
         rejected nodes, keep the rest."""
 
+    def distribution(self, tree: "DraftTree", nodes: "torch.Tensor") -> "torch.Tensor | None":
+        """The draft's full next-token distribution [M, V'] (temperature 1) after each of ``nodes``,
+        which this step's ``expand`` calls have already been asked about; V' may be smaller than the
+        target's vocabulary (missing tokens have probability 0). None (the default): this drafter has
+        no such distribution, so builders cannot draw children from it (docs/sampling.md)."""
+        return None
+
     def close(self) -> None:
         """Release resources (optional)."""
 
@@ -96,6 +104,9 @@ class TreeBuilder(ABC):
     """Decides which nodes to expand and which to keep, using a drafter's proposals."""
 
     Config: ClassVar[type[PluginConfig]] = PluginConfig
+    #: True when ``build`` draws children at random from the draft's distribution once ``start`` gave it
+    #: a ``DraftSampling`` (e.g. ``chain sample=true``); such builders need ``Drafter.distribution``
+    samples_children: bool = False
 
     def __init__(self, config: PluginConfig):
         self.config = config
@@ -107,6 +118,12 @@ class TreeBuilder(ABC):
 
     def observe(self, stats: "StepStats") -> None:
         """Feedback after each step (adaptive builders override it)."""
+
+    def start(self, sampling: "DraftSampling | None") -> None:
+        """Called by the Decoder at the start of every ``generate``: None for greedy decoding, else the
+        draft-side settings (draft temperature, the run's ``torch.Generator``). Builders that can draw
+        children at random keep it (and then record the draws in the tree, docs/sampling.md); the
+        others, which rank children by the draft's top-k, ignore it."""
 
 
 @dataclass(frozen=True)

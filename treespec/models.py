@@ -84,6 +84,31 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
         ) from None
 
 
+def snapshot_dir(name: str, patterns: list[str], what: str = "model") -> Path:
+    """A folder holding a repository's files: a local directory, else the hub id's snapshot in the
+    Hugging Face cache, else (online only) downloaded. For non-``transformers`` files (EAGLE heads)."""
+    resolved = _locate(name)
+    if Path(resolved).is_dir():
+        return Path(resolved)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(resolved, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        if _offline() or not _hub_reachable():
+            why = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
+            raise ModelLoadError(
+                f"{what} {name!r} ({resolved}) is not in the local Hugging Face cache and {why}; "
+                f"pass a local path, or download it first with `hf download {resolved}`"
+            ) from None
+    try:
+        return Path(snapshot_download(resolved, allow_patterns=patterns))
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{what} {name!r} ({resolved}) could not be downloaded ({_first_line(exc)}); check the name, or pass a local path"
+        ) from None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__

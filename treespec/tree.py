@@ -30,10 +30,16 @@ class TreeTensors:
     parents: torch.Tensor  # [N] long, -1 for the root
     depths: torch.Tensor  # [N] long
     ancestors: torch.Tensor  # [N, N] bool: ancestors[i, j] = j is i or an ancestor of i
+    draw_row: torch.Tensor | None = None  # [N] long: row of draw_dist node i's children were drawn from, -1: ranked
+    draw_dist: torch.Tensor | None = None  # [R, V'] the draft distributions children were sampled from
 
 
 class DraftTree:
     """An append-only tree of drafted tokens (see the module docstring)."""
+
+    # Set only by builders that draw children at random (``record_draws``, docs/sampling.md).
+    draw_row: torch.Tensor | None = None  # [N] long: row of draw_dist, -1 = children ranked (deterministic)
+    draw_dist: torch.Tensor | None = None  # [R, V'] the distributions children were drawn from
 
     def __init__(self, root_token: int, device: torch.device | str | None = None):
         device = torch.device(device or "cpu")
@@ -63,8 +69,23 @@ class DraftTree:
         self.depths = torch.cat([self.depths, self.depths[parents] + 1])
         self.phat = torch.cat([self.phat, self.phat[parents] * q])
         self.q = torch.cat([self.q, q])
+        if self.draw_row is not None:
+            self.draw_row = torch.cat([self.draw_row, self.draw_row.new_full((parents.numel(),), -1)])
         self.__dict__.pop("ancestors", None)
         return torch.arange(start, len(self), device=self.tokens.device)
+
+    def record_draws(self, nodes: torch.Tensor, dist: torch.Tensor) -> None:
+        """Mark ``nodes`` ([M]) as nodes whose children are drawn at random, without replacement, from
+        ``dist`` ([M, V'], the draft distribution actually sampled from). Their children must then be
+        added in draw order, as a prefix of the draws, and they get no other children: the sampling
+        verifier's SpecInfer rule rebuilds each child's draw probability from this (docs/sampling.md)."""
+        nodes = nodes.to(self.tokens.device, torch.long).reshape(-1)
+        if self.draw_row is None:
+            self.draw_row = torch.full((len(self),), -1, dtype=torch.long, device=self.tokens.device)
+        start = 0 if self.draw_dist is None else int(self.draw_dist.shape[0])
+        dist = dist.reshape(nodes.numel(), -1)
+        self.draw_dist = dist if self.draw_dist is None else torch.cat([self.draw_dist, dist.to(self.draw_dist)])
+        self.draw_row[nodes] = torch.arange(start, start + nodes.numel(), device=nodes.device)
 
     def select(self, keep: torch.Tensor) -> "DraftTree":
         """The subtree made of the node ids in ``keep`` (which must hold the root and be closed under
@@ -81,6 +102,8 @@ class DraftTree:
         out = DraftTree.__new__(DraftTree)
         out.tokens, out.parents, out.depths = self.tokens[keep], new_parents, self.depths[keep]
         out.q, out.phat = self.q[keep], self.phat[keep]
+        if self.draw_row is not None:  # the caller keeps a prefix of each sampled node's draws
+            out.draw_row, out.draw_dist = self.draw_row[keep], self.draw_dist
         return out
 
     # ------------------------------------------------------------------ reading
@@ -142,6 +165,8 @@ class DraftTree:
             parents=self.parents,
             depths=self.depths,
             ancestors=anc,
+            draw_row=self.draw_row,
+            draw_dist=self.draw_dist,
         )
 
     # ------------------------------------------------------------------ graph view

@@ -1,0 +1,53 @@
+"""`treespec datastore build`: index a corpus for the `datastore` drafter.
+
+Registered in ``cli/app.py`` with ``app.add_typer(datastore_app, name="datastore")``. Imports no torch
+until a command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from treespec.errors import TreespecError
+
+EPILOG = """\
+Examples:
+
+  treespec datastore build ../shared/prompts/tinystories_val.txt --target ../shared/models/stories260K
+
+  treespec run --drafter datastore -D corpus=../shared/prompts/tinystories_val.txt --builder opt-tree -B nodes=25
+"""
+
+datastore_app = typer.Typer(help="Corpora indexed for the `datastore` drafter.", no_args_is_help=True, rich_markup_mode=None)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+@datastore_app.command("build", epilog=EPILOG)
+def build(
+    corpus: Annotated[Path, typer.Argument(help=".txt (documents separated by blank lines), .jsonl or .jsonl.gz (a 'text' field or a 'turns' list)")],
+    target: Annotated[Optional[str], typer.Option(help="the target model whose tokenizer the index uses [default: ../shared/models/stories260K]", show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write the index here (use it with -D corpus=PATH) [default: the cache, where -D corpus=CORPUS finds it]", show_default=False)] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(help="the cache folder [default: $XDG_CACHE_HOME/treespec/datastore or ~/.cache/treespec/datastore]", show_default=False)] = None,
+) -> None:
+    """Tokenise and index a corpus (a suffix array), then print: tokens, documents, seconds, path."""
+    from treespec.cli.app import _default_target
+    from treespec.models import load_tokenizer
+    from treespec.plugins.datastore_index import Index, cache_path
+
+    if not corpus.is_file():
+        _fail(f"corpus {str(corpus)!r} not found; pass an existing .txt, .jsonl or .jsonl.gz file")
+    try:
+        tokenizer = load_tokenizer(target or _default_target())
+        index = Index.build(corpus, tokenizer)
+        path = index.save(out if out is not None else cache_path(corpus, tokenizer, cache_dir))
+    except TreespecError as exc:
+        _fail(str(exc))
+    h = index.header
+    typer.echo(f"{h['tokens']} tokens, {h['documents']} documents, {h['build_seconds']:.2f} s, {path}")

@@ -1,0 +1,142 @@
+"""Drafter ``compose``: one drafter made of several (``--drafter model+ngram``, ``treespec.compose(a, b)``).
+
+Every part is asked for up to k children of each requested node; the parts' candidates are merged
+per node by token. The same token from two parts becomes ONE child, and since a node below is named
+by its path, merging children per node is exactly merging the parts' candidate trees by shared
+prefixes. The merged q of a token:
+
+    merge="max"   max_i q_i(t)                       the most confident part decides
+    merge="mix"   Σ_i ŵ_i q_i(t),  ŵ_i = w_i / Σ_{j active} w_j
+                  over the parts "active" at that node (that proposed anything there), so a silent
+                  part (an n-gram lookup without a match) does not deflate the others' q.
+                  Parts answer with their k best only: a token outside a part's k best gets
+                  nothing from it, so mixed q depend on k (max's top k do not, ties aside)
+
+The k best merged children come back best first (ties: the token that an earlier part proposed
+first, at its earlier rank there). The builder then ranks everything by p̂ under its one node
+budget: composing needs no builder change. Every part sees the same tree, including nodes that only
+another part proposed; ``prefill`` and ``commit`` go to every part.
+
+Flags, per instance: ``needs_target_hidden`` if any part needs the target's hidden states;
+``provides_probabilities`` only for ``mix`` (a sub-distribution) of parts that all provide
+probabilities (the max over parts is not a distribution).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from treespec.config import build_config
+from treespec.errors import ConfigError
+from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.plugins.configs import ComposeConfig
+from treespec.tree import DraftTree
+
+
+def merge_proposals(
+    props: Sequence[Proposals], k: int, merge: str = "max", weights: Sequence[float] | None = None
+) -> Proposals:
+    """Merge the parts' proposals for the same M nodes into the k best children per node."""
+    m = int(props[0].tokens.shape[0])
+    if m == 0 or k <= 0:
+        return Proposals(torch.zeros(m, max(k, 0), dtype=torch.long), torch.zeros(m, max(k, 0)))
+    qs = [p.q.detach().to("cpu", torch.float64) for p in props]  # each [M, k_i]
+    if merge == "mix":
+        w = torch.tensor(weights if weights is not None else [1.0] * len(props), dtype=torch.float64)  # [P]
+        active = torch.stack([(q > 0).any(dim=1) for q in qs], dim=1)  # [M, P] parts that proposed anything
+        wa = w[None, :] * active  # [M, P]
+        wn = wa / wa.sum(dim=1, keepdim=True).clamp(min=1e-300)  # [M, P] renormalised over active parts
+        qs = [q * wn[:, i : i + 1] for i, q in enumerate(qs)]
+    tok = torch.cat([p.tokens.detach().to("cpu", torch.long) for p in props], dim=1)  # [M, C], C = Σ k_i
+    q = torch.cat(qs, dim=1)  # [M, C]; columns: part by part, each in the part's own order
+    row = torch.arange(m)[:, None].expand_as(tok)  # [M, C]
+    col = torch.arange(tok.shape[1])[None, :].expand_as(tok)  # [M, C]
+    valid = q > 0  # padding (q = 0) never becomes a child
+    row, tok, q, col = row[valid], tok[valid], q[valid], col[valid]  # [E]
+    out_tok, out_q = torch.zeros(m, k, dtype=torch.long), torch.zeros(m, k)  # [M, k] padding
+    if row.numel() == 0:
+        return Proposals(out_tok, out_q)
+    base = int(tok.max()) + 1
+    uniq, inv = torch.unique(row * base + tok, return_inverse=True)  # [U] one per (node, token)
+    u = uniq.numel()
+    reduce = "sum" if merge == "mix" else "amax"
+    uq = torch.zeros(u, dtype=torch.float64).scatter_reduce(0, inv, q, reduce=reduce, include_self=False)  # [U]
+    first = torch.full((u,), int(col.max()) + 1, dtype=torch.long)
+    first = first.scatter_reduce(0, inv, col, reduce="amin")  # [U] earliest column: part, then its rank
+    urow, utok = uniq // base, uniq % base  # [U]
+    order = torch.argsort(first, stable=True)  # sort keys, least important first
+    order = order[torch.argsort(uq[order], descending=True, stable=True)]
+    order = order[torch.argsort(urow[order], stable=True)]  # [U] by node, then q desc, then first
+    srow = urow[order]  # [U]
+    count = torch.bincount(srow, minlength=m)  # [M] merged children per node
+    start = torch.cumsum(count, 0) - count  # [M] where each node's children begin in `order`
+    rank = torch.arange(u) - start[srow]  # [U] position within its node
+    keep = rank < k
+    out_tok[srow[keep], rank[keep]] = utok[order][keep]
+    out_q[srow[keep], rank[keep]] = uq[order][keep].float()
+    return Proposals(tokens=out_tok, q=out_q)  # [M, k] each
+
+
+class ComposedDrafter(Drafter):
+    Config = ComposeConfig
+    config: ComposeConfig
+
+    def __init__(self, parts: Sequence[Drafter], config: ComposeConfig | None = None, target: Any = None):
+        config = config if config is not None else ComposeConfig()
+        parts = list(parts)
+        if not all(isinstance(p, Drafter) for p in parts):
+            raise ConfigError("ComposedDrafter takes Drafter instances; to compose by name use treespec.compose(...)")
+        if len(parts) < 2:
+            raise ConfigError("compose needs two or more drafters; e.g. --drafter model+ngram or treespec.compose(a, b)")
+        if config.weights is not None and config.merge != "mix":
+            raise ConfigError("compose: weights apply to merge=mix only; add merge=mix or drop weights")
+        if config.weights is not None and len(config.weights) != len(parts):
+            raise ConfigError(f"compose: {len(config.weights)} weights for {len(parts)} parts; give one weight per part")
+        if target is None:
+            target = next((p.target for p in parts if p.target is not None), None)
+        super().__init__(config, target)
+        self.parts = parts
+        # per instance (the class attributes are the defaults the Decoder would otherwise read)
+        self.needs_target_hidden = any(p.needs_target_hidden for p in parts)  # type: ignore[misc]
+        self.provides_probabilities = (  # type: ignore[misc]
+            config.merge == "mix" and all(p.provides_probabilities for p in parts)
+        )
+
+    def prefill(self, context: PrefillContext) -> None:
+        for part in self.parts:
+            part.prefill(context)
+
+    def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
+        props = [part.expand(tree, nodes, k) for part in self.parts]  # each [M, ≤k]
+        return merge_proposals(props, k, self.config.merge, self.config.weights)  # [M, k]
+
+    def commit(self, commit: Commit) -> None:
+        for part in self.parts:
+            part.commit(commit)
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
+def compose(
+    *parts: Drafter | str, merge: str = "max", weights: Sequence[float] | None = None, target: Any = None
+) -> ComposedDrafter:
+    """One drafter made of ``parts``: Drafter instances, or names as ``--drafter`` takes them
+    (``"ngram"``, ``"self"``, a model alias or directory) built with default options for ``target``
+    (default: the target of the first instance given)."""
+    from treespec.factory import make_drafter  # the factory imports this module: import on use
+
+    target = target if target is not None else next((p.target for p in parts if isinstance(p, Drafter)), None)
+    built = []
+    for part in parts:
+        if isinstance(part, str) and target is None:
+            raise ConfigError(
+                f"compose: building drafter {part!r} by name needs the target; pass target=... or Drafter instances"
+            )
+        built.append(part if isinstance(part, Drafter) else make_drafter(part, None, target))
+    options = {"merge": merge, "weights": list(weights) if weights is not None else None}
+    config = build_config(ComposeConfig, options, "compose")
+    return ComposedDrafter(built, config, target)  # type: ignore[arg-type]

@@ -1,0 +1,311 @@
+"""The datastore's index: a suffix array over a tokenised corpus, built once and cached on disk.
+
+The corpus's documents are tokenised (no special tokens) and concatenated, each followed by the
+sentinel ``-1``: ``tokens = d₀ · ⊥ · d₁ · ⊥ · …`` ([N] int32). Queries hold real token ids (≥ 0),
+so a match never contains ⊥ and never crosses a document boundary.
+
+The suffix array ``sa`` ([N]) lists the start positions of all suffixes ``tokens[i:]`` in
+lexicographic order (a shorter suffix sorts before its extensions). Every suffix starting with a
+pattern P then lies in one contiguous range ``sa[lo:hi]``, found by binary search, and because those
+suffixes are sorted the tokens that follow P, ``tokens[sa[lo:hi] + |P|]``, come out sorted too.
+
+Building is prefix doubling (Manber & Myers, with Larsson & Sadakane's refinement of unsorted groups
+only): after the round with step h the suffixes are sorted by their first 2h tokens, each holding
+the rank "first slot of its group in sa"; a group of equal 2h-prefixes is re-sorted by the pair
+(rank[i], rank[i + h]) and the step doubles. Groups of size one are final and leave the work set, so
+a round costs O(m log m) for the m suffixes still tied; it takes log₂(longest repeat) rounds.
+
+An index file is a ``.npz`` with ``tokens``, ``sa`` and ``header`` (JSON: format version, tokenizer
+name / vocabulary size / sha256 of its vocabulary, corpus path and sha256, number of tokens and
+documents). Torch-free: ``treespec datastore build`` and the drafter share it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from treespec.errors import ConfigError
+
+FORMAT_VERSION = 1
+SENTINEL = -1  # ends every document; no query token is negative
+CORPUS_FORMATS = ".txt (documents separated by blank lines), .jsonl or .jsonl.gz (a 'text' field or a 'turns' list)"
+
+
+# ---------------------------------------------------------------------- suffix array
+def suffix_array(tokens: np.ndarray) -> np.ndarray:
+    """Start positions of the suffixes of ``tokens`` ([N] ints) in lexicographic order ([N] int64)."""
+    n = int(tokens.shape[0])
+    sa = np.argsort(tokens, kind="stable").astype(np.int64)  # [N] sorted by the first token
+    rank = np.empty(n, dtype=np.int64)  # [N] rank[i] = first slot in sa of i's group
+    if n == 0:
+        return sa
+    active = _regroup(rank, sa, np.arange(n, dtype=np.int64), tokens[sa].astype(np.int64))
+    h = 1
+    while active.size:
+        idx = sa[active]  # [m] suffixes still tied on their first h tokens
+        nxt = idx + h
+        second = np.where(nxt < n, rank[np.minimum(nxt, n - 1)] + 1, 0)  # [m]; 0 = past the end
+        key = rank[idx] * (n + 1) + second  # [m] the pair (rank[i], rank[i + h]) as one integer
+        order = np.argsort(key, kind="stable")
+        sa[active] = idx[order]
+        active = _regroup(rank, sa, active, key[order])
+        h *= 2
+    return sa
+
+
+def _regroup(rank: np.ndarray, sa: np.ndarray, slots: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Give the suffixes at ``slots`` (increasing, ``keys`` sorted) the first slot of their group of
+    equal keys as rank; return the slots of groups that are still larger than one suffix."""
+    new = np.empty(slots.shape[0], dtype=bool)  # [m] a group starts here
+    new[0] = True
+    new[1:] = keys[1:] != keys[:-1]
+    rank[sa[slots]] = np.maximum.accumulate(np.where(new, slots, -1))
+    gid = np.cumsum(new) - 1  # [m]
+    return slots[np.bincount(gid)[gid] > 1]
+
+
+# ---------------------------------------------------------------------- fingerprints
+def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
+    """Name, vocabulary size and sha256 of the (token, id) pairs: what an index was tokenised with."""
+    vocab = tokenizer.get_vocab()
+    pairs = sorted(((int(i), str(t)) for t, i in vocab.items()))
+    digest = hashlib.sha256(json.dumps(pairs).encode()).hexdigest()
+    return {"name": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__), "vocab_size": len(vocab), "hash": digest}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------- corpus
+def iter_documents(path: Path) -> Iterator[str]:
+    """The documents of a corpus file, in order (see ``CORPUS_FORMATS``)."""
+    name = path.name.lower()
+    if name.endswith(".txt"):
+        text = path.read_text(encoding="utf-8")
+        yield from (d.strip() for d in text.split("\n\n") if d.strip())
+        return
+    if not name.endswith((".jsonl", ".jsonl.gz")):
+        raise ConfigError(f"corpus {path}: unknown format; use {CORPUS_FORMATS}, or an index .npz")
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for n, line in enumerate(fh):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if isinstance(row, dict) and "text" in row:
+                text = str(row["text"])
+            elif isinstance(row, dict) and isinstance(row.get("turns"), list):
+                text = "\n\n".join(str(t) for t in row["turns"])
+            else:
+                raise ConfigError(f"corpus {path} line {n + 1}: no 'text' field or 'turns' list; give each line one")
+            if text.strip():
+                yield text
+
+
+# ---------------------------------------------------------------------- the index
+@dataclass
+class Index:
+    """``tokens`` [N] int32 (documents, each ended by ``SENTINEL``), ``sa`` [N] its suffix array."""
+
+    tokens: np.ndarray
+    sa: np.ndarray
+    header: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_documents(cls, docs: list[list[int]] | Iterator[list[int]], header: dict[str, Any] | None = None) -> "Index":
+        """Index token-id documents; ``header`` adds facts (tokenizer, corpus) to the counts."""
+        parts, n_docs, n_tokens = [], 0, 0
+        for doc in docs:
+            if len(doc):
+                parts.append(np.asarray([*doc, SENTINEL], dtype=np.int32))
+                n_docs += 1
+                n_tokens += len(doc)
+        tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)  # [N]
+        sa = suffix_array(tokens)
+        sa = sa.astype(np.int32) if tokens.shape[0] < 2**31 else sa
+        head = {"format": FORMAT_VERSION, **(header or {}), "tokens": n_tokens, "documents": n_docs}
+        return cls(tokens=tokens, sa=sa, header=head)
+
+    @classmethod
+    def build(cls, corpus_path: str | Path, tokenizer: Any, batch: int = 512) -> "Index":
+        """Tokenise a corpus file with the target's tokenizer and index it."""
+        path = Path(corpus_path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"corpus {str(corpus_path)!r} not found; pass an existing {CORPUS_FORMATS} file")
+        start = time.perf_counter()
+
+        def tokenised() -> Iterator[list[int]]:
+            texts: list[str] = []
+            for text in iter_documents(path):
+                texts.append(text)
+                if len(texts) == batch:
+                    yield from tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+                    texts = []
+            if texts:
+                yield from tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+
+        header = {
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "corpus": {"path": str(path.resolve()), "sha256": file_sha256(path)},
+        }
+        index = cls.from_documents(tokenised(), header)
+        if index.header["documents"] == 0:
+            raise ConfigError(f"corpus {path} holds no documents; give a non-empty {CORPUS_FORMATS} file")
+        index.header["build_seconds"] = round(time.perf_counter() - start, 3)
+        return index
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | Path) -> Path:
+        """Write the ``.npz`` atomically (a temporary file, then a rename); returns the path."""
+        path = Path(path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open() honours the umask, mkstemp would not
+        try:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, tokens=self.tokens, sa=self.sa, header=np.array(json.dumps(self.header)))
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Index":
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"index {str(path)!r} not found; build it with `treespec datastore build CORPUS --out {path}`")
+        st = path.stat()
+        return _load(str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+    def check_tokenizer(self, tokenizer: Any, where: str) -> None:
+        """Refuse an index tokenised with another vocabulary than ``tokenizer``'s."""
+        want = tokenizer_fingerprint(tokenizer)
+        have = self.header.get("tokenizer", {})
+        if have.get("hash") != want["hash"]:
+            raise ConfigError(
+                f"datastore index {where} was built with tokenizer {have.get('name')!r} ({have.get('vocab_size')} tokens), "
+                f"not the target's {want['name']!r} ({want['vocab_size']} tokens); rebuild it from the corpus with "
+                f"`treespec datastore build CORPUS --target MODEL` or pass the corpus file as corpus=…"
+            )
+
+    # ------------------------------------------------------------------ queries
+    def ranges(self, patterns: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each pattern ``patterns[i, :lengths[i]]`` ([Q, L] ids ≥ 0, [Q]) the slot range
+        ``[lo, hi)`` of ``sa`` whose suffixes start with it (lo == hi: no occurrence). [Q], [Q].
+
+        One vectorised binary search for all Q lower bounds (the first suffix that is not < P) and
+        Q upper bounds (the first suffix that is not ≤ P), comparing only P's length. All 2Q
+        searches start on the same range [0, N), so they can share one branch-free loop:
+        ``base ← base + half`` where the probe is still "before" P; ⌈log₂ N⌉ rounds of [2Q, L] gathers.
+        """
+        n = int(self.sa.shape[0])
+        q, width = patterns.shape
+        pats = np.concatenate([patterns, patterns]).astype(self.tokens.dtype)  # [2Q, L]
+        # "suffix before P": its first difference from P is < 0 (lower bound) or ≤ 0 (upper bound)
+        limit = np.repeat([0, 1], q)  # [2Q]
+        cols = np.arange(width)  # [L]
+        used = cols[None, :] < np.concatenate([lengths, lengths])[:, None]  # [2Q, L]
+        rows = np.arange(2 * q)
+
+        def before(slots: np.ndarray) -> np.ndarray:  # [2Q] slots -> [2Q] bool
+            start = self.sa[slots].astype(np.int64)  # [2Q]
+            # past a document's sentinel the columns no longer matter (P differs at ⊥ already)
+            seg = self.tokens[np.minimum(start[:, None] + cols, n - 1)]  # [2Q, L]
+            diff = np.where(used, seg - pats, 0)  # [2Q, L]
+            first = (diff != 0).argmax(1)  # [2Q] first differing column (0 if none)
+            return diff[rows, first] < limit
+
+        base = np.zeros(2 * q, dtype=np.int64)  # [2Q]
+        if n == 0 or q == 0:
+            return base[:q], base[q:]
+        size = n
+        while size > 1:  # invariant: the answer lies in [base, base + size]
+            half = size // 2
+            base = np.where(before(base + half), base + half, base)
+            size -= half
+        base += before(base)
+        return base[:q], base[q:]
+
+    def followers(self, lo: int, hi: int, length: int, max_matches: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens following the occurrences ``sa[lo:hi]`` of a pattern of ``length`` tokens, and how
+        often: ([F] ids, [F] counts), best first (count descending, then token id ascending).
+
+        More than ``max_matches`` occurrences: read ``max_matches`` of them at the midpoints of equal
+        strata of the range. The followers are sorted along the range, so each follower's count is
+        its share of the range to within one stratum. Document ends (⊥ follows) are not counted.
+        """
+        size = hi - lo
+        if size <= 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if size <= max_matches:
+            slots = np.arange(lo, hi)
+        else:
+            slots = lo + (2 * np.arange(max_matches) + 1) * size // (2 * max_matches)  # [max_matches]
+        follow = self.tokens[self.sa[slots].astype(np.int64) + length]  # [S]
+        follow = follow[follow != SENTINEL]
+        toks, counts = np.unique(follow, return_counts=True)  # [F], [F]
+        order = np.lexsort((toks, -counts))
+        return toks[order].astype(np.int64), counts[order]
+
+
+@lru_cache(maxsize=4)
+def _load(path: str, _mtime_ns: int, _size: int) -> Index:
+    """One load per file version and process (several Decoders may share an index)."""
+    try:
+        with np.load(path) as data:
+            header = json.loads(str(data["header"]))
+            tokens, sa = data["tokens"], data["sa"]
+    except Exception as exc:  # a truncated or foreign file
+        raise ConfigError(f"index {path}: not a datastore index ({type(exc).__name__}); rebuild it with `treespec datastore build`") from None
+    if header.get("format") != FORMAT_VERSION:
+        raise ConfigError(f"index {path} has format {header.get('format')}, this treespec reads {FORMAT_VERSION}; rebuild it with `treespec datastore build`")
+    return Index(tokens=tokens, sa=sa, header=header)
+
+
+# ---------------------------------------------------------------------- the on-disk cache
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/treespec/datastore``, else ``~/.cache/treespec/datastore``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "treespec" / "datastore"
+
+
+def cache_path(corpus: Path, tokenizer: Any, cache_dir: str | Path | None = None) -> Path:
+    """Where the index of ``corpus`` tokenised by ``tokenizer`` is cached: keyed by both hashes."""
+    folder = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    stem = corpus.name.split(".")[0] or "corpus"
+    return folder / f"{stem}-{file_sha256(corpus)[:16]}-{tokenizer_fingerprint(tokenizer)['hash'][:16]}.npz"
+
+
+def open_index(corpus: str, tokenizer: Any, cache_dir: str | None = None) -> tuple[Index, Path]:
+    """The index for the drafter's ``corpus`` option: an index file is loaded and its tokenizer
+    checked; a corpus file's cached index is loaded, or built and cached first."""
+    path = Path(corpus).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"drafter 'datastore': corpus {corpus!r} not found; pass corpus=FILE ({CORPUS_FORMATS}, or an index .npz)")
+    if path.name.lower().endswith(".npz"):
+        index = Index.load(path)
+        index.check_tokenizer(tokenizer, str(path))
+        return index, path
+    cached = cache_path(path, tokenizer, cache_dir)
+    if cached.is_file():
+        index = Index.load(cached)
+        index.check_tokenizer(tokenizer, str(cached))
+        return index, cached
+    index = Index.build(path, tokenizer)
+    index.save(cached)
+    return index, cached

@@ -1,0 +1,149 @@
+"""Drafter `eagle`: an EAGLE-1/EAGLE-2 head drafting from the target's own features.
+
+The head's sequence (see ``eagle_head.py``) has one item per committed token pair: item j =
+(f_j, x_{j+1}) at position j, where f_j is the target's feature at x_j. With C committed tokens
+(the last one is the tree's root) the head's KV cache holds the C−1 *stable* items 0..C−2, all built
+from the target's true features; the output of item C−2 (the root's item) is f̂_root, whose
+distribution proposes the root's children.
+
+A tree node n below the root is fed as the item (f̂_parent(n), token(n)) at position C−2 + depth(n),
+attending to the stable items and its own ancestors' items: the head's own predicted feature stands
+in for the target's, which is unknown until the target verifies the tree. Items are fed one tree
+level per forward (a child needs its parent's output), only for nodes a builder asks to expand.
+
+``commit`` drops every tree item and feeds the accepted tokens and the bonus with the target's TRUE
+features of the old root and the accepted nodes (``Commit.hidden``), so the stable part never holds a
+prediction — exactly what a fresh prefill of the committed sequence would hold.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.plugins.configs import EagleConfig
+from treespec.plugins.eagle_head import load_head, target_dims
+from treespec.target import TargetModel, crop_cache
+from treespec.tree import DraftTree
+
+
+def causal_mask(past: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """[n, past + n] float mask: row i sees the ``past`` cached items and new items 0..i."""
+    col = torch.arange(past + n)  # [S]
+    visible = col[None, :] <= past + torch.arange(n)[:, None]  # [n, S]
+    return torch.zeros(n, past + n, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+
+
+class EagleDrafter(Drafter):
+    Config = EagleConfig
+    config: EagleConfig
+    needs_target_hidden = True
+    provides_probabilities = True
+
+    def __init__(self, config: EagleConfig, target: TargetModel):
+        super().__init__(config, target)
+        hidden, vocab = target_dims(target.config)
+        vocab = min(vocab, target.vocab_size)
+        self.head, self.meta = load_head(config.head, hidden, vocab, target_name=f"target {target.name!r}")
+        if config.attn_implementation:
+            self.head.config._attn_implementation = config.attn_implementation
+        self.head.to(device=target.device, dtype=target.dtype)
+        self.embed = target.model.get_input_embeddings()  # shared with the target: no copy
+        self.lm_head = target.model.get_output_embeddings()
+        self.vocab = vocab
+        self.cache: DynamicCache | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @torch.inference_mode()
+    def prefill(self, context: PrefillContext) -> None:
+        self.cache = DynamicCache()
+        self.stable = 0  # committed items in the cache: item j at row j, position j
+        self.root_feature: torch.Tensor | None = None  # [H] f̂ at the root (None: one-token prompt)
+        ids = context.input_ids
+        if ids.shape[0] > 1:
+            if context.hidden is None:
+                raise ValueError("drafter 'eagle' needs the target's hidden states (PrefillContext.hidden)")
+            self._feed_committed(context.hidden, ids[1:])
+        self._new_step(None)
+
+    def _new_step(self, tree: DraftTree | None) -> None:
+        self.tree = tree
+        self.feature: dict[int, torch.Tensor] = {}  # tree node -> its predicted feature f̂ [H]
+        if self.root_feature is not None:
+            self.feature[0] = self.root_feature
+        self.row_nodes: list[int] = []  # tree node of each tree item, in cache order after the stable rows
+
+    @torch.inference_mode()
+    def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
+        if tree is not self.tree:
+            crop_cache(self.cache, self.stable)  # a new tree (or a second tree in one step)
+            self._new_step(tree)
+        k = min(k, self.vocab)
+        m = int(nodes.shape[0])
+        if m == 0 or 0 not in self.feature:  # a one-token prompt: no feature before the root yet
+            return Proposals(torch.zeros(m, k, dtype=torch.long), torch.zeros(m, k))
+        need = tree.ancestors[nodes].any(dim=0)  # [N] nodes on the requested paths
+        need[torch.tensor(list(self.feature))] = False
+        new = need.nonzero().flatten()  # [F] ascending: parents first
+        for depth in tree.depths[new].unique().tolist():  # one forward per level: a child needs f̂_parent
+            self._feed_tree(tree, new[tree.depths[new] == depth])
+        feats = torch.stack([self.feature[int(n)] for n in nodes])  # [M, H]
+        probs = torch.softmax(self.lm_head(feats)[:, : self.vocab].float(), dim=-1)  # [M, V]
+        q, tokens = probs.topk(k, dim=-1)  # [M, k]
+        return Proposals(tokens=tokens.cpu(), q=q.cpu())
+
+    @torch.inference_mode()
+    def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """The head's softmax [M, V] after each of ``nodes`` (fed by this step's ``expand`` calls);
+        zeros where there is no feature (a one-token prompt's first step)."""
+        out = torch.zeros(int(nodes.shape[0]), self.vocab, device=self.target.device)
+        have = [i for i, n in enumerate(nodes.tolist()) if tree is self.tree and n in self.feature]
+        if have:
+            feats = torch.stack([self.feature[int(nodes[i])] for i in have])  # [M', H]
+            out[have] = torch.softmax(self.lm_head(feats)[:, : self.vocab].float(), dim=-1)
+        return out
+
+    @torch.inference_mode()
+    def commit(self, commit: Commit) -> None:
+        if commit.hidden is None:
+            raise ValueError("drafter 'eagle' needs the target's hidden states (Commit.hidden)")
+        crop_cache(self.cache, self.stable)  # drop every tree item: they were built on predictions
+        tokens = torch.tensor(commit.tokens, dtype=torch.long)  # [m+1] accepted + bonus
+        self._feed_committed(commit.hidden, tokens)  # items (f(root), a1), (f(a1), a2), ..., (f(am), bonus)
+        self._new_step(None)
+
+    # ------------------------------------------------------------------ forwards
+    def _feed_committed(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Append stable items (features[i], next_tokens[i]) at positions stable, stable+1, ..."""
+        n, dev, dtype = int(next_tokens.shape[0]), self.target.device, self.target.dtype
+        out = self.head(
+            features.to(dev, dtype)[None],  # [1, n, H]
+            self.embed(next_tokens.to(dev))[None],  # [1, n, H]
+            torch.arange(self.stable, self.stable + n, device=dev)[None],  # [1, n]
+            causal_mask(self.stable, n, dtype)[None, None].to(dev),  # [1, 1, n, stable + n]
+            self.cache,
+        )[0]  # [n, H]
+        self.stable += n
+        self.root_feature = out[-1]
+
+    def _feed_tree(self, tree: DraftTree, level: torch.Tensor) -> None:
+        """Feed one tree level: items (f̂_parent, token) at position stable − 1 + depth."""
+        f, dev, dtype = int(level.shape[0]), self.target.device, self.target.dtype
+        parents = tree.parents[level].tolist()
+        feats = torch.stack([self.feature[p] for p in parents])  # [F, H]
+        row_nodes = torch.tensor(self.row_nodes + level.tolist(), dtype=torch.long)  # [R + F]
+        mask = torch.full((f, self.stable + row_nodes.numel()), torch.finfo(dtype).min, dtype=dtype)  # [F, S+R+F]
+        mask[:, : self.stable] = 0.0  # the whole committed sequence
+        mask[:, self.stable :].masked_fill_(tree.ancestors[level][:, row_nodes], 0.0)  # own ancestors and self
+        pos = self.stable - 1 + tree.depths[level]  # [F]
+        out = self.head(
+            feats[None],  # [1, F, H]
+            self.embed(tree.tokens[level].to(dev))[None],  # [1, F, H]
+            pos.to(dev)[None],  # [1, F]
+            mask[None, None].to(dev),  # [1, 1, F, S+R+F]
+            self.cache,
+        )[0]  # [F, H]
+        for i, node in enumerate(level.tolist()):
+            self.feature[node] = out[i]
+        self.row_nodes += level.tolist()

@@ -1,0 +1,166 @@
+"""The EAGLE-1/EAGLE-2 draft head: one decoder layer that extrapolates the target's features.
+
+Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (2024). The head
+never sees raw text alone: item j of its sequence is the pair
+
+    (f_j, x_{j+1})     f_j = the target's last hidden state (after its final norm) at token x_j
+                       x_{j+1} = the next token, embedded with the TARGET's embedding table
+
+and its output at item j is a prediction f̂_{j+1} of the target's feature at x_{j+1}; the TARGET's
+output head turns it into a distribution over x_{j+2}:
+
+    h_j   = fc([embed(x_{j+1}); f_j])                    fc: Linear(2H → H, bias)
+    f̂_j+1 = DecoderLayer(h_j)  (Llama layer; layer 0 skips its input norm, and there is no final norm)
+    q(x_{j+2}) = softmax(lm_head(f̂_{j+1}))
+
+Item j sits at position j. Checkpoints use the published layout (e.g. ``yuhuili/EAGLE-llama2-chat-7B``):
+``config.json`` (a Llama config with ``num_hidden_layers`` = head layers, optional ``bias``) and
+``model.safetensors`` or ``pytorch_model.bin`` holding ``fc.*`` and ``layers.N.*`` (an
+``embed_tokens.weight`` copy, if present, is checked and ignored: the target's table is used).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from treespec.errors import ConfigError, ModelLoadError
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def target_dims(config: Any) -> tuple[int, int]:
+    """(hidden size, vocabulary size) of a target's text config."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None)
+    return int(hidden), int(cfg.vocab_size)
+
+
+def head_config_for(target_config: Any, layers: int = 1) -> LlamaConfig:
+    """A head config for a target: its hidden size, heads, MLP width, RoPE and vocabulary."""
+    cfg = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    hidden, vocab = target_dims(cfg)
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
+    rope = getattr(cfg, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(cfg, "rope_theta", 10000.0)}
+    return LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=getattr(cfg, "intermediate_size", None) or 4 * hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or hidden // heads,
+        num_hidden_layers=layers,
+        vocab_size=vocab,
+        rms_norm_eps=getattr(cfg, "rms_norm_eps", None) or 1e-6,
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048),
+        rope_parameters=dict(rope),
+        architectures=["LlamaForCausalLM"],
+    )
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: LlamaConfig, bias: bool = True):
+        super().__init__()
+        config._attn_implementation = config._attn_implementation or "sdpa"
+        self.config = config
+        self.bias = bias
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=bias)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(
+        self,
+        features: torch.Tensor,  # [B, T, H] the target's (or the head's own predicted) features f_j
+        embeds: torch.Tensor,  # [B, T, H] embeddings of x_{j+1}
+        position_ids: torch.Tensor,  # [B, T]
+        mask: torch.Tensor,  # [B, 1, T, S] float: 0 = attend, finfo.min = blocked (S = cached + T)
+        cache: Any = None,
+    ) -> torch.Tensor:  # [B, T, H] predicted features f̂_{j+1}
+        x = self.fc(torch.cat([embeds, features], dim=-1))  # [B, T, H]
+        pos = self.rotary(x, position_ids)  # (cos, sin) [B, T, D]
+        for i, layer in enumerate(self.layers):
+            residual = x
+            if i > 0:  # as published: the first layer's input is fc's output, not normalised
+                x = layer.input_layernorm(x)
+            x, _ = layer.self_attn(
+                hidden_states=x, position_embeddings=pos, attention_mask=mask, past_key_values=cache
+            )
+            x = residual + x
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x
+
+    # ------------------------------------------------------------------ files
+    def save(self, out: str | Path, extra: dict[str, Any] | None = None) -> None:
+        """Write ``config.json`` and ``model.safetensors`` in the published layout."""
+        from safetensors.torch import save_file
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = self.config.to_dict()
+        cfg.pop("_attn_implementation_autoset", None)
+        cfg["bias"] = self.bias
+        if extra:
+            cfg["treespec"] = extra
+        (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        save_file(state, str(out / "model.safetensors"))
+
+
+def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target") -> tuple[EagleHead, dict[str, Any]]:
+    """Load a head by local directory, alias-free hub id, or the Hugging Face cache; refuse one whose
+    hidden size or vocabulary does not match the target's (``hidden``, ``vocab``)."""
+    from treespec.models import snapshot_dir
+
+    folder = snapshot_dir(name, ["config.json", *WEIGHT_FILES], what="EAGLE head")
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"EAGLE head {name!r}: {folder} has no config.json; pass the head's directory")
+    raw = json.loads(cfg_path.read_text())
+    h, v = raw.get("hidden_size"), raw.get("vocab_size")
+    if h != hidden:
+        raise ConfigError(
+            f"EAGLE head {name!r} has hidden size {h} but {target_name} has {hidden}: use a head trained for "
+            f"this target (`treespec train eagle --target ...`)"
+        )
+    if v != vocab:
+        raise ConfigError(
+            f"EAGLE head {name!r} has a vocabulary of {v} tokens but {target_name} has {vocab}: use a head "
+            f"trained for this target (`treespec train eagle --target ...`)"
+        )
+    state = _read_weights(folder, name)
+    emb = state.pop("embed_tokens.weight", None)
+    if emb is not None and tuple(emb.shape) != (vocab, hidden):
+        raise ConfigError(f"EAGLE head {name!r}: its embed_tokens is {tuple(emb.shape)}, the target's is {(vocab, hidden)}")
+    config = LlamaConfig(**{k: val for k, val in raw.items() if k not in ("bias", "treespec")})
+    head = EagleHead(config, bias=bool(raw.get("bias", True)))
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("rotary.")]
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"EAGLE head {name!r}: weights do not match the EAGLE layout "
+            f"(missing {missing[:3]}, unexpected {list(unexpected)[:3]}); is this an EAGLE-1/2 head?"
+        )
+    return head.eval(), raw.get("treespec", {})
+
+
+def _read_weights(folder: Path, name: str) -> dict[str, torch.Tensor]:
+    st, pt = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
+    if st.is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(st))
+    elif pt.is_file():
+        state = torch.load(str(pt), map_location="cpu", weights_only=True)
+    else:
+        raise ModelLoadError(f"EAGLE head {name!r}: {folder} has neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
+    # some re-uploads prefix the keys; the published layout has none
+    for prefix in ("model.", "ea_layer."):
+        if state and all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix) :]: v for k, v in state.items()}
+    return state

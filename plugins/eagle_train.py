@@ -1,0 +1,270 @@
+"""Training an EAGLE head for a target (``treespec train eagle``).
+
+Data: the target's OWN greedy continuations of the prompts (what the head must predict at decode
+time), with the target's last hidden states f (after its final norm) at every position. Both are
+computed once and kept in ``OUT/data.pt``.
+
+Loss, as EAGLE: for item j = (f_j + noise, x_{j+1}) the head predicts f̂_{j+1} and
+
+    L = v_w · SmoothL1(f̂_{j+1}, f_{j+1})                        feature regression
+      + p_w · CE(softmax(lm_head(f_{j+1})), log_softmax(lm_head(f̂_{j+1})))   token loss vs the target's p
+
+with v_w = 1, p_w = 0.1, and uniform noise on the input features (the head reads its own imperfect
+predictions below the root at decode time). Positions inside the prompt count too; the held-out
+summary counts generated positions only: top-1 agreement = argmax of the head's next-token
+distribution equals the target's greedy token.
+
+Resumable: ``OUT/checkpoint.pt`` (head, optimiser, epoch, RNG state) is written after every epoch and
+picked up by the same command; the final head is written in the published layout
+(``config.json`` + ``model.safetensors``), loadable by ``--drafter eagle -D head=OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from treespec.errors import ConfigError
+from treespec.plugins.eagle_head import EagleHead, head_config_for
+
+DATA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    target: str
+    data: str
+    out: str
+    offset: int = 0  # skip the dataset's first prompts (keep benchmark prompts out of training)
+    limit: int = 2000  # prompts used (train + held out)
+    holdout: float = 0.1  # fraction of prompts held out for the agreement summary
+    max_new_tokens: int = 128  # length of the target's continuation per prompt
+    layers: int = 1
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 3e-3
+    noise: float = 0.2  # uniform input noise, relative to the features' standard deviation
+    v_weight: float = 1.0
+    p_weight: float = 0.1
+    seed: int = 0
+
+    def data_key(self) -> dict[str, Any]:
+        return {"v": DATA_VERSION, "target": self.target, "data": self.data, "offset": self.offset,
+                "limit": self.limit, "max_new_tokens": self.max_new_tokens}
+
+
+@dataclass
+class Sequence:
+    ids: torch.Tensor  # [T] long: prompt + the target's continuation
+    feats: torch.Tensor  # [T, H] the target's last hidden states
+    prompt_len: int
+
+
+Progress = Callable[[str, int, int, str], None]  # (task, done, total, info)
+
+
+def _quiet(task: str, done: int, total: int, info: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------- data
+@torch.inference_mode()
+def collect(model: Any, prompts: list[list[int]], max_new_tokens: int, batch: int, progress: Progress) -> list[Sequence]:
+    """The target's greedy continuation of every prompt, and its features along prompt + continuation."""
+    out: list[Sequence] = []
+    dev = next(model.parameters()).device
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    done: dict[int, Sequence] = {}
+    for b0 in range(0, len(order), batch):
+        idx = order[b0 : b0 + batch]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)  # [B, W] left-padded
+        att = torch.zeros(len(idx), width, dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            att[r, width - len(prompts[i]) :] = 1
+        gen = model.generate(
+            input_ids=ids.to(dev), attention_mask=att.to(dev), do_sample=False,
+            max_new_tokens=max_new_tokens, pad_token_id=0,
+        )[:, width:].cpu()  # [B, ≤ max_new]
+        for r, i in enumerate(idx):
+            cont = gen[r].tolist()
+            stop = next((j for j, t in enumerate(cont) if t in eos), None)
+            cont = cont[: stop + 1] if stop is not None else cont
+            seq = torch.tensor(prompts[i] + cont, dtype=torch.long)  # [T]
+            done[i] = Sequence(seq, torch.empty(0), len(prompts[i]))
+        progress("generating the target's continuations", min(b0 + batch, len(order)), len(order), "")
+    for b0 in range(0, len(order), batch):
+        idx = order[b0 : b0 + batch]
+        width = max(done[i].ids.numel() for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)  # [B, T] right-padded
+        for r, i in enumerate(idx):
+            ids[r, : done[i].ids.numel()] = done[i].ids
+        hs = model(input_ids=ids.to(dev), output_hidden_states=True).hidden_states[-1].float().cpu()  # [B, T, H]
+        for r, i in enumerate(idx):
+            done[i].feats = hs[r, : done[i].ids.numel()].clone()
+        progress("computing the target's features", min(b0 + batch, len(order)), len(order), "")
+    out = [done[i] for i in range(len(prompts))]
+    return out
+
+
+def _batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, T], feats [B, T, H], valid [B, T-1] (item j and j+1 exist), generated [B, T-1]."""
+    width = max(s.ids.numel() for s in seqs)
+    h = seqs[0].feats.shape[-1]
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    feats = torch.zeros(len(seqs), width, h)
+    valid = torch.zeros(len(seqs), width - 1, dtype=torch.bool)
+    gen = torch.zeros(len(seqs), width - 1, dtype=torch.bool)
+    for r, s in enumerate(seqs):
+        n = s.ids.numel()
+        ids[r, :n], feats[r, :n] = s.ids, s.feats
+        valid[r, : n - 1] = True
+        gen[r, max(0, s.prompt_len - 2) : n - 1] = True  # item j predicts x_{j+2}: generated from j = prompt_len - 2
+    return ids, feats, valid, gen
+
+
+# ---------------------------------------------------------------------- loss
+def head_step(
+    head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], noise: float, s: TrainSettings
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss over a batch, and its parts: feature loss, token loss, top-1 agreement (generated positions)."""
+    ids, feats, valid, gen = _batch(seqs)
+    dev = next(head.parameters()).device
+    ids, feats, valid, gen = ids.to(dev), feats.to(dev), valid.to(dev), gen.to(dev)
+    b, t = ids.shape
+    inp = feats[:, :-1]  # [B, T-1, H] f_j
+    if noise > 0:
+        scale = noise * feats[:, :-1][valid].std()
+        inp = inp + (torch.rand_like(inp) - 0.5) * 2 * scale
+    with torch.no_grad():
+        emb = embed(ids[:, 1:])  # [B, T-1, H] x_{j+1}
+        target_p = torch.softmax(lm_head(feats[:, 1:]).float(), dim=-1)  # [B, T-1, V]
+    mask = torch.full((t - 1, t - 1), torch.finfo(inp.dtype).min, device=dev).triu(1)  # [T-1, T-1] causal
+    pos = torch.arange(t - 1, device=dev)[None].expand(b, -1)  # [B, T-1]
+    pred = head(inp, emb, pos, mask[None, None])  # [B, T-1, H] f̂_{j+1}
+    logp = torch.log_softmax(lm_head(pred).float(), dim=-1)  # [B, T-1, V]
+    vloss = F.smooth_l1_loss(pred[valid], feats[:, 1:][valid])
+    ploss = -(target_p[valid] * logp[valid]).sum(-1).mean()
+    loss = s.v_weight * vloss + s.p_weight * ploss
+    with torch.no_grad():
+        agree = (logp.argmax(-1) == target_p.argmax(-1))[gen & valid].float()
+    return loss, {"loss": loss.detach().item(), "feature_loss": vloss.detach().item(), "token_loss": ploss.detach().item(),
+                  "top1": float(agree.mean()) if agree.numel() else float("nan"), "n": int(agree.numel())}
+
+
+@torch.no_grad()
+def evaluate(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings) -> dict[str, float]:
+    head.eval()
+    total: dict[str, float] = {"loss": 0.0, "feature_loss": 0.0, "token_loss": 0.0, "top1": 0.0}
+    n = 0
+    for b0 in range(0, len(seqs), s.batch_size):
+        _, part = head_step(head, embed, lm_head, seqs[b0 : b0 + s.batch_size], 0.0, s)
+        for key in total:
+            total[key] += part[key] * part["n"]
+        n += part["n"]
+    return {k: v / max(n, 1) for k, v in total.items()} | {"positions": n}
+
+
+# ---------------------------------------------------------------------- the loop
+def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) a head; returns the summary also written to ``OUT/training.json``."""
+    from treespec.datasets import format_turns, load_prompts
+    from treespec.models import load_causal_lm, load_tokenizer
+
+    if not 0 < s.holdout < 1:
+        raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
+    out = Path(s.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(s.seed)
+    random.seed(s.seed)
+    model = load_causal_lm(s.target)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tok = load_tokenizer(s.target)
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+
+    data_file = out / "data.pt"
+    cached = torch.load(data_file, weights_only=False) if data_file.is_file() else None
+    if cached is not None and cached["key"] == s.data_key():
+        seqs = cached["seqs"]
+        log(f"reusing the target's generations in {data_file} ({len(seqs)} sequences)")
+    else:
+        items = load_prompts(s.data)[s.offset : s.offset + s.limit]
+        if len(items) < 2:
+            raise ConfigError(f"dataset {s.data!r} has {len(items)} prompts after --offset {s.offset}: need at least 2")
+        limit = model.config.get_text_config().max_position_embeddings if hasattr(model.config, "get_text_config") else None
+        prompts = [format_turns(tok, it, []) for it in items]
+        if limit:
+            prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
+        t0 = time.perf_counter()
+        seqs = collect(model, prompts, s.max_new_tokens, s.batch_size, progress)
+        torch.save({"key": s.data_key(), "seqs": seqs}, data_file)
+        log(f"generated {sum(x.ids.numel() - x.prompt_len for x in seqs)} tokens for {len(seqs)} prompts "
+            f"in {time.perf_counter() - t0:.0f} s → {data_file}")
+    n_hold = max(1, round(len(seqs) * s.holdout))
+    held, train_set = seqs[:n_hold], seqs[n_hold:]
+
+    head = EagleHead(head_config_for(model.config, layers=s.layers))
+    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    steps_per_epoch = math.ceil(len(train_set) / s.batch_size)
+    total = steps_per_epoch * s.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / max(1, total // 50)) * max(0.05, 1 - i / max(1, total))
+    )
+    ckpt_file, start, history = out / "checkpoint.pt", 0, []
+    if ckpt_file.is_file():
+        ckpt = torch.load(ckpt_file, weights_only=False)
+        if ckpt["settings"] != asdict(s):
+            raise ConfigError(
+                f"{ckpt_file} was written with other settings; pass the same options to resume, or another --out"
+            )
+        head.load_state_dict(ckpt["head"])
+        opt.load_state_dict(ckpt["opt"])
+        sched.load_state_dict(ckpt["sched"])
+        torch.set_rng_state(ckpt["rng"])
+        start, history = ckpt["epoch"], ckpt["history"]
+        log(f"resuming from {ckpt_file} after epoch {start}")
+    before = evaluate(head, embed, lm_head, held, s) if start == 0 else history[0]["held_out_before"]
+
+    for epoch in range(start, s.epochs):
+        head.train()
+        order = list(range(len(train_set)))
+        random.Random(s.seed * 100_003 + epoch).shuffle(order)  # per epoch: a resumed run sees the same order
+        running = 0.0
+        for i in range(steps_per_epoch):
+            batch = [train_set[j] for j in order[i * s.batch_size : (i + 1) * s.batch_size]]
+            loss, part = head_step(head, embed, lm_head, batch, s.noise, s)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+            opt.step()
+            sched.step()
+            running = part["loss"] if i == 0 else 0.9 * running + 0.1 * part["loss"]
+            progress(f"epoch {epoch + 1}/{s.epochs}", i + 1, steps_per_epoch, f"loss {running:.4f}")
+        held_out = evaluate(head, embed, lm_head, held, s)
+        history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out, "held_out_before": before})
+        log(f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
+            f"top-1 agreement {held_out['top1']:.3f}")
+        torch.save({"settings": asdict(s), "head": head.state_dict(), "opt": opt.state_dict(),
+                    "sched": sched.state_dict(), "rng": torch.get_rng_state(), "epoch": epoch + 1,
+                    "history": history}, ckpt_file)
+
+    final = history[-1]["held_out"] if history else before
+    summary = {"settings": asdict(s), "train_sequences": len(train_set), "held_out_sequences": len(held),
+               "held_out_positions": final.get("positions"), "top1_before": before["top1"],
+               "top1": final["top1"], "held_out_loss": final["loss"], "history": history,
+               "parameters": sum(p.numel() for p in head.parameters())}
+    head.save(out, extra={"target": s.target, "top1_held_out": final["top1"], "trained_with": "treespec train eagle"})
+    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,212 @@
+"""Drafter `eagle` and `treespec train eagle`: the head's state against a cache-free reference,
+lossless decoding with a head trained here, training that learns and resumes, and the checkpoint
+layout and its refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import treespec
+from conftest import EAGLE_TEST_SETTINGS, STORIES260K, eagle_head_dir, tinystories_prompts
+from treespec.errors import ConfigError, ModelLoadError
+from treespec.interfaces import Commit, PrefillContext
+from treespec.plugins.configs import EagleConfig
+from treespec.plugins.eagle import EagleDrafter
+from treespec.plugins.eagle_head import EagleHead, head_config_for, load_head
+from treespec.plugins.eagle_train import train
+from treespec.tree import DraftTree
+
+MAX_NEW = 128
+
+
+settings = EAGLE_TEST_SETTINGS
+
+
+@pytest.fixture(scope="session")
+def trained_head() -> tuple[Path, dict]:
+    """A head trained here on stories the tests do not prompt with (conftest; not committed)."""
+    out = eagle_head_dir()
+    return out, json.loads((out / "training.json").read_text())
+
+
+def drafter(target, head: Path) -> EagleDrafter:
+    return EagleDrafter(EagleConfig(head=str(head)), target)
+
+
+# ---------------------------------------------------------------------- the head's state
+def reference_probs(d: EagleDrafter, target, committed: list[int], path: list[int]) -> torch.Tensor:
+    """The head's distribution after ``committed + path`` computed from scratch, no cache: items
+    (f_j, x_{j+1}) with the target's true features along ``committed``, then the head's own
+    predicted features along ``path``, each level re-running the whole sequence."""
+    with torch.inference_mode():
+        ids = torch.tensor([committed])
+        f = target.model(ids, output_hidden_states=True).hidden_states[-1][0]  # [C, H]
+        feats, toks = list(f[:-1]), committed[1:] + path  # features f_0..f_{C-2}; tokens x_1..
+        for depth in range(len(path) + 1):
+            n = len(feats)
+            mask = torch.full((n, n), torch.finfo(f.dtype).min, dtype=f.dtype).triu(1)
+            out = d.head(torch.stack(feats)[None], d.embed(torch.tensor([toks[:n]])), torch.arange(n)[None],
+                         mask[None, None])[0]  # [n, H]
+            feats.append(out[-1])  # f̂ at the newest token
+        return torch.softmax(d.lm_head(feats[-1]).float(), dim=-1)
+
+
+def test_drafts_equal_a_cache_free_run_across_steps_and_out_of_order_expansion(target64, trained_head):
+    d = drafter(target64, trained_head[0])
+    target = target64
+    prompt = target.tokenizer(tinystories_prompts(1)[0]).input_ids
+    committed = list(prompt)
+    hidden = target.prefill(torch.tensor(committed[:-1]), want_hidden=True)
+    d.prefill(PrefillContext(input_ids=torch.tensor(committed), hidden=hidden))
+    for step in range(3):
+        tree = DraftTree(committed[-1])
+        p0 = d.expand(tree, torch.tensor([0]), 3)
+        kids = tree.add_children(torch.zeros(3, dtype=torch.long), p0.tokens[0], p0.q[0])  # [3]
+        p1 = d.expand(tree, kids[[2, 0]], 2)  # out of order
+        grand = tree.add_children(kids[[2, 2]], p1.tokens[0], p1.q[0])
+        p2 = d.expand(tree, torch.tensor([int(grand[1]), int(kids[1])]), 4)
+        checks = [([], p0.q[0], p0.tokens[0]), ([int(p0.tokens[0, 2])], p1.q[0], p1.tokens[0]),
+                  ([int(p0.tokens[0, 2]), int(p1.tokens[0, 1])], p2.q[0], p2.tokens[0]),
+                  ([int(p0.tokens[0, 1])], p2.q[1], p2.tokens[1])]
+        for path, q, tokens in checks:
+            ref = reference_probs(d, target, committed, path)
+            assert torch.allclose(q.double(), ref[tokens].double(), atol=1e-9), (step, path)
+        # the target verifies a made-up outcome: the first child and its own bonus
+        tt = tree.tensors(target.past_len, dtype=target.dtype)
+        _, h = target.forward_tree(tt, want_hidden=True)
+        accepted = [0, int(kids[step % 3])] if step != 1 else [0]
+        target.commit(torch.tensor(accepted))
+        new = [int(tree.tokens[n]) for n in accepted[1:]] + [7 + step]
+        d.commit(Commit(tokens=new, hidden=h[accepted]))
+        committed += new
+        # the target's cache must follow: re-prefill it from the committed tokens for the next forward
+        target.prefill(torch.tensor(committed[:-1]))
+
+
+@pytest.mark.parametrize("builder", ["opt-tree", "chain", "eagle2"])
+def test_lossless_with_a_trained_head(target64, greedy_reference, trained_head, builder):
+    d = treespec.Decoder(target64, drafter=drafter(target64, trained_head[0]), builder=builder)
+    accepted = []
+    for prompt in tinystories_prompts(8):
+        ids = d.encode(prompt)
+        out = d.generate(ids, max_new_tokens=MAX_NEW)
+        want = greedy_reference(ids, MAX_NEW)
+        assert out.token_ids == want, greedy_reference.explain(ids, out.token_ids, want)
+        accepted += [s.accepted for s in out.stats.steps]
+    assert sum(accepted) / len(accepted) > 0.15  # an untrained head: ~0.01 (agreement 0.004)
+
+
+def test_one_token_prompt_drafts_nothing_until_the_first_commit(target64, greedy_reference, trained_head):
+    d = treespec.Decoder(target64, drafter=drafter(target64, trained_head[0]), builder="chain")
+    out = d.generate([1], max_new_tokens=24)
+    assert out.token_ids == greedy_reference([1], 24)
+    assert out.stats.steps[0].tree_size == 0  # no feature before the root: nothing to draft from
+    assert max(s.tree_size for s in out.stats.steps) > 0  # drafting starts after the first commit
+
+
+# ---------------------------------------------------------------------- training
+def test_training_learns_on_held_out_prompts(trained_head):
+    _, summary = trained_head
+    assert summary["top1_before"] < 0.05  # an untrained head agrees by chance (vocab 512)
+    assert summary["top1"] > 0.25, summary["top1"]  # after 3 short epochs
+    hist = summary["history"]
+    assert hist[-1]["held_out"]["loss"] < hist[0]["held_out"]["loss"]
+
+
+def test_an_interrupted_run_resumes_to_the_same_head(tmp_path):
+    full = train(settings(tmp_path / "full", epochs=2, limit=80), log=lambda _: None)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(task: str, done: int, total: int, info: str) -> None:
+        if task.startswith("epoch 2"):
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(settings(tmp_path / "cut", epochs=2, limit=80), progress=interrupt, log=lambda _: None)
+    logs: list[str] = []
+    resumed = train(settings(tmp_path / "cut", epochs=2, limit=80), log=logs.append)
+    assert any("reusing the target's generations" in m for m in logs)
+    assert any("resuming" in m and "after epoch 1" in m for m in logs)
+    assert resumed["top1"] == pytest.approx(full["top1"], abs=1e-9)
+    a, _ = load_head(str(tmp_path / "full"), 64, 512)
+    b, _ = load_head(str(tmp_path / "cut"), 64, 512)
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.allclose(va, vb), ka
+    with pytest.raises(ConfigError, match="other settings"):
+        train(settings(tmp_path / "cut", epochs=3, limit=80, lr=1e-3), log=lambda _: None)
+
+
+# ---------------------------------------------------------------------- checkpoints
+def published_layout(folder: Path, hidden: int = 64, vocab: int = 512, torch_bin: bool = True) -> Path:
+    """A head written as EAGLE's own repositories ship it: pytorch_model.bin with an embed_tokens copy,
+    a config.json without our keys."""
+    from transformers import LlamaConfig
+
+    cfg = head_config_for(LlamaConfig(hidden_size=hidden, vocab_size=vocab, num_attention_heads=8,
+                                      num_key_value_heads=4, intermediate_size=172))
+    torch.manual_seed(1)
+    head = EagleHead(cfg)
+    state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    state["embed_tokens.weight"] = torch.zeros(vocab, hidden)
+    folder.mkdir(parents=True)
+    if torch_bin:
+        torch.save(state, folder / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+
+        save_file(state, str(folder / "model.safetensors"))
+    raw = {k: v for k, v in cfg.to_dict().items() if k != "rope_parameters"} | {"rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+@pytest.mark.parametrize("torch_bin", [True, False])
+def test_loads_the_published_layout(target64, greedy_reference, tmp_path, torch_bin):
+    folder = published_layout(tmp_path / "head", torch_bin=torch_bin)
+    d = treespec.Decoder(target64, drafter="eagle", drafter_options={"head": str(folder)}, builder="opt-tree")
+    ids = d.encode(tinystories_prompts(1)[0])
+    assert d.generate(ids, max_new_tokens=32).token_ids == greedy_reference(ids, 32)
+
+
+def test_refuses_a_head_for_another_target(target64, tmp_path):
+    with pytest.raises(ConfigError, match="hidden size 128 but target .* has 64: use a head trained for this target"):
+        drafter(target64, published_layout(tmp_path / "wide", hidden=128))
+    with pytest.raises(ConfigError, match="vocabulary of 32000 tokens but target .* has 512"):
+        drafter(target64, published_layout(tmp_path / "vocab", vocab=32000))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        drafter(target64, tmp_path / "empty")
+
+
+def test_an_uncached_hub_head_offline_is_one_clear_line(target64, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelLoadError) as err:
+        drafter(target64, "yuhuili/EAGLE-llama2-chat-7B")
+    msg = str(err.value)
+    assert "\n" not in msg and "not in the local Hugging Face cache" in msg and "pass a local path" in msg
+
+
+def test_cli_trains_then_runs_the_head(tmp_path):
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    exe = [sys.executable, "-m", "treespec.cli.app"]
+    out = tmp_path / "head"
+    r = subprocess.run(exe + ["train", "eagle", "--target", str(STORIES260K), "--offset", "300", "--limit", "40",
+                              "--epochs", "1", "--max-new-tokens", "32", "--out", str(out)],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "held-out top-1 agreement" in r.stdout and (out / "model.safetensors").is_file()
+    r = subprocess.run(exe + ["run", "--target", str(STORIES260K), "--drafter", "eagle", "-D", f"head={out}",
+                              "--max-new-tokens", "16", "--prompt", "Once upon a time"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "16 tokens in" in r.stderr and "τ" in r.stderr  # statistics go to stderr, text to stdout

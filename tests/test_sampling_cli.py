@@ -1,0 +1,54 @@
+"""`treespec run --temperature 0.7 --top-p 0.9 --seed 1` for every builder and drafter, and the
+sampling options' errors (the exactness itself: test_sampling_exact.py, test_sampling_stories.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import REPO, STORIES260K
+from treespec.cli.app import app
+
+runner = CliRunner()
+SAMPLE = ["--temperature", "0.7", "--top-p", "0.9", "--seed", "1", "--max-new-tokens", "24", "--json",
+          "--prompt", "Once upon a time"]
+ACCEPTANCE = str(REPO / "docs" / "bench" / "acceptance-s260k-l4.json")
+CASES = [  # (builder, builder options, drafter args): every builder, every drafter, sampled children
+    ("opt-tree", [], []),
+    ("chain", [], ["--drafter", "self"]),
+    ("static", [], ["--drafter", "ngram"]),
+    ("sequoia", ["-B", f"acceptance={ACCEPTANCE}"], ["--drafter", "model", "-D", f"model={STORIES260K}", "-D", "layers=3"]),
+    ("eagle2", [], []),
+    ("chain", ["-B", "sample=true"], []),
+    ("static", ["-B", "shape=kary-2-3,sample=true"], ["--drafter", "self"]),
+]
+
+
+@pytest.mark.parametrize("builder,b_opts,d_args", CASES)
+def test_run_samples_with_every_builder_and_drafter(builder, b_opts, d_args):
+    args = ["run", "--builder", builder, *b_opts, *d_args, *SAMPLE]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    data = json.loads(first.stdout)
+    assert len(data["token_ids"]) == 24 and data["stats"]["new_tokens"] == 24
+    again = runner.invoke(app, args)
+    assert json.loads(again.stdout)["token_ids"] == data["token_ids"]  # --seed reproduces the run
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--temperature", "0.7", "--top-p", "1.5"], "top_p"),
+        (["--temperature", "0.7", "--top-k", "-3"], "top_k"),
+        (["--temperature", "0.7", "--sampling-rule", "magic"], "rule"),
+        (["--temperature", "0.7", "--drafter", "ngram", "-B", "sample=true", "--builder", "chain"], "full distribution"),
+        (["--temperature", "0.7", "--drafter", "ngram", "--sampling-rule", "specinfer"], "full distribution"),
+    ],
+)
+def test_bad_sampling_options_are_one_line(args, needle):
+    res = runner.invoke(app, ["run", "--prompt", "Hi", "--max-new-tokens", "4", *args])
+    assert res.exit_code != 0
+    assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
