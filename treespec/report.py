@@ -224,7 +224,9 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path) -> str:
         rel = os.path.relpath(path.parent, doc_dir)
         parts += [
             f"## {res['dataset']}{' / ' + res['category'] if res.get('category') else ''}: {res['prompts']} prompts, "
-            f"{res['max_new_tokens']} new tokens, target {res['target']}",
+            f"{res['max_new_tokens']} new tokens, target {res['target']}"
+            + (f", temperature {res['temperature']}" if res.get("temperature") else "")
+            + f" (`{rel}`)",
             "",
             "```bash",
             res["command"],
