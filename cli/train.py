@@ -83,3 +83,8 @@ def eagle(
         f"generated positions of {summary['held_out_sequences']} held-out prompts"
     )
     typer.echo(f"use it: treespec run --target {settings.target} --drafter eagle -D head={out}")
+
+
+from treespec.cli.train_pair import EPILOG as PAIR_EPILOG, pair  # noqa: E402  (the sub-command lives in its own module)
+
+train_app.command("pair", epilog=PAIR_EPILOG)(pair)

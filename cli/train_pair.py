@@ -1,0 +1,99 @@
+"""`treespec train pair`: train treespec's own target + draft pair on the Python standard library.
+
+Registered in ``cli/train.py`` with ``train_app.command("pair", epilog=EPILOG)(pair)``. The work is
+in ``treespec/pair_train.py`` and ``treespec/pair_data.py``; this module only parses and reports.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from treespec.errors import TreespecError
+from treespec.pair_train import ModelSize, PairSettings
+
+EPILOG = """\
+Examples:
+
+  treespec train pair --out pair
+
+  treespec train pair --out pair --minutes 20
+
+  treespec train pair --out trial --max-files 60 --steps 50 --draft-steps 50
+
+The first trains the default pair (about an hour on 2 cores); the second stops after 20 minutes,
+checkpointed; the third is a quick trial. Run the same command again to resume
+(OUT/checkpoint-target.pt, OUT/checkpoint-draft.pt); the tokenizer and token streams are kept in
+OUT/data/ and reused. The recipe: docs/default-pair.md.
+"""
+
+
+D = PairSettings(out="")
+
+
+def pair(
+    out: Annotated[str, typer.Option(help="directory for target/, draft/, training.json, log.jsonl, checkpoints and data/")],
+    which: Annotated[str, typer.Option(help="target, draft or both")] = "both",
+    steps: Annotated[int, typer.Option(help="target optimiser steps")] = D.steps,
+    draft_steps: Annotated[int, typer.Option(help="draft optimiser steps")] = D.draft_steps,
+    minutes: Annotated[Optional[float], typer.Option(help="stop after this many minutes (checkpointed); the same command continues [default: no limit]", show_default=False)] = None,
+    seed: Annotated[int, typer.Option()] = D.seed,
+    threads: Annotated[int, typer.Option(help="torch CPU threads")] = D.threads,
+    batch_size: Annotated[int, typer.Option(help="windows of --context tokens per step")] = D.batch_size,
+    lr: Annotated[float, typer.Option(help="peak learning rate (AdamW, warm-up then cosine decay)")] = D.lr,
+    context: Annotated[int, typer.Option(help="training window and the models' max_position_embeddings")] = D.context,
+    vocab_size: Annotated[int, typer.Option(help="byte-level BPE vocabulary, special tokens included")] = D.vocab_size,
+    held_out: Annotated[float, typer.Option(help="fraction of the corpus files held out (by a hash of the path)")] = D.held_out,
+    max_files: Annotated[Optional[int], typer.Option(help="use only the first N corpus files (quick trials) [default: all]", show_default=False)] = None,
+    target_hidden: Annotated[int, typer.Option()] = D.target.hidden,
+    target_layers: Annotated[int, typer.Option()] = D.target.layers,
+    target_heads: Annotated[int, typer.Option()] = D.target.heads,
+    target_kv_heads: Annotated[int, typer.Option()] = D.target.kv_heads,
+    target_intermediate: Annotated[int, typer.Option()] = D.target.intermediate,
+    draft_hidden: Annotated[int, typer.Option()] = D.draft.hidden,
+    draft_layers: Annotated[int, typer.Option()] = D.draft.layers,
+    draft_heads: Annotated[int, typer.Option()] = D.draft.heads,
+    draft_kv_heads: Annotated[int, typer.Option()] = D.draft.kv_heads,
+    draft_intermediate: Annotated[int, typer.Option()] = D.draft.intermediate,
+    eval_every: Annotated[int, typer.Option(help="steps between held-out evaluations (OUT/log.jsonl)")] = D.eval_every,
+    checkpoint_every: Annotated[int, typer.Option(help="steps between checkpoints")] = D.checkpoint_every,
+) -> None:
+    """Train treespec's own Llama target and draft (one BPE tokenizer) on the Python standard library's source."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from treespec.cli.train import _fail
+    from treespec.pair_train import train_pair
+
+    if minutes is not None and minutes <= 0:
+        _fail(f"--minutes must be > 0, got {minutes}")
+    settings = PairSettings(
+        out=out, seed=seed, held_out=held_out, max_files=max_files, vocab_size=vocab_size, context=context,
+        target=ModelSize(target_hidden, target_layers, target_heads, target_kv_heads, target_intermediate),
+        draft=ModelSize(draft_hidden, draft_layers, draft_heads, draft_kv_heads, draft_intermediate),
+        steps=steps, draft_steps=draft_steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
+        checkpoint_every=checkpoint_every, threads=threads, minutes=minutes,
+    )
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), transient=False) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(task: str, done: int, total: int, info: str) -> None:
+            if task not in tasks:
+                tasks[task] = bar.add_task(task, total=total, completed=done, info="")
+            bar.update(tasks[task], completed=done, info=info)
+
+        try:
+            summary = train_pair(settings, which=which, progress=progress, log=bar.console.print)
+        except TreespecError as exc:
+            _fail(str(exc))
+    for name, m in summary["models"].items():
+        if name not in (("target", "draft") if which == "both" else (which,)):
+            continue
+        state = "" if m["finished"] else f" — stopped at step {m['steps']}/{m['steps_planned']}, run the same command to continue"
+        held = "n/a" if m["held_out_loss"] is None else f"{m['held_out_loss']:.4f}"
+        typer.echo(
+            f"{name}: {m['parameters']:,} parameters, {m['steps']} steps, {m['tokens_seen']:,} tokens, held-out loss "
+            f"{held} (untrained {m['held_out_loss_initial'] or float('nan'):.4f}), {m['wall_clock_seconds']:.0f} s → {out}/{name}{state}"
+        )
+    typer.echo(f"summary: {out}/training.json · use it: treespec run --target {out}/target --drafter {out}/draft")

@@ -1,0 +1,345 @@
+"""Training treespec's own model pair (``treespec train pair``): a Llama target and a Llama draft
+(at most a tenth of the target's parameters) sharing one byte-level BPE tokenizer, trained from
+scratch on the Python standard library's source (``treespec.pair_data``), float32 on the CPU.
+
+Each model: seeded random init, AdamW (β 0.9/0.95, weight decay on matrices), linear warm-up then
+cosine decay to ``min_lr`` of the peak, gradient clipping, on random windows of ``context + 1`` tokens
+of the train stream. The windows of step i come from a generator seeded by (seed, model, i) alone, so
+a resumed run reads exactly the windows an uninterrupted one would. The held-out loss is measured on
+``eval_windows`` fixed, evenly spaced windows of the held-out stream.
+
+Files in OUT: ``data/`` (tokenizer and token streams, a cache), ``checkpoint-<which>.pt`` (model,
+optimiser, scheduler, step, RNG states, settings; every ``checkpoint_every`` steps and at a stop),
+``log.jsonl`` (one line per evaluation), ``target/`` and ``draft/`` (``from_pretrained`` directories:
+config, generation config, model.safetensors, tokenizer), ``training.json`` (the summary).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from treespec.errors import ConfigError
+from treespec.pair_data import EOT_ID, PAD_ID, PairData, prepare
+
+WHICH = ("target", "draft")
+Progress = Callable[[str, int, int, str], None]  # (task, done, total, info)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+    def check(self, which: str) -> None:
+        for name in ("hidden", "layers", "heads", "kv_heads", "intermediate"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{which}-{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ConfigError(
+                f"{which}: hidden {self.hidden} must divide by heads {self.heads}, and heads by kv-heads {self.kv_heads}; "
+                f"change --{which}-heads or --{which}-kv-heads"
+            )
+
+
+@dataclass(frozen=True)
+class PairSettings:
+    out: str
+    seed: int = 0
+    held_out: float = 0.05  # fraction of files (by path hash): 19 files, 3.4% of the bytes on CPython 3.11
+    max_files: int | None = None  # only the first N corpus files (tests, quick trials)
+    vocab_size: int = 4096
+    context: int = 1024  # training window = max_position_embeddings
+    target: ModelSize = ModelSize(hidden=256, layers=8, heads=8, kv_heads=4, intermediate=704)
+    draft: ModelSize = ModelSize(hidden=96, layers=2, heads=3, kv_heads=3, intermediate=256)
+    steps: int = 1200  # target optimiser steps: ≈ 45 min on 2 threads (docs/default-pair.md, "Time")
+    draft_steps: int = 2000  # ≈ 10 min on 2 threads
+    batch_size: int = 4  # windows per step
+    lr: float = 2e-3  # peak
+    min_lr: float = 0.1  # final learning rate, relative to the peak
+    warmup: float = 0.05  # fraction of the steps
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    # how to run and watch, not what is trained: left out of the checkpoint's settings check (key)
+    eval_every: int = 100
+    eval_windows: int = 32
+    checkpoint_every: int = 50
+    threads: int = 2
+    minutes: float | None = None  # stop (checkpointed, resumable) after this much training in one call
+
+    def size(self, which: str) -> ModelSize:
+        return self.target if which == "target" else self.draft
+
+    def steps_of(self, which: str) -> int:
+        return self.steps if which == "target" else self.draft_steps
+
+    def key(self, which: str) -> dict[str, Any]:
+        """Everything that shapes this model's weights; a checkpoint written with another key is refused."""
+        d = asdict(self)
+        for name in ("out", "threads", "minutes", "eval_every", "eval_windows", "checkpoint_every",
+                     "target", "draft", "steps", "draft_steps"):
+            d.pop(name)
+        return d | {"which": which, "size": asdict(self.size(which)), "steps": self.steps_of(which)}
+
+
+def llama_config(s: PairSettings, which: str) -> Any:
+    from transformers import LlamaConfig
+
+    m = s.size(which)
+    return LlamaConfig(
+        vocab_size=s.vocab_size, hidden_size=m.hidden, intermediate_size=m.intermediate,
+        num_hidden_layers=m.layers, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
+        head_dim=m.hidden // m.heads, max_position_embeddings=s.context, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
+        bos_token_id=EOT_ID, eos_token_id=EOT_ID, pad_token_id=PAD_ID, initializer_range=0.02,
+        architectures=["LlamaForCausalLM"],
+    )
+
+
+def parameter_count(config: Any) -> int:
+    """Parameters of a config's model (tied embeddings counted once), without allocating weights."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------- batches and losses
+def windows(stream: Any, starts: Any, length: int) -> Any:
+    import torch
+
+    idx = starts[:, None] + torch.arange(length + 1)[None]  # [B, T+1]
+    return stream[idx]  # [B, T+1]
+
+
+def lm_loss(model: Any, batch: Any) -> Any:
+    import torch.nn.functional as F
+
+    logits = model(input_ids=batch[:, :-1], use_cache=False).logits  # [B, T, V]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
+
+
+def held_out_loss(model: Any, stream: Any, s: PairSettings) -> float:
+    """Mean next-token loss over ``eval_windows`` fixed, evenly spaced windows of the held-out stream."""
+    import torch
+
+    length = min(s.context, stream.numel() - 1)
+    starts = torch.linspace(0, stream.numel() - length - 1, s.eval_windows).long()  # [W]
+    was_training, total = model.training, 0.0
+    model.eval()
+    with torch.no_grad():
+        for b0 in range(0, s.eval_windows, s.batch_size):
+            part = starts[b0 : b0 + s.batch_size]
+            total += float(lm_loss(model, windows(stream, part, length))) * part.numel()
+    model.train(was_training)
+    return total / s.eval_windows
+
+
+def schedule(s: PairSettings, total: int) -> Callable[[int], float]:
+    warm = max(1, round(total * s.warmup))
+
+    def factor(i: int) -> float:  # multiplier of the peak lr at step i (0-based)
+        if i < warm:
+            return (i + 1) / warm
+        t = (i - warm) / max(1, total - warm)
+        return s.min_lr + (1 - s.min_lr) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    return factor
+
+
+# ---------------------------------------------------------------------- one model
+@dataclass
+class RunState:
+    step: int = 0
+    seconds: float = 0.0  # wall-clock of training, evaluations and checkpoints, over all calls
+    train_loss: float = float("nan")  # running mean (EMA) of the step losses
+    held_out: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
+
+
+def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None = None, deadline: float = math.inf,
+                progress: Progress | None = None, log: Callable[[str], None] = print) -> RunState:
+    """Train (or resume) one model until its last step, step ``stop_at`` or ``time.monotonic()`` passing
+    ``deadline`` (then checkpointed); write ``OUT/<which>/`` when its last step is done."""
+    import numpy as np
+    import torch
+    from transformers import LlamaForCausalLM
+
+    out, total = Path(s.out), s.steps_of(which)
+    ckpt_file = out / f"checkpoint-{which}.pt"
+    train_stream = torch.from_numpy(data.train.astype(np.int64))  # [N]
+    held_stream = torch.from_numpy(data.held_out.astype(np.int64))  # [M]
+    length = min(s.context, train_stream.numel() - 1)
+
+    torch.manual_seed(s.seed + (0 if which == "target" else 1))
+    model = LlamaForCausalLM(llama_config(s, which)).float().train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=s.lr, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(s, total))
+    state = RunState()
+    if ckpt_file.is_file():
+        ckpt = torch.load(ckpt_file, weights_only=False)
+        if ckpt["key"] != s.key(which):
+            old, new = ckpt["key"], s.key(which)
+            diff = ", ".join(f"{k} {old.get(k)} → {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
+            raise ConfigError(
+                f"{ckpt_file} was written with other settings ({diff}); pass the same options to resume, or another --out"
+            )
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        sched.load_state_dict(ckpt["sched"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        random.setstate(ckpt["rng"]["python"])
+        state = RunState(**ckpt["state"])
+        if state.step < total:
+            log(f"{which}: resuming from {ckpt_file} at step {state.step}/{total}")
+    if state.step >= total and (out / which / "model.safetensors").is_file():
+        log(f"{which}: done already ({total} steps) → {out / which}")
+        return state
+
+    call_start, seconds_before = time.perf_counter(), state.seconds
+
+    def clock() -> None:
+        state.seconds = seconds_before + time.perf_counter() - call_start
+
+    def checkpoint() -> None:
+        clock()
+        tmp = ckpt_file.with_suffix(".tmp")
+        torch.save({"key": s.key(which), "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                    "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}, "state": asdict(state)}, tmp)
+        os.replace(tmp, ckpt_file)  # never a half-written checkpoint
+
+    def evaluate() -> None:
+        loss = held_out_loss(model, held_stream, s)
+        clock()
+        state.held_out.append((state.step, loss))
+        entry = {"which": which, "step": state.step, "train_loss": state.train_loss, "held_out_loss": loss,
+                 "lr": sched.get_last_lr()[0], "tokens": state.step * s.batch_size * length, "seconds": round(state.seconds, 1)}
+        with open(out / "log.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        trained = "" if state.step == 0 else f"train loss {state.train_loss:.4f} · "
+        log(f"{which} step {state.step}/{total}: {trained}held-out loss {loss:.4f}")
+
+    if time.monotonic() >= deadline:
+        log(f"{which}: no time left in --minutes; run the same command to continue")
+        return state
+    if state.step == 0 and not state.held_out:
+        evaluate()  # the untrained model, for comparison
+    end = min(total, stop_at) if stop_at is not None else total
+    n_params = sum(p.numel() for p in model.parameters())
+    while state.step < end and time.monotonic() < deadline:
+        g = torch.Generator().manual_seed(s.seed * 1_000_003 + WHICH.index(which) * 100_003 + state.step)
+        starts = torch.randint(0, train_stream.numel() - length, (s.batch_size,), generator=g)  # [B]
+        loss = lm_loss(model, windows(train_stream, starts, length))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        sched.step()
+        state.step += 1
+        value = float(loss.detach())
+        state.train_loss = value if math.isnan(state.train_loss) else 0.95 * state.train_loss + 0.05 * value
+        if state.step % s.eval_every == 0 or state.step == total:
+            evaluate()
+        if state.step % s.checkpoint_every == 0 or state.step == total:
+            checkpoint()
+        if progress:
+            progress(f"{which} ({n_params / 1e6:.2f}M)", state.step, total,
+                     f"loss {state.train_loss:.3f} · held-out {state.held_out[-1][1]:.3f} · lr {sched.get_last_lr()[0]:.1e}")
+    if state.step < total:
+        checkpoint()
+        log(f"{which}: stopped at step {state.step}/{total} (checkpoint {ckpt_file}); run the same command to continue")
+        return state
+    export(model, data.tokenizer, out / which)
+    clock()
+    return state
+
+
+def export(model: Any, tokenizer: Any, folder: Path) -> None:
+    """A ``from_pretrained`` directory: config, generation config (stops at ``<|endoftext|>``), weights, tokenizer."""
+    from transformers import GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    model.generation_config = GenerationConfig(bos_token_id=EOT_ID, eos_token_id=EOT_ID, pad_token_id=PAD_ID)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" would break the rich progress bar
+    try:
+        model.eval().save_pretrained(folder)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(folder)
+
+
+# ---------------------------------------------------------------------- the pair
+def train_pair(s: PairSettings, which: str = "both", stop_at: int | None = None, progress: Progress | None = None,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Prepare the data, train the target and/or the draft (resuming), write ``OUT/training.json``."""
+    import torch
+
+    if which not in ("both", *WHICH):
+        raise ConfigError(f"--which must be target, draft or both, got {which!r}")
+    for name in ("steps", "draft_steps", "batch_size", "context", "eval_every", "eval_windows", "checkpoint_every", "threads"):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(s, name)}")
+    s.target.check("target")
+    s.draft.check("draft")
+    torch.set_num_threads(s.threads)
+    os.environ.setdefault("RAYON_NUM_THREADS", str(s.threads))  # the tokenizers library's thread pool
+    out = Path(s.out)
+    out.mkdir(parents=True, exist_ok=True)
+    params = {w: parameter_count(llama_config(s, w)) for w in WHICH}
+    if params["draft"] * 10 > params["target"]:
+        log(f"note: the draft has {params['draft']:,} parameters, more than a tenth of the target's {params['target']:,}")
+    data = prepare(s.held_out, s.max_files, s.vocab_size, s.context, out / "data", log=log)
+    deadline = time.monotonic() + s.minutes * 60 if s.minutes else math.inf  # training time of the whole call
+    states = {w: train_model(s, w, data, stop_at, deadline, progress, log) for w in (WHICH if which == "both" else (which,))}
+    return write_summary(s, data, params, states)
+
+
+def write_summary(s: PairSettings, data: PairData, params: dict[str, int], states: dict[str, RunState]) -> dict[str, Any]:
+    """``OUT/training.json``: corpus facts, sizes, steps, tokens seen, losses, wall-clock, versions.
+    Models not trained in this call keep the entry an earlier call wrote."""
+    import tokenizers
+    import torch
+    import transformers
+
+    import treespec
+
+    out = Path(s.out)
+    path = out / "training.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    length = min(s.context, int(data.train.size) - 1)
+    models = summary.get("models", {})
+    for which, st in states.items():
+        models[which] = {
+            "size": asdict(s.size(which)), "parameters": params[which],
+            "float32_megabytes": round(params[which] * 4 / 1e6, 2),
+            "steps": st.step, "steps_planned": s.steps_of(which), "finished": st.step >= s.steps_of(which),
+            "tokens_seen": st.step * s.batch_size * length, "train_loss_ema": st.train_loss,
+            "held_out_loss_initial": st.held_out[0][1] if st.held_out else None,
+            "held_out_loss": st.held_out[-1][1] if st.held_out else None,
+            "held_out_history": st.held_out, "wall_clock_seconds": round(st.seconds, 1),
+        }
+    settings = asdict(replace(s, minutes=None))
+    summary |= {
+        "command": "treespec train pair", "settings": settings, "corpus": data.facts,
+        "models": models, "draft_to_target_parameters": round(params["draft"] / params["target"], 4),
+        "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+                     "tokenizers": tokenizers.__version__, "treespec": treespec.__version__},
+    }
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
