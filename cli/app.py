@@ -10,6 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from treespec.cli import fail as _fail
+
 from treespec.errors import TreespecError
 
 app = typer.Typer(
@@ -58,9 +60,6 @@ def _default_pair(target: str | None, drafter: str | None, d_opts: dict[str, str
     return target, drafter
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
 
 
 @app.command(epilog=EPILOG)

@@ -11,6 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from treespec.cli import fail as _fail
+
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -24,9 +26,6 @@ Examples:
 datastore_app = typer.Typer(help="Corpora indexed for the `datastore` drafter.", no_args_is_help=True, rich_markup_mode=None)
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
 
 
 @datastore_app.command("build", epilog=EPILOG)

@@ -12,6 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from treespec.cli import fail as _fail
+
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -25,9 +27,6 @@ Examples:
 DEFAULT_DRAFT_LAYERS = 4  # with the default target, as `treespec run`
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
 
 
 def sequoia_measure(

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from treespec.cli import fail as _fail
+
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -25,9 +27,6 @@ generations are kept in OUT/data.pt and reused.
 train_app = typer.Typer(help="train drafters for a target", no_args_is_help=True, rich_markup_mode=None)
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
 
 
 @train_app.command(epilog=EPILOG)
@@ -48,10 +47,9 @@ def eagle(
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads")] = None,
 ) -> None:
     """Train an EAGLE-1/2 head: feature regression + token loss on the target's own greedy generations."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
     import torch
 
+    from treespec.cli import TrainingProgress
     from treespec.cli.app import _default_target
     from treespec.plugins.eagle_train import TrainSettings, train
 
@@ -64,17 +62,9 @@ def eagle(
         target=target or _default_target(), data=data, out=out, offset=offset, limit=limit, holdout=holdout,
         max_new_tokens=max_new_tokens, layers=layers, epochs=epochs, batch_size=batch_size, lr=lr, noise=noise, seed=seed,
     )
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
-                  TimeRemainingColumn(), transient=False) as bar:
-        tasks: dict[str, int] = {}
-
-        def progress(task: str, done: int, total: int, info: str) -> None:
-            if task not in tasks:
-                tasks[task] = bar.add_task(task, total=total, info="")
-            bar.update(tasks[task], completed=done, info=info)
-
+    with TrainingProgress() as (progress, log):
         try:
-            summary = train(settings, progress=progress, log=bar.console.print)
+            summary = train(settings, progress=progress, log=log)
         except TreespecError as exc:
             _fail(str(exc))
     typer.echo(

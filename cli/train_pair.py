@@ -60,9 +60,7 @@ def pair(
     checkpoint_every: Annotated[int, typer.Option(help="steps between checkpoints")] = D.checkpoint_every,
 ) -> None:
     """Train treespec's own Llama target and draft (one BPE tokenizer) on the Python standard library's source."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from treespec.cli.train import _fail
+    from treespec.cli import TrainingProgress, fail as _fail
     from treespec.pair_train import train_pair
 
     if minutes is not None and minutes <= 0:
@@ -74,17 +72,9 @@ def pair(
         steps=steps, draft_steps=draft_steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
         checkpoint_every=checkpoint_every, threads=threads, minutes=minutes,
     )
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), transient=False) as bar:
-        tasks: dict[str, int] = {}
-
-        def progress(task: str, done: int, total: int, info: str) -> None:
-            if task not in tasks:
-                tasks[task] = bar.add_task(task, total=total, completed=done, info="")
-            bar.update(tasks[task], completed=done, info=info)
-
+    with TrainingProgress() as (progress, log):
         try:
-            summary = train_pair(settings, which=which, progress=progress, log=bar.console.print)
+            summary = train_pair(settings, which=which, progress=progress, log=log)
         except TreespecError as exc:
             _fail(str(exc))
     for name, m in summary["models"].items():

@@ -9,6 +9,15 @@ from pydantic import Field, field_validator
 from treespec.config import PluginConfig
 
 
+def sample_field() -> Any:
+    """The ``sample`` option of the builders that can draw children at random (chain, static, sequoia)."""
+    return Field(
+        False, description="with temperature > 0: draw children at random from the draft's distribution "
+        "(without replacement, at the draft temperature) instead of its top-k, verified by SpecInfer's rule; "
+        "needs a drafter with full distributions (model, self, eagle)",
+    )
+
+
 class OptTreeConfig(PluginConfig):
     nodes: int = Field(50, gt=0, description="node budget n: drafted nodes per tree (root excluded)")
     threshold: float = Field(0.5, ge=0.0, description="δ: keep adding layers while E(A) grows by more than this")
@@ -17,11 +26,7 @@ class OptTreeConfig(PluginConfig):
 
 class ChainConfig(PluginConfig):
     k: int = Field(4, gt=0, description="drafted tokens per step")
-    sample: bool = Field(
-        False, description="with temperature > 0: draw children at random from the draft's distribution "
-        "(without replacement, at the draft temperature) instead of its top-k, verified by SpecInfer's rule; "
-        "needs a drafter with full distributions (model, self)",
-    )
+    sample: bool = sample_field()
 
 
 class ModelDrafterConfig(PluginConfig):
@@ -37,11 +42,7 @@ class StaticConfig(PluginConfig):
         description="a preset (`treespec tree presets`: eagle-mc_sim_7b_63 (25 nodes), eagle-25, "
         "medusa-mc_sim_7b_63 (63 nodes), chain-K, kary-K-D), a JSON list of paths of child ranks, or a JSON file",
     )
-    sample: bool = Field(
-        False, description="with temperature > 0: draw children at random from the draft's distribution "
-        "(without replacement, at the draft temperature) instead of its top-k, verified by SpecInfer's rule; "
-        "needs a drafter with full distributions (model, self)",
-    )
+    sample: bool = sample_field()
 
 
 class SequoiaConfig(PluginConfig):
@@ -50,11 +51,7 @@ class SequoiaConfig(PluginConfig):
     acceptance: str | list[float] = Field(
         description="per-rank acceptance vector: a JSON file made by `treespec sequoia-measure` (or a list in Python)"
     )
-    sample: bool = Field(
-        False, description="with temperature > 0: draw children at random from the draft's distribution "
-        "(without replacement, at the draft temperature) instead of its top-k, verified by SpecInfer's rule; "
-        "needs a drafter with full distributions (model, self)",
-    )
+    sample: bool = sample_field()
 
 
 class Eagle2Config(PluginConfig):

@@ -32,8 +32,11 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from treespec.checkpoint import save_atomic
 from treespec.errors import ConfigError
+from treespec.plugins.eagle import causal_mask
 from treespec.plugins.eagle_head import EagleHead, head_config_for
+from treespec.target import TargetModel
 
 DATA_VERSION = 1
 
@@ -77,12 +80,9 @@ def _quiet(task: str, done: int, total: int, info: str) -> None:
 
 # ---------------------------------------------------------------------- data
 @torch.inference_mode()
-def collect(model: Any, prompts: list[list[int]], max_new_tokens: int, batch: int, progress: Progress) -> list[Sequence]:
+def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, batch: int, progress: Progress) -> list[Sequence]:
     """The target's greedy continuation of every prompt, and its features along prompt + continuation."""
-    out: list[Sequence] = []
-    dev = next(model.parameters()).device
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    model, dev, eos = target.model, target.device, target.eos_token_ids
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     done: dict[int, Sequence] = {}
     for b0 in range(0, len(order), batch):
@@ -114,8 +114,7 @@ def collect(model: Any, prompts: list[list[int]], max_new_tokens: int, batch: in
         for r, i in enumerate(idx):
             done[i].feats = hs[r, : done[i].ids.numel()].clone()
         progress("computing the target's features", min(b0 + batch, len(order)), len(order), "")
-    out = [done[i] for i in range(len(prompts))]
-    return out
+    return [done[i] for i in range(len(prompts))]
 
 
 def _batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -150,7 +149,7 @@ def head_step(
     with torch.no_grad():
         emb = embed(ids[:, 1:])  # [B, T-1, H] x_{j+1}
         target_p = torch.softmax(lm_head(feats[:, 1:]).float(), dim=-1)  # [B, T-1, V]
-    mask = torch.full((t - 1, t - 1), torch.finfo(inp.dtype).min, device=dev).triu(1)  # [T-1, T-1] causal
+    mask = causal_mask(0, t - 1, inp.dtype).to(dev)  # [T-1, T-1]
     pos = torch.arange(t - 1, device=dev)[None].expand(b, -1)  # [B, T-1]
     pred = head(inp, emb, pos, mask[None, None])  # [B, T-1, H] f̂_{j+1}
     logp = torch.log_softmax(lm_head(pred).float(), dim=-1)  # [B, T-1, V]
@@ -177,21 +176,24 @@ def evaluate(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s:
 
 
 # ---------------------------------------------------------------------- the loop
+def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
+    """What must match to resume: every setting but where the files are (``out`` may be spelt differently)."""
+    return {k: v for k, v in settings.items() if k != "out"}
+
+
 def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train (or resume) a head; returns the summary also written to ``OUT/training.json``."""
     from treespec.datasets import format_turns, load_prompts
-    from treespec.models import load_causal_lm, load_tokenizer
 
     if not 0 < s.holdout < 1:
         raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
     out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(s.seed)
-    random.seed(s.seed)
-    model = load_causal_lm(s.target)
+    target = TargetModel.load(s.target)
+    model, tok = target.model, target.tokenizer
     for p in model.parameters():
         p.requires_grad_(False)
-    tok = load_tokenizer(s.target)
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
 
     data_file = out / "data.pt"
@@ -203,13 +205,15 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
         items = load_prompts(s.data)[s.offset : s.offset + s.limit]
         if len(items) < 2:
             raise ConfigError(f"dataset {s.data!r} has {len(items)} prompts after --offset {s.offset}: need at least 2")
-        limit = model.config.get_text_config().max_position_embeddings if hasattr(model.config, "get_text_config") else None
+        limit = target.max_positions
+        if limit is not None and limit <= s.max_new_tokens:
+            raise ConfigError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in the target's context of {limit}")
         prompts = [format_turns(tok, it, []) for it in items]
         if limit:
             prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
         t0 = time.perf_counter()
-        seqs = collect(model, prompts, s.max_new_tokens, s.batch_size, progress)
-        torch.save({"key": s.data_key(), "seqs": seqs}, data_file)
+        seqs = collect(target, prompts, s.max_new_tokens, s.batch_size, progress)
+        save_atomic({"key": s.data_key(), "seqs": seqs}, data_file)
         log(f"generated {sum(x.ids.numel() - x.prompt_len for x in seqs)} tokens for {len(seqs)} prompts "
             f"in {time.perf_counter() - t0:.0f} s → {data_file}")
     n_hold = max(1, round(len(seqs) * s.holdout))
@@ -225,7 +229,7 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
     ckpt_file, start, history = out / "checkpoint.pt", 0, []
     if ckpt_file.is_file():
         ckpt = torch.load(ckpt_file, weights_only=False)
-        if ckpt["settings"] != asdict(s):
+        if _resume_key(ckpt["settings"]) != _resume_key(asdict(s)):
             raise ConfigError(
                 f"{ckpt_file} was written with other settings; pass the same options to resume, or another --out"
             )
@@ -256,9 +260,9 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
         history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out, "held_out_before": before})
         log(f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
             f"top-1 agreement {held_out['top1']:.3f}")
-        torch.save({"settings": asdict(s), "head": head.state_dict(), "opt": opt.state_dict(),
-                    "sched": sched.state_dict(), "rng": torch.get_rng_state(), "epoch": epoch + 1,
-                    "history": history}, ckpt_file)
+        save_atomic({"settings": asdict(s), "head": head.state_dict(), "opt": opt.state_dict(),
+                     "sched": sched.state_dict(), "rng": torch.get_rng_state(), "epoch": epoch + 1,
+                     "history": history}, ckpt_file)
 
     final = history[-1]["held_out"] if history else before
     summary = {"settings": asdict(s), "train_sequences": len(train_set), "held_out_sequences": len(held),

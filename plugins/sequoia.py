@@ -47,7 +47,6 @@ from treespec.errors import ConfigError
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import SequoiaConfig
 from treespec.plugins.static import grow, shape_layers
-from treespec.sampling import DraftSampling
 from treespec.tree import DraftTree
 
 RankPath = tuple[int, ...]
@@ -185,14 +184,6 @@ def optimal_shape(acceptance: Sequence[float], nodes: int, max_depth: int) -> Se
 class SequoiaBuilder(TreeBuilder):
     Config = SequoiaConfig
     config: SequoiaConfig
-    sampling: DraftSampling | None = None
-
-    @property
-    def samples_children(self) -> bool:
-        return self.config.sample
-
-    def start(self, sampling: DraftSampling | None) -> None:
-        self.sampling = sampling if self.config.sample else None
 
     def __init__(self, config: SequoiaConfig):
         super().__init__(config)

@@ -28,7 +28,7 @@ import torch
 from treespec.errors import ConfigError
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import StaticConfig
-from treespec.sampling import DraftSampling, sampled_expand
+from treespec.sampling import DraftSampling, propose
 from treespec.tree import DraftTree
 
 #: kary-K-D and file shapes larger than this are refused (a typo like kary-10-10 would hang)
@@ -198,10 +198,7 @@ def grow(layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int
         present = parent_ids >= 0  # [E] nodes cut by padding above have no children either
         if not bool(present.any()):
             break
-        if sampling is not None:
-            prop = sampled_expand(drafter, tree, parent_ids[present], layer.k, sampling)  # in draw order
-        else:
-            prop = drafter.expand(tree, parent_ids[present], layer.k)  # tokens, q: [E', k]
+        prop = propose(drafter, tree, parent_ids[present], layer.k, sampling)  # tokens, q: [E', k] (draw order if sampled)
         tokens, q_all = prop.tokens.to(ids.device), prop.q.to(ids.device)
         cols = q_all.shape[1]  # k, unless a drafter returns fewer columns (missing ranks: padding)
         if cols == 0:
@@ -222,14 +219,6 @@ def grow(layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int
 class StaticBuilder(TreeBuilder):
     Config = StaticConfig
     config: StaticConfig
-    sampling: DraftSampling | None = None
-
-    @property
-    def samples_children(self) -> bool:
-        return self.config.sample
-
-    def start(self, sampling: DraftSampling | None) -> None:
-        self.sampling = sampling if self.config.sample else None
 
     def __init__(self, config: StaticConfig):
         super().__init__(config)

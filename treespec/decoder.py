@@ -111,7 +111,7 @@ class Decoder:
         out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
         self.builder.start(draft)
         try:
-            self._run(ids, max_new_tokens, limit, stream, out, params, draft, rule)
+            self._run(ids, max_new_tokens, limit, stream, out, params, draft.generator if draft else None, rule)
         except Exception as exc:
             out.stats.stop_reason = "error"
             out.text = self.decode(out.token_ids, ids)
@@ -141,7 +141,7 @@ class Decoder:
         if draft_temperature is not None and not (0 < draft_temperature < float("inf")):
             raise ConfigError(f"draft_temperature must be > 0, got {draft_temperature}")
         has_dist = self.drafter.provides_probabilities and type(self.drafter).distribution is not Drafter.distribution
-        if not has_dist and (rule == "specinfer" or getattr(self.builder, "samples_children", False)):
+        if not has_dist and (rule == "specinfer" or self.builder.samples_children):
             what = "rule specinfer" if rule == "specinfer" else f"builder {type(self.builder).__name__} with sample=true"
             raise ConfigError(
                 f"{what} needs the draft's full distribution, which drafter {type(self.drafter).__name__} does not "
@@ -168,7 +168,7 @@ class Decoder:
 
     def _run(
         self, ids: list[int], max_new: int, limit: int | None, stream: StreamCallback | None, out: Output,
-        params: SamplingParams | None = None, draft: DraftSampling | None = None, rule: str = "auto",
+        params: SamplingParams | None = None, generator: torch.Generator | None = None, rule: str = "auto",
     ) -> None:
         target, drafter, builder, stats = self.target, self.drafter, self.builder, out.stats
         want_hidden = drafter.needs_target_hidden
@@ -207,7 +207,7 @@ class Decoder:
                 if params is None:
                     acc = greedy_verify(tt, logits)
                 else:  # exact speculative sampling (docs/sampling.md)
-                    acc = sampling_verify(tt, logits, params, draft.generator, rule)
+                    acc = sampling_verify(tt, logits, params, generator, rule)
 
                 # commit: target and drafter keep the accepted path; the bonus token is the next root
                 target.commit(acc.nodes)

@@ -104,12 +104,18 @@ class TreeBuilder(ABC):
     """Decides which nodes to expand and which to keep, using a drafter's proposals."""
 
     Config: ClassVar[type[PluginConfig]] = PluginConfig
-    #: True when ``build`` draws children at random from the draft's distribution once ``start`` gave it
-    #: a ``DraftSampling`` (e.g. ``chain sample=true``); such builders need ``Drafter.distribution``
-    samples_children: bool = False
+    #: the draft-side sampling settings kept by ``start`` (None: rank children by the draft's top-k)
+    sampling: "DraftSampling | None" = None
 
     def __init__(self, config: PluginConfig):
         self.config = config
+
+    @property
+    def samples_children(self) -> bool:
+        """True when ``build`` draws children at random from the draft's distribution once ``start``
+        gave it a ``DraftSampling``; such builders need ``Drafter.distribution``. By default: the
+        builder's ``sample`` option (chain, static, sequoia), False for builders without one."""
+        return bool(getattr(self.config, "sample", False))
 
     @abstractmethod
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> "DraftTree":
@@ -124,6 +130,7 @@ class TreeBuilder(ABC):
         draft-side settings (draft temperature, the run's ``torch.Generator``). Builders that can draw
         children at random keep it (and then record the draws in the tree, docs/sampling.md); the
         others, which rank children by the draft's top-k, ignore it."""
+        self.sampling = sampling if self.samples_children else None
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,22 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _refuse_if_offline(name: str, resolved: str, what: str) -> None:
+    """A model missing from the local cache while the hub is out of reach: one line, no retries."""
+    if _offline() or not _hub_reachable():
+        why = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
+        raise ModelLoadError(
+            f"{what} {name!r} ({resolved}) is not in the local Hugging Face cache and {why}; "
+            f"pass a local path, or download it first with `hf download {resolved}`"
+        ) from None  # raised while handling the cache miss: that traceback says nothing more
+
+
+def _download_error(name: str, resolved: str, what: str, exc: BaseException) -> ModelLoadError:
+    return ModelLoadError(
+        f"{what} {name!r} ({resolved}) could not be downloaded ({_first_line(exc)}); check the name, or pass a local path"
+    )
+
+
 def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
     resolved = _locate(name)
     try:
@@ -69,19 +85,11 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
     except (OSError, ValueError) as exc:
         if Path(resolved).is_dir() or not isinstance(exc, OSError):
             raise ModelLoadError(f"{what} {name!r}: cannot load {resolved} ({_first_line(exc)})") from None
-        if _offline() or not _hub_reachable():
-            why = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
-            raise ModelLoadError(
-                f"{what} {name!r} ({resolved}) is not in the local Hugging Face cache and {why}; "
-                f"pass a local path, or download it first with `hf download {resolved}`"
-            ) from None
+        _refuse_if_offline(name, resolved, what)
     try:
         return loader.from_pretrained(resolved, **kwargs)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(
-            f"{what} {name!r} ({resolved}) could not be downloaded ({_first_line(exc)}); "
-            f"check the name, or pass a local path"
-        ) from None
+        raise _download_error(name, resolved, what, exc) from None
 
 
 def snapshot_dir(name: str, patterns: list[str], what: str = "model") -> Path:
@@ -95,18 +103,11 @@ def snapshot_dir(name: str, patterns: list[str], what: str = "model") -> Path:
     try:
         return Path(snapshot_download(resolved, allow_patterns=patterns, local_files_only=True))
     except Exception:
-        if _offline() or not _hub_reachable():
-            why = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
-            raise ModelLoadError(
-                f"{what} {name!r} ({resolved}) is not in the local Hugging Face cache and {why}; "
-                f"pass a local path, or download it first with `hf download {resolved}`"
-            ) from None
+        _refuse_if_offline(name, resolved, what)
     try:
         return Path(snapshot_download(resolved, allow_patterns=patterns))
     except Exception as exc:
-        raise ModelLoadError(
-            f"{what} {name!r} ({resolved}) could not be downloaded ({_first_line(exc)}); check the name, or pass a local path"
-        ) from None
+        raise _download_error(name, resolved, what, exc) from None
 
 
 def _first_line(exc: BaseException) -> str:

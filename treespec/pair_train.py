@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from treespec.errors import ConfigError
+from treespec.checkpoint import save_atomic
 from treespec.pair_data import EOT_ID, PAD_ID, PairData, prepare
 
 WHICH = ("target", "draft")
@@ -217,10 +218,8 @@ def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None
 
     def checkpoint() -> None:
         clock()
-        tmp = ckpt_file.with_suffix(".tmp")
-        torch.save({"key": s.key(which), "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                    "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}, "state": asdict(state)}, tmp)
-        os.replace(tmp, ckpt_file)  # never a half-written checkpoint
+        save_atomic({"key": s.key(which), "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                     "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}, "state": asdict(state)}, ckpt_file)
 
     def evaluate() -> None:
         loss = held_out_loss(model, held_stream, s)

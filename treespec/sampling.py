@@ -138,6 +138,15 @@ def draw_children(dist: torch.Tensor, k: int, generator: torch.Generator) -> tup
     return tokens, dist.gather(-1, tokens)
 
 
+def propose(drafter: "Drafter", tree: "DraftTree", nodes: torch.Tensor, k: int,
+            sampling: "DraftSampling | None") -> "Proposals":
+    """What a builder that can sample asks for: the drafter's ranked top-k (``sampling`` None), or
+    children drawn from the draft (``sampled_expand``)."""
+    if sampling is None:
+        return drafter.expand(tree, nodes, k)
+    return sampled_expand(drafter, tree, nodes, k, sampling)
+
+
 def sampled_expand(drafter: "Drafter", tree: "DraftTree", nodes: torch.Tensor, k: int,
                    sampling: DraftSampling) -> "Proposals":
     """``drafter.expand`` for builders that sample: up to k children per node drawn without

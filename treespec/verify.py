@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from treespec.sampling import sample_rows, uniform
+from treespec.sampling import RULES, sample_rows, uniform
 from treespec.tree import TreeTensors
 
 if TYPE_CHECKING:
@@ -112,8 +112,8 @@ def verify_batch(
     first child that passes its test is accepted: a node accepts at most one child, so the accepted
     nodes form one root path.
     """
-    if rule not in ("auto", "specinfer", "deterministic", "target-only"):
-        raise ValueError(f"unknown verification rule {rule!r}; rules: auto, specinfer, deterministic, target-only")
+    if rule not in RULES:
+        raise ValueError(f"unknown verification rule {rule!r}; rules: {', '.join(RULES)}")
     dev = probs.device
     B, N, V = probs.shape
     parents = tt.parents.to(dev)
