@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
+from treespec.code_prompts import write_prompts
 from treespec.errors import ConfigError
 
 EOT, PAD = "<|endoftext|>", "<|pad|>"
@@ -216,6 +217,8 @@ def prepare(held_out: float, max_files: int | None, vocab_size: int, context: in
         meta_file.write_text(json.dumps(meta, indent=2) + "\n")
         log(f"tokenizer: {vocab_size} tokens; {train.size:,} train tokens "
             f"({facts['train_bytes'] / max(1, train.size):.2f} bytes/token), {held.size:,} held-out tokens → {out}")
+    for split, files in (("train", corpus.train), ("held-out", corpus.held_out)):  # cheap: always rewritten
+        write_prompts([(f.rel, f.text) for f in files], out / f"code-prompts-{split}.jsonl", limit=3000)
     if held.size < 2 or train.size < 2:
         raise ConfigError(f"the token streams are too short ({train.size} train, {held.size} held out); raise --max-files")
     return PairData(tokenizer=tokenizer, train=train, held_out=held, facts=meta["facts"])
