@@ -13,6 +13,7 @@ import typer
 from treespec.cli import fail as _fail
 
 from treespec.errors import TreespecError
+from treespec.models import DEFAULT_TARGET
 
 app = typer.Typer(
     help="Lossless speculative decoding with draft trees.",
@@ -36,36 +37,32 @@ Examples:
 """
 
 
-# Until treespec ships its own model pair (issue 7), the default pair is the real stories260K model
-# from ../shared (relative to the working directory or to this checkout) with its first 4 layers as draft.
-DEFAULT_TARGET = "../shared/models/stories260K"
-DEFAULT_DRAFT_LAYERS = 4
+# The default pair is treespec's own (docs/default-pair.md), shipped in the package: the target
+# treespec-py drafted by its EAGLE head, with the node budget that was fastest for it on this 2-core
+# CPU (docs/benchmarks.md, "humaneval-default-pair"; a tree of n nodes is far from free on a CPU).
+DEFAULT_DRAFTER = "eagle"
+DEFAULT_BUILDER_OPTIONS = {"opt-tree": {"nodes": "6"}, "eagle2": {"top_k": "4", "depth": "6", "total_tokens": "8"}}
+DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
 
 
-def _default_target() -> str:
-    here = Path(DEFAULT_TARGET)
-    if here.is_dir():
-        return DEFAULT_TARGET
-    checkout = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "stories260K"
-    return str(checkout) if checkout.is_dir() else DEFAULT_TARGET
-
-
-def _default_pair(target: str | None, drafter: str | None, d_opts: dict[str, str]) -> tuple[str, str | None]:
-    """No --target: the default target, and, with no --drafter either, its first layers as the draft."""
+def _default_pair(
+    target: str | None, drafter: str | None, builder: str | None = None, b_opts: dict[str, str] | None = None
+) -> tuple[str, str | None]:
+    """No --target: treespec's own target, with no --drafter the default drafter, and for its builders
+    the measured budget unless -B sets one."""
     if target is None:
-        target = _default_target()
-        if drafter is None:
-            drafter = target
-            d_opts.setdefault("layers", str(DEFAULT_DRAFT_LAYERS))
+        target = DEFAULT_TARGET
+        drafter = drafter or DEFAULT_DRAFTER
+        if b_opts is not None:
+            for key, value in DEFAULT_BUILDER_OPTIONS.get(builder or "", {}).items():
+                b_opts.setdefault(key, value)
     return target, drafter
-
-
 
 
 @app.command(epilog=EPILOG)
 def run(
     target: Annotated[Optional[str], typer.Option(help=f"target model: hub id, alias or local directory [default: {DEFAULT_TARGET}]", show_default=False)] = None,
-    drafter: Annotated[Optional[str], typer.Option(help=f"drafter name, or a draft model (alias, hub id, directory); a+b composes drafters, e.g. self+ngram with -D ngram.max_ngram=4 [default with the default target: its first {DEFAULT_DRAFT_LAYERS} layers]", show_default=False)] = None,
+    drafter: Annotated[Optional[str], typer.Option(help=f"drafter name, or a draft model (alias, hub id, directory); a+b composes drafters, e.g. self+ngram with -D ngram.max_ngram=4 [default with the default target: its EAGLE head, and -B nodes=6 for opt-tree]", show_default=False)] = None,
     builder: Annotated[str, typer.Option(help="tree builder name (see `treespec plugins`)")] = "opt-tree",
     builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=OPTION_HELP)] = None,
     drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=OPTION_HELP)] = None,
@@ -81,6 +78,7 @@ def run(
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ... (default: cpu)")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 (default: float32 on CPU)")] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="let the target run its own code from the hub (the draft: -D trust_remote_code=true)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
 ) -> None:
     """Generate from a prompt with tree speculative decoding; prints the text and one line of statistics."""
@@ -96,8 +94,8 @@ def run(
                 _fail(f"--prompt-file {prompt_file}: no such file")
             text = prompt_file.read_text()
         else:
-            text = prompt if prompt is not None else "Once upon a time"
-        target, drafter = _default_pair(target, drafter, d_opts)
+            text = prompt if prompt is not None else DEFAULT_PROMPT
+        target, drafter = _default_pair(target, drafter, builder, b_opts)
         if drafter is None:
             _fail("no drafter: pass --drafter NAME, a draft model (alias, hub id or directory), or -D model=PATH")
         if drafter == "model" and "model" not in d_opts:
@@ -112,7 +110,7 @@ def run(
             if threads <= 0:
                 _fail(f"--threads must be > 0, got {threads}")
             torch.set_num_threads(threads)
-        dec = Decoder(target, drafter, builder, d_opts, b_opts, device=device, dtype=dtype)
+        dec = Decoder(target, drafter, builder, d_opts, b_opts, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     except TreespecError as exc:
         _fail(str(exc))
 
@@ -165,24 +163,24 @@ def run(
 BENCH_EPILOG = """\
 Examples:
 
-  treespec bench --dataset tinystories --limit 40 --drafter "../shared/models/stories260K layers=3,4" --builder "opt-tree nodes=10,25,60" --builder "chain k=4,8" --threads 1 --out docs/bench/tinystories --report docs/benchmarks.md
+  treespec bench --dataset tinystories --limit 40 --target ../shared/models/stories260K --drafter "../shared/models/stories260K layers=3,4" --builder "opt-tree nodes=10,25,60" --builder "chain k=4,8" --threads 1 --out docs/bench/tinystories --report docs/benchmarks.md
 
-  treespec bench --dataset spec-bench --category summarization --limit 10 --out bench/summarization
+  treespec bench --limit 10 --out bench/humaneval     # the default pair on HumanEval
 
-  treespec bench-report docs/bench/tinystories bench/summarization --out docs/benchmarks.md
+  treespec bench-report docs/bench/tinystories bench/humaneval --out docs/benchmarks.md
 """
 
 
 @app.command(epilog=BENCH_EPILOG)
 def bench(
-    dataset: Annotated[str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")] = "tinystories",
+    dataset: Annotated[str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")] = "humaneval",
     limit: Annotated[Optional[int], typer.Option(help="use the first N prompts (conversations for mt-bench)")] = 10,
     category: Annotated[Optional[str], typer.Option(help="only this category (mt-bench, spec-bench)")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]", show_default=False)] = None,
     max_new_tokens: Annotated[int, typer.Option(help="new tokens per prompt")] = 128,
     target: Annotated[Optional[str], typer.Option(help=f"target model [default: {DEFAULT_TARGET}]", show_default=False)] = None,
-    drafter: Annotated[Optional[list[str]], typer.Option(help='drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep)')] = None,
-    builder: Annotated[Optional[list[str]], typer.Option(help='builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4]', show_default=False)] = None,
+    drafter: Annotated[Optional[list[str]], typer.Option(help='drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep) [default with the default target: treespec-py-draft, eagle]', show_default=False)] = None,
+    builder: Annotated[Optional[list[str]], typer.Option(help='builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4; with the default target: opt-tree nodes=6, chain k=8]', show_default=False)] = None,
     baseline: Annotated[Optional[list[str]], typer.Option(help='Hugging Face baselines besides hf-greedy: "hf-assisted [num_assistant_tokens=..] [num_assistant_tokens_schedule=..] [assistant_confidence_threshold=..]", "hf-lookup [prompt_lookup_num_tokens=..]"; "none" for none [default: hf-assisted with its defaults, hf-assisted at each chain k (constant, no confidence stop), hf-lookup]', show_default=False)] = None,
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 = sampling in every row (treespec exact speculative sampling, Hugging Face generate(do_sample=True)); outputs are then not compared token for token")] = 0.0,
     top_p: Annotated[float, typer.Option(help="nucleus sampling threshold when --temperature > 0 (1 = off)")] = 1.0,
@@ -214,9 +212,10 @@ def bench(
         items = load_prompts(dataset, data_dir, limit, category)
     except TreespecError as exc:
         _fail(str(exc))
-    if target is None:
-        target = _default_target()
-        drafter = drafter or [f"{target} layers={DEFAULT_DRAFT_LAYERS}"]
+    if target is None:  # the default pair: its draft model and its EAGLE head, at their measured budgets
+        target = DEFAULT_TARGET
+        drafter = drafter or ["treespec-py-draft", DEFAULT_DRAFTER]
+        builder = builder or ["opt-tree nodes=6", "chain k=8"]
     if not drafter:
         _fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
     builder = builder or ["opt-tree", "chain k=4"]
@@ -332,14 +331,14 @@ def tree_presets() -> None:
     typer.echo("also: chain-K (a chain of K), kary-K-D (K children per node, depth D), a JSON list of rank paths, or a JSON file")
 
 
-@tree_app.command("show", epilog="Example:\n\n  treespec tree show --builder opt-tree -B nodes=25 --prompt \"Once upon a time\" --png tree.png")
+@tree_app.command("show", epilog="Example:\n\n  treespec tree show --builder opt-tree -B nodes=25 --png tree.png")
 def tree_show(
     builder: Annotated[str, typer.Option(help="tree builder name")] = "opt-tree",
     builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=OPTION_HELP)] = None,
     target: Annotated[Optional[str], typer.Option(help=f"target model [default: {DEFAULT_TARGET}]", show_default=False)] = None,
-    drafter: Annotated[Optional[str], typer.Option(help="drafter name or draft model [default with the default target: its first 4 layers]", show_default=False)] = None,
+    drafter: Annotated[Optional[str], typer.Option(help=f"drafter name or draft model [default with the default target: {DEFAULT_DRAFTER}]", show_default=False)] = None,
     drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=OPTION_HELP)] = None,
-    prompt: Annotated[str, typer.Option(help="prompt text")] = "Once upon a time, there was a little dog",
+    prompt: Annotated[str, typer.Option(help="prompt text [default: a Python class opening]", show_default=False)] = DEFAULT_PROMPT,
     dot: Annotated[Optional[Path], typer.Option(help="also write the tree as Graphviz DOT")] = None,
     png: Annotated[Optional[Path], typer.Option(help="also draw the tree to a PNG (matplotlib)")] = None,
     max_nodes: Annotated[int, typer.Option(help="show at most this many nodes in the terminal")] = 200,
@@ -351,7 +350,7 @@ def tree_show(
     try:
         b_opts = parse_pairs(builder_option, "builder")
         d_opts = parse_pairs(drafter_option, "drafter")
-        target, drafter = _default_pair(target, drafter, d_opts)
+        target, drafter = _default_pair(target, drafter, builder, b_opts)
         if drafter is None:
             _fail("no drafter: pass --drafter NAME or a draft model")
         from rich.console import Console

@@ -20,7 +20,7 @@ Examples:
 
   treespec datastore build ../shared/prompts/tinystories_val.txt --target ../shared/models/stories260K
 
-  treespec run --drafter datastore -D corpus=../shared/prompts/tinystories_val.txt --builder opt-tree -B nodes=25
+  treespec run --target ../shared/models/stories260K --drafter datastore -D corpus=../shared/prompts/tinystories_val.txt --builder opt-tree -B nodes=25
 """
 
 datastore_app = typer.Typer(help="Corpora indexed for the `datastore` drafter.", no_args_is_help=True, rich_markup_mode=None)
@@ -31,19 +31,19 @@ datastore_app = typer.Typer(help="Corpora indexed for the `datastore` drafter.",
 @datastore_app.command("build", epilog=EPILOG)
 def build(
     corpus: Annotated[Path, typer.Argument(help=".txt (documents separated by blank lines), .jsonl or .jsonl.gz (a 'text' field or a 'turns' list)")],
-    target: Annotated[Optional[str], typer.Option(help="the target model whose tokenizer the index uses [default: ../shared/models/stories260K]", show_default=False)] = None,
+    target: Annotated[Optional[str], typer.Option(help="the target model whose tokenizer the index uses [default: treespec-py]", show_default=False)] = None,
     out: Annotated[Optional[Path], typer.Option(help="write the index here (use it with -D corpus=PATH) [default: the cache, where -D corpus=CORPUS finds it]", show_default=False)] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="the cache folder [default: $XDG_CACHE_HOME/treespec/datastore or ~/.cache/treespec/datastore]", show_default=False)] = None,
 ) -> None:
     """Tokenise and index a corpus (a suffix array), then print: tokens, documents, seconds, path."""
-    from treespec.cli.app import _default_target
+    from treespec.models import DEFAULT_TARGET
     from treespec.models import load_tokenizer
     from treespec.plugins.datastore_index import Index, cache_path
 
     if not corpus.is_file():
         _fail(f"corpus {str(corpus)!r} not found; pass an existing .txt, .jsonl or .jsonl.gz file")
     try:
-        tokenizer = load_tokenizer(target or _default_target())
+        tokenizer = load_tokenizer(target or DEFAULT_TARGET)
         index = Index.build(corpus, tokenizer)
         path = index.save(out if out is not None else cache_path(corpus, tokenizer, cache_dir))
     except TreespecError as exc:

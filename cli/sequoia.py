@@ -21,19 +21,18 @@ Examples:
 
   treespec sequoia-measure --target ../shared/models/stories260K --drafter ../shared/models/stories260K --layers 4 --dataset tinystories --limit 20 --out acceptance-l4.json
 
-  treespec run --builder sequoia -B nodes=40 -B acceptance=acceptance-l4.json --drafter ../shared/models/stories260K -D layers=4
+  treespec run --target ../shared/models/stories260K --builder sequoia -B nodes=40 -B acceptance=acceptance-l4.json --drafter ../shared/models/stories260K -D layers=4
 """
 
-DEFAULT_DRAFT_LAYERS = 4  # with the default target, as `treespec run`
 
 
 
 
 def sequoia_measure(
-    target: Annotated[Optional[str], typer.Option(help="target model: hub id, alias or local directory [default: ../shared/models/stories260K]", show_default=False)] = None,
-    drafter: Annotated[Optional[str], typer.Option(help="draft model: alias, hub id or local directory [default with the default target: the target itself, with --layers 4]", show_default=False)] = None,
+    target: Annotated[Optional[str], typer.Option(help="target model: hub id, alias or local directory [default: treespec-py]", show_default=False)] = None,
+    drafter: Annotated[Optional[str], typer.Option(help="draft model: alias, hub id or local directory [default with the default target: treespec-py-draft]", show_default=False)] = None,
     layers: Annotated[Optional[int], typer.Option(help="keep only the draft model's first k decoder layers")] = None,
-    dataset: Annotated[str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")] = "tinystories",
+    dataset: Annotated[str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")] = "humaneval",
     limit: Annotated[Optional[int], typer.Option(help="use N prompts (first turns only)")] = 20,
     skip: Annotated[int, typer.Option(help="skip the first S prompts (measure on prompts a benchmark does not use)")] = 0,
     category: Annotated[Optional[str], typer.Option(help="only this category (mt-bench, spec-bench)")] = None,
@@ -57,12 +56,10 @@ def sequoia_measure(
     if threads is not None and threads <= 0:
         _fail(f"--threads must be > 0, got {threads}")
     if target is None:
-        from treespec.cli.app import _default_target
+        from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
-        target = _default_target()
-        if drafter is None:
-            drafter = target
-            layers = layers if layers is not None else DEFAULT_DRAFT_LAYERS
+        target = DEFAULT_TARGET
+        drafter = drafter or DEFAULT_DRAFT
     if drafter is None:
         _fail("no draft model: pass --drafter MODEL (alias, hub id or directory), and --layers K for its first K layers")
 

@@ -32,8 +32,8 @@ train_app = typer.Typer(help="train drafters for a target", no_args_is_help=True
 @train_app.command(epilog=EPILOG)
 def eagle(
     out: Annotated[str, typer.Option(help="directory for the head (config.json + model.safetensors), checkpoints and data")],
-    target: Annotated[Optional[str], typer.Option(help="target model: local directory, alias or hub id [default: ../shared/models/stories260K]", show_default=False)] = None,
-    data: Annotated[str, typer.Option(help="prompts: mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")] = "tinystories",
+    data: Annotated[str, typer.Option(help="prompts from the target's own domain: mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")],
+    target: Annotated[Optional[str], typer.Option(help="target model: local directory, alias or hub id [default: treespec-py]", show_default=False)] = None,
     offset: Annotated[int, typer.Option(help="skip the first N prompts (keep benchmark prompts out of training)")] = 0,
     limit: Annotated[int, typer.Option(help="prompts used, held-out ones included")] = 2000,
     holdout: Annotated[float, typer.Option(help="fraction of the prompts held out for the agreement summary")] = 0.1,
@@ -50,7 +50,7 @@ def eagle(
     import torch
 
     from treespec.cli import TrainingProgress
-    from treespec.cli.app import _default_target
+    from treespec.models import DEFAULT_TARGET
     from treespec.plugins.eagle_train import TrainSettings, train
 
     if threads:
@@ -59,7 +59,7 @@ def eagle(
         if value <= 0:
             _fail(f"{name} must be > 0, got {value}")
     settings = TrainSettings(
-        target=target or _default_target(), data=data, out=out, offset=offset, limit=limit, holdout=holdout,
+        target=target or DEFAULT_TARGET, data=data, out=out, offset=offset, limit=limit, holdout=holdout,
         max_new_tokens=max_new_tokens, layers=layers, epochs=epochs, batch_size=batch_size, lr=lr, noise=noise, seed=seed,
     )
     with TrainingProgress() as (progress, log):

@@ -9,6 +9,12 @@ from pydantic import Field, field_validator
 from treespec.config import PluginConfig
 
 
+LEAN_HELP = (
+    "run Llama/Mistral/Qwen2 drafts through treespec.lean (same weights, without the framework's per-call "
+    "overhead); false, or another architecture: the model's own forward"
+)
+
+
 def sample_field() -> Any:
     """The ``sample`` option of the builders that can draw children at random (chain, static, sequoia)."""
     return Field(
@@ -34,6 +40,7 @@ class ModelDrafterConfig(PluginConfig):
     layers: int | None = Field(None, gt=0, description="keep only the model's first k decoder layers")
     attn_implementation: str | None = Field(None, description="eager | sdpa | ... (default: the model's)")
     trust_remote_code: bool = Field(False, description="allow the model's own code from the hub")
+    lean: bool = Field(True, description=LEAN_HELP)
 
 
 class StaticConfig(PluginConfig):
@@ -85,6 +92,7 @@ class SelfDrafterConfig(PluginConfig):
     layers: int = Field(
         2, gt=0, description="draft with the target's own first k decoder layers (fewer than the target has)"
     )
+    lean: bool = Field(True, description=LEAN_HELP)
 
 
 def _split_list(value: Any, seps: str) -> Any:
@@ -130,8 +138,17 @@ class ComposeConfig(PluginConfig):
 
 
 class EagleConfig(PluginConfig):
-    head: str = Field(
+    head: str | None = Field(
+        None,
         description="the EAGLE-1/2 head: a local directory (config.json + model.safetensors or pytorch_model.bin), "
-        "or a hub id such as yuhuili/EAGLE-llama2-chat-7B; train one with `treespec train eagle`"
+        "or a hub id such as yuhuili/EAGLE-llama2-chat-7B; train one with `treespec train eagle` "
+        "[default: treespec-py-eagle for treespec's own target treespec-py, else required]",
     )
-    attn_implementation: str | None = Field(None, description="eager | sdpa (default: sdpa)")
+    attn_implementation: str | None = Field(None, description="eager | sdpa (default: sdpa; for lean=false)")
+    lean: bool = Field(True, description="run the head through treespec.lean (same math, without per-module overhead)")
+    temperature: float | None = Field(
+        None,
+        gt=0,
+        description="the head's q = softmax(logits / T), which shapes trees (never what is accepted) "
+        "[default: the calibration temperature stored with the head by `treespec train eagle`, else 1]",
+    )

@@ -18,9 +18,12 @@ prediction — exactly what a fresh prefill of the committed sequence would hold
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import DynamicCache
 
+from treespec.errors import ConfigError
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
 from treespec.plugins.configs import EagleConfig
 from treespec.plugins.eagle_head import load_head, target_dims
@@ -35,6 +38,19 @@ def causal_mask(past: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(n, past + n, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
 
 
+def default_head(target: TargetModel) -> str:
+    """The packaged head for the packaged target; any other target needs ``head=``."""
+    from treespec.models import PACKAGED_MODELS, resolve_name
+
+    own = PACKAGED_MODELS["treespec-py"].resolve()
+    if target.name and Path(resolve_name(target.name)).expanduser().resolve() == own:
+        return "treespec-py-eagle"
+    raise ConfigError(
+        f"drafter 'eagle' needs a head trained for target {target.name!r}: pass -D head=DIR-or-HUB-ID "
+        "(make one with `treespec train eagle --target ...`)"
+    )
+
+
 class EagleDrafter(Drafter):
     Config = EagleConfig
     config: EagleConfig
@@ -45,13 +61,18 @@ class EagleDrafter(Drafter):
         super().__init__(config, target)
         hidden, vocab = target_dims(target.config)
         vocab = min(vocab, target.vocab_size)
-        self.head, self.meta = load_head(config.head, hidden, vocab, target_name=f"target {target.name!r}")
+        head = config.head or default_head(target)
+        self.head, self.meta = load_head(head, hidden, vocab, target_name=f"target {target.name!r}")
         if config.attn_implementation:
             self.head.config._attn_implementation = config.attn_implementation
         self.head.to(device=target.device, dtype=target.dtype)
+        # the head's forward: treespec.lean unless switched off (same math, less per-call overhead)
+        self.forward = self.head.lean() if config.lean else self.head
         self.embed = target.model.get_input_embeddings()  # shared with the target: no copy
         self.lm_head = target.model.get_output_embeddings()
         self.vocab = vocab
+        # greedy acceptance calibration (eagle_train.fit_temperature): q = softmax(logits / T)
+        self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
         self.cache: DynamicCache | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -89,7 +110,7 @@ class EagleDrafter(Drafter):
         for depth in tree.depths[new].unique().tolist():  # one forward per level: a child needs f̂_parent
             self._feed_tree(tree, new[tree.depths[new] == depth])
         feats = torch.stack([self.feature[int(n)] for n in nodes])  # [M, H]
-        probs = torch.softmax(self.lm_head(feats)[:, : self.vocab].float(), dim=-1)  # [M, V]
+        probs = self._q(feats)  # [M, V]
         q, tokens = probs.topk(k, dim=-1)  # [M, k]
         return Proposals(tokens=tokens.cpu(), q=q.cpu())
 
@@ -101,8 +122,12 @@ class EagleDrafter(Drafter):
         have = [i for i, n in enumerate(nodes.tolist()) if tree is self.tree and n in self.feature]
         if have:
             feats = torch.stack([self.feature[int(nodes[i])] for i in have])  # [M', H]
-            out[have] = torch.softmax(self.lm_head(feats)[:, : self.vocab].float(), dim=-1)
+            out[have] = self._q(feats)
         return out
+
+    def _q(self, feats: torch.Tensor) -> torch.Tensor:
+        """The draft distribution [M, V] from predicted features [M, H]."""
+        return torch.softmax(self.lm_head(feats)[:, : self.vocab].float() / self.temperature, dim=-1)
 
     @torch.inference_mode()
     def commit(self, commit: Commit) -> None:
@@ -117,7 +142,7 @@ class EagleDrafter(Drafter):
     def _feed_committed(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Append stable items (features[i], next_tokens[i]) at positions stable, stable+1, ..."""
         n, dev, dtype = int(next_tokens.shape[0]), self.target.device, self.target.dtype
-        out = self.head(
+        out = self.forward(
             features.to(dev, dtype)[None],  # [1, n, H]
             self.embed(next_tokens.to(dev))[None],  # [1, n, H]
             torch.arange(self.stable, self.stable + n, device=dev)[None],  # [1, n]
@@ -137,7 +162,7 @@ class EagleDrafter(Drafter):
         mask[:, : self.stable] = 0.0  # the whole committed sequence
         mask[:, self.stable :].masked_fill_(tree.ancestors[level][:, row_nodes], 0.0)  # own ancestors and self
         pos = self.stable - 1 + tree.depths[level]  # [F]
-        out = self.head(
+        out = self.forward(
             feats[None],  # [1, F, H]
             self.embed(tree.tokens[level].to(dev))[None],  # [1, F, H]
             pos.to(dev)[None],  # [1, F]

@@ -95,6 +95,10 @@ class EagleHead(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x
 
+    def lean(self) -> "LeanEagleHead":
+        """The same forward for inference, through ``treespec.lean`` (fused weights, no module calls)."""
+        return LeanEagleHead(self)
+
     # ------------------------------------------------------------------ files
     def save(self, out: str | Path, extra: dict[str, Any] | None = None) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the published layout."""
@@ -110,6 +114,25 @@ class EagleHead(nn.Module):
         (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if not k.startswith("rotary.")}
         save_file(state, str(out / "model.safetensors"))
+
+
+class LeanEagleHead:
+    """``EagleHead.forward`` for inference without per-module overhead; same arguments, same result."""
+
+    def __init__(self, head: EagleHead):
+        from treespec.lean import lean_layers, layer_shape
+
+        self.head = head
+        self.layers = lean_layers(head.layers)
+        self.shape = layer_shape(head.layers, head.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def __call__(self, features, embeds, position_ids, mask, cache=None) -> torch.Tensor:
+        from treespec.lean import run_layers
+
+        x = torch.nn.functional.linear(torch.cat([embeds, features], dim=-1), self.head.fc.weight, self.head.fc.bias)
+        pos = self.head.rotary(x, position_ids)  # (cos, sin) [B, T, D]
+        return run_layers(x, self.layers, pos, mask, cache, self.shape, skip_first_norm=True)  # [B, T, H]
 
 
 def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target") -> tuple[EagleHead, dict[str, Any]]:

@@ -175,6 +175,60 @@ def evaluate(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s:
     return {k: v / max(n, 1) for k, v in total.items()} | {"positions": n}
 
 
+@torch.no_grad()
+def held_out_logits(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings,
+                    max_positions: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's logits [n, V] at generated positions and the target's greedy token there [n]."""
+    head.eval()
+    zs, ys, n = [], [], 0
+    for b0 in range(0, len(seqs), s.batch_size):
+        ids, feats, valid, gen = _batch(seqs[b0 : b0 + s.batch_size])
+        t = ids.shape[1]
+        pred = head(feats[:, :-1], embed(ids[:, 1:]), torch.arange(t - 1)[None].expand(ids.shape[0], -1),
+                    causal_mask(0, t - 1, feats.dtype)[None, None])  # [B, T-1, H]
+        keep = gen & valid
+        zs.append(lm_head(pred[keep]).float())  # [n, V]
+        ys.append(lm_head(feats[:, 1:][keep]).argmax(-1))  # [n] the target's greedy token
+        n += int(keep.sum())
+        if n >= max_positions:
+            break
+    return torch.cat(zs)[:max_positions], torch.cat(ys)[:max_positions]
+
+
+@torch.no_grad()
+def fit_temperature(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings,
+                    max_positions: int = 8192) -> float:
+    """The temperature T that calibrates the head's confidence to greedy acceptance.
+
+    Under greedy verification a drafted token x is kept iff x is the target's argmax, so the
+    probability a tree builder should see is P(argmax = x). A head that regresses features predicts
+    their conditional mean, whose logits are shrunk: its top-1 is right 90% of the time with q far
+    below 0.9, and E(A) = Σ p̂ stops trees after a level or two. T minimises the negative log-likelihood
+    of the target's greedy token under softmax(logits / T) on held-out generated positions (a proper
+    score, so the fitted q matches the observed acceptance); the NLL is convex in β = 1/T, so a
+    golden-section search on log β finds it.
+    """
+    z, y = held_out_logits(head, embed, lm_head, seqs, s, max_positions)
+
+    def nll(log_beta: float) -> float:
+        return float(F.cross_entropy(z * math.exp(log_beta), y))
+
+    lo, hi = math.log(0.05), math.log(50.0)
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = nll(a), nll(b)
+    for _ in range(40):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = nll(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = nll(b)
+    return 1.0 / math.exp((lo + hi) / 2)
+
+
 # ---------------------------------------------------------------------- the loop
 def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
     """What must match to resume: every setting but where the files are (``out`` may be spelt differently)."""
@@ -265,10 +319,13 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
                      "history": history}, ckpt_file)
 
     final = history[-1]["held_out"] if history else before
+    temperature = fit_temperature(head, embed, lm_head, held, s)
+    log(f"calibration temperature {temperature:.3f} (the head's q for tree builders: softmax(logits / T))")
     summary = {"settings": asdict(s), "train_sequences": len(train_set), "held_out_sequences": len(held),
                "held_out_positions": final.get("positions"), "top1_before": before["top1"],
                "top1": final["top1"], "held_out_loss": final["loss"], "history": history,
-               "parameters": sum(p.numel() for p in head.parameters())}
-    head.save(out, extra={"target": s.target, "top1_held_out": final["top1"], "trained_with": "treespec train eagle"})
+               "calibration_temperature": temperature, "parameters": sum(p.numel() for p in head.parameters())}
+    head.save(out, extra={"target": s.target, "top1_held_out": final["top1"], "calibration_temperature": temperature,
+                          "trained_with": "treespec train eagle"})
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

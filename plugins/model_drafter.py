@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.lean import LeanCausalLM, lean_reason
 from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from treespec.plugins.configs import ModelDrafterConfig
 from treespec.target import TargetModel, crop_cache, keep_rows, window_mask
@@ -41,10 +42,15 @@ class ModelDrafter(Drafter):
             attn_implementation=config.attn_implementation,
             trust_remote_code=config.trust_remote_code,
         )
-        self.vocab = min(target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
+        self._setup()
+
+    def _setup(self) -> None:
+        self.vocab = min(self.target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
         facts = TargetModel(self.model)
         self.max_positions, self.window = facts.max_positions, facts.window
         self.cache: DynamicCache | None = None
+        # the draft's forward: treespec.lean where the architecture allows (same math, less overhead)
+        self.forward = LeanCausalLM(self.model) if self.config.lean and lean_reason(self.model) is None else self.model
 
     # ------------------------------------------------------------------ lifecycle
     def prefill(self, context: PrefillContext) -> None:
@@ -118,7 +124,7 @@ class ModelDrafter(Drafter):
         kv_pos = torch.cat([torch.arange(self.root_pos), self.root_pos + tree.depths[row_nodes]])  # [cols]
         mask = window_mask(mask, pos, kv_pos, self.window)
         dev = self.model.device
-        out = self.model(
+        out = self.forward(
             input_ids=ids[None].to(dev),
             position_ids=pos[None].to(dev),
             attention_mask=mask[None, None].to(dev),  # [1, 1, P+F, cols]

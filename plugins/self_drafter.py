@@ -91,7 +91,4 @@ class SelfDrafter(ModelDrafter):
         self.config = config
         self.target = target
         self.model = shallow_model(target.model, config.layers).eval()
-        self.vocab = min(target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
-        facts = TargetModel(self.model)
-        self.max_positions, self.window = facts.max_positions, facts.window
-        self.cache = None
+        self._setup()

@@ -36,8 +36,8 @@ def trained_head() -> tuple[Path, dict]:
     return out, json.loads((out / "training.json").read_text())
 
 
-def drafter(target, head: Path) -> EagleDrafter:
-    return EagleDrafter(EagleConfig(head=str(head)), target)
+def drafter(target, head: Path, lean: bool = True) -> EagleDrafter:
+    return EagleDrafter(EagleConfig(head=str(head), lean=lean), target)
 
 
 # ---------------------------------------------------------------------- the head's state
@@ -55,11 +55,13 @@ def reference_probs(d: EagleDrafter, target, committed: list[int], path: list[in
             out = d.head(torch.stack(feats)[None], d.embed(torch.tensor([toks[:n]])), torch.arange(n)[None],
                          mask[None, None])[0]  # [n, H]
             feats.append(out[-1])  # f̂ at the newest token
-        return torch.softmax(d.lm_head(feats[-1]).float(), dim=-1)
+        return torch.softmax(d.lm_head(feats[-1]).float() / d.temperature, dim=-1)
 
 
-def test_drafts_equal_a_cache_free_run_across_steps_and_out_of_order_expansion(target64, trained_head):
-    d = drafter(target64, trained_head[0])
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "module-forward"])
+def test_drafts_equal_a_cache_free_run_across_steps_and_out_of_order_expansion(target64, trained_head, lean):
+    d = drafter(target64, trained_head[0], lean)
+    assert (d.forward is d.head) != lean  # the reference below always runs the head's own modules
     target = target64
     prompt = target.tokenizer(tinystories_prompts(1)[0]).input_ids
     committed = list(prompt)
@@ -200,7 +202,7 @@ def test_cli_trains_then_runs_the_head(tmp_path):
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     exe = [sys.executable, "-m", "treespec.cli.app"]
     out = tmp_path / "head"
-    r = subprocess.run(exe + ["train", "eagle", "--target", str(STORIES260K), "--offset", "300", "--limit", "40",
+    r = subprocess.run(exe + ["train", "eagle", "--target", str(STORIES260K), "--data", "tinystories", "--offset", "300", "--limit", "40",
                               "--epochs", "1", "--max-new-tokens", "32", "--out", str(out)],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
@@ -210,3 +212,45 @@ def test_cli_trains_then_runs_the_head(tmp_path):
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert "16 tokens in" in r.stderr and "τ" in r.stderr  # statistics go to stderr, text to stdout
+
+
+def test_without_head_another_target_gets_one_line(target64):
+    with pytest.raises(ConfigError) as err:
+        treespec.Decoder(target64, drafter="eagle", builder="opt-tree")
+    msg = str(err.value)
+    assert "\n" not in msg and "needs a head trained for target" in msg and "-D head=" in msg
+
+
+def test_calibration_temperature_matches_confidence_to_greedy_acceptance(trained_head):
+    """The fitted T is the NLL minimum of the target's greedy token on held-out positions, and at T the
+    head's mean top-1 probability is close to its top-1 agreement (calibrated); the drafter uses it."""
+    import math
+
+    import torch.nn.functional as F
+
+    from treespec.plugins.eagle_head import load_head
+    from treespec.plugins.eagle_train import held_out_logits
+
+    out, summary = trained_head
+    t_fit = summary["calibration_temperature"]
+    meta = json.loads((out / "config.json").read_text())["treespec"]
+    assert meta["calibration_temperature"] == t_fit
+    s = EAGLE_TEST_SETTINGS(out)
+    target = treespec.TargetModel.load(s.target)
+    emb, head_out = target.model.get_input_embeddings(), target.model.get_output_embeddings()
+    head, _ = load_head(str(out), target.config.hidden_size, target.vocab_size)
+    seqs = torch.load(out / "data.pt", weights_only=False)["seqs"]
+    held = seqs[: max(1, round(len(seqs) * s.holdout))]
+    z, y = held_out_logits(head, emb, head_out, held, s)
+
+    def nll(t: float) -> float:
+        return float(F.cross_entropy(z / t, y))
+
+    assert all(nll(t_fit) <= nll(t) + 1e-6 for t in (1.0, t_fit * 0.8, t_fit * 1.25))
+    agreement = float((z.argmax(-1) == y).float().mean())
+    confidence = float(torch.softmax(z / t_fit, -1).max(-1).values.mean())
+    assert abs(confidence - agreement) < 0.05, (confidence, agreement, t_fit)
+    assert not math.isclose(t_fit, 1.0)
+    d = EagleDrafter(EagleConfig(head=str(out)), target)
+    assert d.temperature == t_fit
+    assert EagleDrafter(EagleConfig(head=str(out), temperature=0.5), target).temperature == 0.5

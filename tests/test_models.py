@@ -57,3 +57,42 @@ def test_drafter_flag_reads_models_as_the_model_drafter():
     assert resolve_drafter_name("model", {"model": "x"}) == ("model", {"model": "x"})
     with pytest.raises(treespec.ConfigError, match="did you mean"):
         resolve_drafter_name("lama-68m", {})
+
+
+def test_treespec_own_aliases_are_package_folders():
+    for alias in ("treespec-py", "treespec-py-draft", "treespec-py-eagle"):
+        folder = models.PACKAGED_MODELS[alias]
+        assert models.resolve_name(alias) == str(folder) and (folder / "config.json").is_file()
+        assert folder.is_relative_to(os.path.dirname(treespec.__file__))
+    assert models.looks_like_model("treespec-py-draft")
+    assert models.DEFAULT_TARGET == "treespec-py"
+
+
+def _custom_code_model(path):
+    """A local model whose config maps AutoModelForCausalLM to its own Python file."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2)).save_pretrained(path)
+    (path / "configuration_custom.py").write_text(
+        "from transformers import LlamaConfig\nclass CustomConfig(LlamaConfig):\n    model_type = 'custom-llama'\n")
+    (path / "modeling_custom.py").write_text(
+        "from transformers import LlamaForCausalLM\nfrom .configuration_custom import CustomConfig\n"
+        "class CustomForCausalLM(LlamaForCausalLM):\n    config_class = CustomConfig\n    RAN_CUSTOM_CODE = True\n")
+    config = json.loads((path / "config.json").read_text())
+    config["model_type"] = "custom-llama"
+    config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig",
+                          "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def test_remote_code_runs_only_when_allowed(tmp_path):
+    _custom_code_model(tmp_path / "m")
+    with pytest.raises(treespec.ModelLoadError) as err:
+        models.load_causal_lm(str(tmp_path / "m"))
+    msg = str(err.value)
+    assert "\n" not in msg and "ships its own Python code" in msg and "--trust-remote-code" in msg
+    model = models.load_causal_lm(str(tmp_path / "m"), trust_remote_code=True)
+    assert getattr(model, "RAN_CUSTOM_CODE", False)

@@ -1,5 +1,5 @@
-"""`treespec run --temperature 0.7 --top-p 0.9 --seed 1` for every builder and drafter, and the
-sampling options' errors (the exactness itself: test_sampling_exact.py, test_sampling_stories.py)."""
+"""`treespec run --temperature 0.7 --top-p 0.9 --seed 1` on the default pair (treespec-py) for every
+builder and drafter, and the sampling options' errors (the exactness itself: test_sampling_exact.py, test_sampling_stories.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import REPO, STORIES260K
+from conftest import REPO
 from treespec.cli.app import app
 
 runner = CliRunner()
 SAMPLE = ["--temperature", "0.7", "--top-p", "0.9", "--seed", "1", "--max-new-tokens", "24", "--json",
-          "--prompt", "Once upon a time"]
+          "--prompt", 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n']
 ACCEPTANCE = str(REPO / "docs" / "bench" / "acceptance-s260k-l4.json")
 CASES = [  # (builder, builder options, drafter args): every builder, every drafter, sampled children
     ("opt-tree", [], []),
     ("chain", [], ["--drafter", "self"]),
     ("static", [], ["--drafter", "ngram"]),
-    ("sequoia", ["-B", f"acceptance={ACCEPTANCE}"], ["--drafter", "model", "-D", f"model={STORIES260K}", "-D", "layers=3"]),
+    ("sequoia", ["-B", f"acceptance={ACCEPTANCE}"], ["--drafter", "model", "-D", "model=treespec-py-draft"]),
     ("eagle2", [], []),
     ("chain", ["-B", "sample=true"], []),
     ("static", ["-B", "shape=kary-2-3,sample=true"], ["--drafter", "self"]),
@@ -32,7 +32,8 @@ def test_run_samples_with_every_builder_and_drafter(builder, b_opts, d_args):
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     data = json.loads(first.stdout)
-    assert len(data["token_ids"]) == 24 and data["stats"]["new_tokens"] == 24
+    n = data["stats"]["new_tokens"]
+    assert n == len(data["token_ids"]) and (n == 24 or data["stats"]["stop_reason"] == "eos"), data["stats"]
     again = runner.invoke(app, args)
     assert json.loads(again.stdout)["token_ids"] == data["token_ids"]  # --seed reproduces the run
 

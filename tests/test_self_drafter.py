@@ -58,14 +58,25 @@ def test_unsupported_architecture_is_a_config_error(target64):
         SelfDrafter(SelfDrafter.Config(layers=2), fake)
 
 
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "hf-forward"])
 @pytest.mark.parametrize("k", [2, 4])
-def test_distribution_equals_a_loaded_k_layer_model(target64, k):
+def test_distribution_equals_a_loaded_k_layer_model(target64, k, lean):
     from transformers import AutoModelForCausalLM
 
+    from treespec.lean import LeanCausalLM
+
     ref = AutoModelForCausalLM.from_pretrained(STORIES260K, num_hidden_layers=k, dtype=torch.float64).eval()
-    drafter = SelfDrafter(SelfDrafter.Config(layers=k), target64)
+    drafter = SelfDrafter(SelfDrafter.Config(layers=k, lean=lean), target64)
+    assert isinstance(drafter.forward, LeanCausalLM) == lean
     seen = []  # the shallow model's logits per forward (float64, before ModelDrafter's float32 softmax)
-    hook = drafter.model.register_forward_hook(lambda m, a, kw, out: seen.append(out.logits[0]), with_kwargs=True)
+    forward = drafter.forward
+
+    def spy(**kwargs):
+        out = forward(**kwargs)
+        seen.append(out.logits[0])
+        return out
+
+    drafter.forward = spy
     target_seen = []
     target_hook = target64.model.register_forward_hook(lambda m, a, out: target_seen.append(1))
     try:
@@ -93,7 +104,6 @@ def test_distribution_equals_a_loaded_k_layer_model(target64, k):
             drafter.commit(Commit(tokens=new))
             committed += new
     finally:
-        hook.remove()
         target_hook.remove()
     assert not target_seen  # hooks on the view stay on the view; the target was never run
 

@@ -123,7 +123,7 @@ class Bench:
         self.target = TargetModel.load(target, device=device, dtype=dtype)
         self.target_name = target
         self.configs: list[Config] = [Config(self.reference, "hf-greedy", run=self._hf_runner({}))]
-        hf_drafts = []  # (drafter label, HF model) for assisted generation
+        hf_drafts = []  # ((model, layers), drafter label, HF model) for assisted generation
         builder_variants = [v for spec in builders for v in parse_spec(spec)]
         for spec in drafters:
             for d_name, d_opts in parse_spec(spec):
@@ -133,8 +133,9 @@ class Bench:
                 if name == "compose":  # a+b: the parts' short names
                     short = "+".join(Path(p).name for p in drafter.config.parts)
                 d_label = _label(short, {k: v for k, v in opts.items() if k not in ("model", "parts")})
-                if getattr(drafter, "model", None) is not None and name == "model":
-                    hf_drafts.append((d_label, drafter.model))
+                if getattr(drafter, "model", None) is not None and name == "model" \
+                        and (opts["model"], opts.get("layers")) not in {key for key, _, _ in hf_drafts}:
+                    hf_drafts.append(((opts["model"], opts.get("layers")), d_label, drafter.model))  # once per model
                 for b_name, b_opts in builder_variants:
                     builder = make_builder(b_name, b_opts)
                     self.configs.append(Config(
@@ -150,7 +151,7 @@ class Bench:
                     unknown = set(b_opts) - ASSISTED_KEYS
                     if unknown:
                         raise ConfigError(f"hf-assisted: unknown setting(s) {sorted(unknown)}; settings: {sorted(ASSISTED_KEYS)}")
-                    for d_label, model in hf_drafts:
+                    for _, d_label, model in hf_drafts:
                         settings = _assistant_settings(model, b_opts)
                         short = {"num_assistant_tokens": "k", "num_assistant_tokens_schedule": "schedule",
                                  "assistant_confidence_threshold": "confidence"}

@@ -44,9 +44,12 @@ class Decoder:
         builder_options: dict[str, Any] | None = None,
         device: str | None = None,
         dtype: str | torch.dtype | None = None,
+        trust_remote_code: bool = False,
     ):
         self.builder = make_builder(builder, builder_options)  # cheap: fail on bad options first
-        self.target = target if isinstance(target, TargetModel) else TargetModel.load(target, device=device, dtype=dtype)
+        if not isinstance(target, TargetModel):
+            target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        self.target = target
         self.drafter = make_drafter(drafter, drafter_options, self.target)
 
     def encode(self, prompt: str | list[int] | torch.Tensor) -> list[int]:

@@ -23,14 +23,27 @@ MODEL_ALIASES: dict[str, str] = {
 }
 
 
+#: treespec's own default pair, shipped inside the package (docs/default-pair.md): alias -> folder.
+PAIR_DIR = Path(__file__).resolve().parent / "default_pair"
+PACKAGED_MODELS: dict[str, Path] = {
+    "treespec-py": PAIR_DIR / "target",  # Llama, 6.95M parameters, Python stdlib source
+    "treespec-py-draft": PAIR_DIR / "draft",  # Llama, 0.61M parameters, same tokenizer
+    "treespec-py-eagle": PAIR_DIR / "eagle",  # EAGLE head for treespec-py (`--drafter eagle -D head=`)
+}
+DEFAULT_TARGET = "treespec-py"  # what every command uses without --target
+DEFAULT_DRAFT = "treespec-py-draft"
+
+
 def resolve_name(name: str) -> str:
-    """An alias becomes its hub id; a path or hub id is returned unchanged."""
+    """An alias becomes its folder (treespec's own models) or hub id; a path or hub id is returned unchanged."""
+    if name in PACKAGED_MODELS:
+        return str(PACKAGED_MODELS[name])
     return MODEL_ALIASES.get(name, name)
 
 
 def looks_like_model(name: str) -> bool:
     """Whether ``--drafter NAME`` should be read as a model: an alias, a directory, or ``org/model``."""
-    if name in MODEL_ALIASES or Path(name).expanduser().is_dir():
+    if name in MODEL_ALIASES or name in PACKAGED_MODELS or Path(name).expanduser().is_dir():
         return True
     return name.count("/") == 1 and not name.startswith((".", "/")) and not Path(name).exists()
 
@@ -83,6 +96,11 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
         # Local directories and cached hub models load without touching the network.
         return loader.from_pretrained(resolved, local_files_only=True, **kwargs)
     except (OSError, ValueError) as exc:
+        if "custom code" in str(exc) and not kwargs.get("trust_remote_code"):
+            raise ModelLoadError(
+                f"{what} {name!r} ships its own Python code, which treespec runs only when allowed: if you trust "
+                f"{resolved}, pass --trust-remote-code (a draft model: -D trust_remote_code=true; Python: trust_remote_code=True)"
+            ) from None
         if Path(resolved).is_dir() or not isinstance(exc, OSError):
             raise ModelLoadError(f"{what} {name!r}: cannot load {resolved} ({_first_line(exc)})") from None
         _refuse_if_offline(name, resolved, what)

@@ -121,12 +121,13 @@ class TargetModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     @classmethod
-    def load(cls, name_or_path: str, **kwargs: Any) -> "TargetModel":
-        """Load model and tokenizer by alias, local path or hub id (see ``treespec.models``)."""
+    def load(cls, name_or_path: str, trust_remote_code: bool = False, **kwargs: Any) -> "TargetModel":
+        """Load model and tokenizer by alias, local path or hub id (see ``treespec.models``); the
+        model's own code from the hub runs only with ``trust_remote_code=True``."""
         from treespec.models import load_causal_lm, load_tokenizer
 
-        model = load_causal_lm(name_or_path, **kwargs)
-        return cls(model, load_tokenizer(name_or_path), name=name_or_path)
+        model = load_causal_lm(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
+        return cls(model, load_tokenizer(name_or_path, trust_remote_code), name=name_or_path)
 
     # ------------------------------------------------------------------ the three calls
     def reset(self) -> None:

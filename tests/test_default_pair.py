@@ -1,0 +1,90 @@
+"""treespec's own default pair (treespec/default_pair, docs/default-pair.md): what ships, how it loads
+offline, and lossless decoding with every drafter it supports on real HumanEval prompts, against
+the target's own greedy ``generate`` (float64 on both sides)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import treespec
+from conftest import SHARED, GreedyReference
+from treespec import models
+
+PAIR = models.PAIR_DIR
+MAX_NEW = 64
+
+
+def humaneval_prompts(n: int) -> list[str]:
+    with gzip.open(SHARED / "prompts" / "humaneval.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for line in f]
+    return [rows[i]["prompt"] for i in range(0, len(rows), len(rows) // n)][:n]
+
+
+def test_what_ships_fits_the_budget():
+    sizes = {p.relative_to(PAIR).as_posix(): p.stat().st_size for p in PAIR.rglob("*") if p.is_file()}
+    assert sum(sizes.values()) <= 40_000_000, sizes
+    for part in ("target", "draft"):
+        for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            assert f"{part}/{name}" in sizes
+    assert {"eagle/config.json", "eagle/model.safetensors"} <= set(sizes)
+
+
+@pytest.fixture(scope="module")
+def target64():
+    return treespec.TargetModel.load("treespec-py", dtype="float64")
+
+
+def test_the_pair_loads_offline_and_fits_its_recipe(target64, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    draft = models.load_causal_lm("treespec-py-draft")
+    n_target = sum(p.numel() for p in target64.model.parameters())
+    n_draft = sum(p.numel() for p in draft.parameters())
+    assert 5e6 <= n_target <= 20e6 and n_draft <= n_target / 10
+    assert target64.config.model_type == draft.config.model_type == "llama"
+    models.check_same_tokenizer(target64.tokenizer, models.load_tokenizer("treespec-py-draft"), "t", "d")
+    text = 'def add(a, b):\n    """Return a + b."""\n'
+    ids = target64.tokenizer(text).input_ids
+    assert target64.tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+DRAFTERS = {
+    "draft": ("treespec-py-draft", {}),
+    "eagle": ("eagle", {}),  # the packaged head, chosen for the packaged target
+    "ngram": ("ngram", {}),
+    "draft+ngram": ("treespec-py-draft+ngram", {}),
+    "eagle+ngram": ("eagle+ngram", {}),
+}
+BUILDERS = {"opt-tree": ("opt-tree", {"nodes": 16}), "chain": ("chain", {"k": 4})}
+
+
+@pytest.mark.parametrize("builder_key", list(BUILDERS))
+@pytest.mark.parametrize("drafter_key", list(DRAFTERS))
+def test_lossless_on_humaneval(drafter_key, builder_key, target64):
+    drafter, d_opts = DRAFTERS[drafter_key]
+    builder, b_opts = BUILDERS[builder_key]
+    dec = treespec.Decoder(target64, drafter=drafter, drafter_options=d_opts, builder=builder, builder_options=b_opts)
+    reference = GreedyReference(target64)
+    accepted = 0
+    for prompt in humaneval_prompts(3):
+        ids = target64.tokenizer(prompt).input_ids
+        out = dec.generate(ids, max_new_tokens=MAX_NEW)
+        want = reference(ids, MAX_NEW)
+        assert out.token_ids == want, reference.explain(ids, out.token_ids, want)
+        accepted += sum(s.accepted for s in out.stats.steps)
+    assert accepted > 0  # the drafter did draft something the target kept
+
+
+def test_readme_main_job_runs_offline_with_no_model_arguments():
+    """`treespec run` alone: the default pair, a Python prompt, text on stdout, statistics on stderr."""
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "treespec.cli.app", "run", "--max-new-tokens", "32"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "32 tokens in" in r.stderr and "τ" in r.stderr
