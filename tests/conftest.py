@@ -25,6 +25,20 @@ TINYSTORIES = SHARED / "prompts" / "tinystories_val.txt"
 STORY_END_IDS = [2, 1]
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (pyproject's addopts): one worker per usable core, capped at 8 (every worker
+    loads its own models and fixtures). Usable cores are the affinity mask, lowered by a cgroup v2
+    CPU quota if the container has one (os.cpu_count() would report the host's cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(cores, 8))
+
+
 def pytest_configure(config):
     import torch
 
