@@ -80,6 +80,7 @@ def run(
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="let the target run its own code from the hub (the draft: -D trust_remote_code=true)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
+    echo: Annotated[Optional[bool], typer.Option("--echo/--no-echo", help="print the prompt (dimmed) before the completion [default: when stdout is a terminal]", show_default=False)] = None,
 ) -> None:
     """Generate from a prompt with tree speculative decoding; prints the text and one line of statistics."""
     from treespec.config import parse_pairs
@@ -130,6 +131,10 @@ def run(
         prompt_ids = dec.encode(text)
     except TreespecError as exc:
         _fail(str(exc))
+
+    if not as_json and (echo if echo is not None else sys.stdout.isatty()):
+        # the prompt, so that the completion reads in context; stdout stays the completion alone when piped
+        typer.secho(text, nl=False, dim=True)
 
     def collect(new: list[int]) -> None:
         out_ids.extend(new)

@@ -41,6 +41,15 @@ def test_run_plain_streams_text_and_ends_with_statistics():
     assert len(res.stdout.strip()) > 20
 
 
+def test_echo_prints_the_prompt_before_the_same_completion():
+    args = ["run", *PAIR, "--builder", "chain", "-B", "k=3", "--prompt", "Once upon a time", "--max-new-tokens", "12"]
+    plain = runner.invoke(app, args)  # not a terminal: the completion alone
+    echoed = runner.invoke(app, [*args, "--echo"])
+    assert plain.exit_code == echoed.exit_code == 0, plain.output + echoed.output
+    assert not plain.stdout.startswith("Once upon a time")
+    assert echoed.stdout == "Once upon a time" + plain.stdout
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
