@@ -72,10 +72,11 @@ def test_bad_input_is_one_clear_line(args, needle):
     assert "Traceback" not in res.output
 
 
-def test_prompt_longer_than_the_context_is_refused():
+def test_prompt_longer_than_the_context_is_refused(capfd):
     res = runner.invoke(app, ["run", *PAIR, "--prompt", "tree " * 600, "--max-new-tokens", "4"])
     assert res.exit_code == 2
     assert "context is 512" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert capfd.readouterr().err == ""  # nor a tokenizer warning on the real stderr
 
 
 def test_plugins_lists_builtins_without_torch():

@@ -56,7 +56,7 @@ class Decoder:
         if isinstance(prompt, str):
             if self.target.tokenizer is None:
                 raise ConfigError("the target has no tokenizer: pass token ids instead of text")
-            return list(self.target.tokenizer(prompt).input_ids)
+            return list(self.target.tokenizer(prompt, verbose=False).input_ids)  # no length warning: _prompt_ids checks the context
         return [int(t) for t in (prompt.flatten().tolist() if isinstance(prompt, torch.Tensor) else prompt)]
 
     def _prompt_ids(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
