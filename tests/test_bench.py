@@ -211,3 +211,21 @@ def test_bench_bad_input(tmp_path):
     assert res.exit_code == 2 and "greater than 0" in res.stderr
     res = runner.invoke(app, ["bench-report", str(tmp_path / "missing")])
     assert res.exit_code == 2 and "no such results.json" in res.stderr
+
+
+def test_report_targets_call_a_loss_a_miss_only_at_equal_budget():
+    from treespec.report import targets
+
+    def row(builder, opts, tau):
+        return {"config": f"{builder} {opts}", "builder": builder, "drafter": "d", "options": opts, "tau": tau,
+                "lossless": True}
+
+    def verdicts(*rows):
+        return [line.split(":")[0] for line in targets({"rows": list(rows)}) if "τ" in line]
+
+    opt6 = row("opt-tree", {"nodes": 6}, 3.0)
+    assert verdicts(opt6, row("chain", {"k": 6}, 3.5)) == ["- MISSED"]
+    assert verdicts(opt6, row("chain", {"k": 6}, 2.5)) == ["- met"]
+    assert verdicts(opt6, row("chain", {"k": 8}, 2.5)) == ["- met"]  # fewer nodes and still ahead
+    assert verdicts(opt6, row("chain", {"k": 8}, 3.5)) == ["- not at equal budget"]
+    assert verdicts(opt6, row("opt-tree", {"nodes": 8}, 3.4), row("chain", {"k": 8}, 3.5)) == ["- MISSED"]
