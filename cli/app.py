@@ -24,8 +24,12 @@ app = typer.Typer(
 )
 
 OPTION_HELP = (
-    "name=value, repeatable or comma-separated (e.g. -B nodes=25 -B threshold=0.3). "
+    "builder option name=value, repeatable or comma-separated (e.g. -B nodes=25 -B threshold=0.3). "
     "`treespec plugins` lists every option."
+)
+D_OPTION_HELP = (
+    "drafter option name=value, repeatable or comma-separated (e.g. -D layers=4, -D head=DIR, "
+    "-D ngram.max_ngram=4 for a part of a+b). `treespec plugins` lists every option."
 )
 
 EPILOG = """\
@@ -65,7 +69,7 @@ def run(
     drafter: Annotated[Optional[str], typer.Option(help=f"drafter name, or a draft model (alias, hub id, directory); a+b composes drafters, e.g. self+ngram with -D ngram.max_ngram=4 [default with the default target: its EAGLE head, and -B nodes=6 for opt-tree]", show_default=False)] = None,
     builder: Annotated[str, typer.Option(help="tree builder name (see `treespec plugins`)")] = "opt-tree",
     builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=OPTION_HELP)] = None,
-    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=OPTION_HELP)] = None,
+    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
     prompt: Annotated[Optional[str], typer.Option(help="prompt text")] = None,
     prompt_file: Annotated[Optional[Path], typer.Option(help="read the prompt from this file")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="stop after this many new tokens")] = 128,
@@ -342,7 +346,7 @@ def tree_show(
     builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=OPTION_HELP)] = None,
     target: Annotated[Optional[str], typer.Option(help=f"target model [default: {DEFAULT_TARGET}]", show_default=False)] = None,
     drafter: Annotated[Optional[str], typer.Option(help=f"drafter name or draft model [default with the default target: {DEFAULT_DRAFTER}]", show_default=False)] = None,
-    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=OPTION_HELP)] = None,
+    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
     prompt: Annotated[str, typer.Option(help="prompt text [default: a Python class opening]", show_default=False)] = DEFAULT_PROMPT,
     dot: Annotated[Optional[Path], typer.Option(help="also write the tree as Graphviz DOT")] = None,
     png: Annotated[Optional[Path], typer.Option(help="also draw the tree to a PNG (matplotlib)")] = None,

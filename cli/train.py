@@ -16,9 +16,9 @@ from treespec.errors import TreespecError
 EPILOG = """\
 Examples:
 
-  treespec train eagle --target ../shared/models/stories260K --data tinystories --offset 200 --out heads/s260k
+  treespec train eagle --target ../shared/models/stories260K --data tinystories --offset 200 --limit 4100 --epochs 20 --out heads/s260k
 
-  treespec run --drafter eagle -D head=heads/s260k --builder opt-tree
+  treespec run --target ../shared/models/stories260K --drafter eagle -D head=heads/s260k --builder opt-tree
 
 Run the same command again to resume after an interruption (OUT/checkpoint.pt); the target's
 generations are kept in OUT/data.pt and reused.
