@@ -449,6 +449,10 @@ from treespec.cli.sequoia import EPILOG as SEQUOIA_EPILOG, sequoia_measure  # no
 
 app.command("sequoia-measure", epilog=SEQUOIA_EPILOG)(sequoia_measure)
 
+from treespec.cli.calibrate import EPILOG as CALIBRATE_EPILOG, calibrate  # noqa: E402
+
+app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate)
+
 from treespec.cli.datastore import datastore_app  # noqa: E402
 
 app.add_typer(datastore_app, name="datastore")

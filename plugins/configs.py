@@ -35,12 +35,23 @@ class ChainConfig(PluginConfig):
     sample: bool = sample_field()
 
 
+def draft_temperature_field() -> Any:
+    """A draft model's calibration temperature (``treespec.calibration``)."""
+    return Field(
+        1.0,
+        gt=0,
+        description="the draft's q = softmax(logits / T), which shapes trees (never what is accepted); "
+        "fit T for a target with `treespec calibrate`",
+    )
+
+
 class ModelDrafterConfig(PluginConfig):
     model: str = Field(description="alias (llama-68m, ...), hub id or local directory of the draft model")
     layers: int | None = Field(None, gt=0, description="keep only the model's first k decoder layers")
     attn_implementation: str | None = Field(None, description="eager | sdpa | ... (default: the model's)")
     trust_remote_code: bool = Field(False, description="allow the model's own code from the hub")
     lean: bool = Field(True, description=LEAN_HELP)
+    temperature: float = draft_temperature_field()
 
 
 class StaticConfig(PluginConfig):
@@ -93,6 +104,7 @@ class SelfDrafterConfig(PluginConfig):
         2, gt=0, description="draft with the target's own first k decoder layers (fewer than the target has)"
     )
     lean: bool = Field(True, description=LEAN_HELP)
+    temperature: float = draft_temperature_field()
 
 
 def _split_list(value: Any, seps: str) -> Any:

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from treespec import calibration
 from treespec.checkpoint import save_atomic
 from treespec.errors import ConfigError
 from treespec.plugins.eagle import causal_mask
@@ -198,35 +199,11 @@ def held_out_logits(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequen
 @torch.no_grad()
 def fit_temperature(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings,
                     max_positions: int = 8192) -> float:
-    """The temperature T that calibrates the head's confidence to greedy acceptance.
-
-    Under greedy verification a drafted token x is kept iff x is the target's argmax, so the
-    probability a tree builder should see is P(argmax = x). A head that regresses features predicts
-    their conditional mean, whose logits are shrunk: its top-1 is right 90% of the time with q far
-    below 0.9, and E(A) = Σ p̂ stops trees after a level or two. T minimises the negative log-likelihood
-    of the target's greedy token under softmax(logits / T) on held-out generated positions (a proper
-    score, so the fitted q matches the observed acceptance); the NLL is convex in β = 1/T, so a
-    golden-section search on log β finds it.
-    """
+    """The temperature T that calibrates the head's confidence to greedy acceptance
+    (``treespec.calibration``): a head that regresses features has shrunk logits, its top-1 right 90%
+    of the time with q far below 0.9; T is fitted on held-out generated positions."""
     z, y = held_out_logits(head, embed, lm_head, seqs, s, max_positions)
-
-    def nll(log_beta: float) -> float:
-        return float(F.cross_entropy(z * math.exp(log_beta), y))
-
-    lo, hi = math.log(0.05), math.log(50.0)
-    g = (math.sqrt(5) - 1) / 2
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = nll(a), nll(b)
-    for _ in range(40):
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
-            fa = nll(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
-            fb = nll(b)
-    return 1.0 / math.exp((lo + hi) / 2)
+    return calibration.fit_temperature(z, y)
 
 
 # ---------------------------------------------------------------------- the loop

@@ -56,6 +56,7 @@ def test_the_pair_loads_offline_and_fits_its_recipe(target64, monkeypatch):
 
 DRAFTERS = {
     "draft": ("treespec-py-draft", {}),
+    "draft T=0.5": ("treespec-py-draft", {"temperature": 0.5}),  # calibrated q: other trees, same output
     "eagle": ("eagle", {}),  # the packaged head, chosen for the packaged target
     "ngram": ("ngram", {}),
     "draft+ngram": ("treespec-py-draft+ngram", {}),

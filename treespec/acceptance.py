@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -18,6 +18,33 @@ def _name(model: Any) -> str:
     name = getattr(model, "name", None) or getattr(getattr(inner, "config", None), "_name_or_path", "") or type(inner).__name__
     layers = getattr(getattr(inner, "config", None), "num_hidden_layers", None)
     return f"{name} ({layers} layers)" if layers else str(name)
+
+
+@torch.inference_mode()
+def greedy_positions(
+    model: Any, draft: Any, prompts_ids: list[list[int]], max_new_tokens: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    """Per prompt: the draft's logits [G, V] before each of the G tokens the target generates
+    greedily (``model.generate(do_sample=False)``, stopping at its EOS ids), those tokens [G] (on the
+    draft's device; a token ≥ V is one the draft cannot produce), and V = the vocabulary both share.
+    ONE forward of the draft over prompt + continuation per prompt; empty prompts and prompts the
+    target continues with nothing are skipped. ``model``/``draft``: causal LMs or wrappers of one
+    (``TargetModel``, the ``model`` drafter)."""
+    model, draft = _causal_lm(model), _causal_lm(draft)
+    t_dev = next(model.parameters()).device
+    d_dev = next(draft.parameters()).device
+    vocab = min(model.get_output_embeddings().weight.shape[0], draft.get_output_embeddings().weight.shape[0])
+    for ids in prompts_ids:
+        if not ids:
+            continue
+        prompt = torch.tensor([list(ids)], dtype=torch.long, device=t_dev)  # [1, L]
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=max_new_tokens)
+        seq = out[0].to(d_dev)  # [L + G]
+        plen = prompt.shape[1]
+        if seq.shape[0] <= plen:
+            continue
+        logits = draft(input_ids=seq[None, :-1]).logits[0, plen - 1 :, :vocab].float()  # [G, V] before each new token
+        yield logits, seq[plen:], vocab
 
 
 @torch.inference_mode()
@@ -61,22 +88,9 @@ def measure_acceptance(
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
     model, draft = _causal_lm(target), _causal_lm(drafter_model)
-    t_dev = next(model.parameters()).device
-    d_dev = next(draft.parameters()).device
-    vocab = min(model.get_output_embeddings().weight.shape[0], draft.get_output_embeddings().weight.shape[0])
     counts = torch.zeros(ranks, dtype=torch.long)
     positions = 0
-    for ids in prompts_ids:
-        if not ids:
-            continue
-        prompt = torch.tensor([list(ids)], dtype=torch.long, device=t_dev)  # [1, L]
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=max_new_tokens)
-        seq = out[0].to(d_dev)  # [L + G]
-        plen, total = prompt.shape[1], seq.shape[0]
-        if total <= plen:
-            continue
-        logits = draft(input_ids=seq[None, :-1]).logits[0, plen - 1 :, :vocab].float()  # [G, V] before each new token
-        chosen = seq[plen:]  # [G]
+    for logits, chosen, vocab in greedy_positions(model, draft, prompts_ids, max_new_tokens):
         inside = chosen < vocab
         picked = logits.gather(1, chosen.clamp(max=vocab - 1)[:, None])  # [G, 1]
         rank = (logits > picked).sum(dim=1)  # [G] tokens the draft prefers (ties favour the target's token)

@@ -86,6 +86,9 @@ class Registry:
         choices = self.names(kind) + self.alias_names(kind) + (extra_choices or [])
         close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        if "=" in name and " " in name.strip():  # a bench-style spec "NAME key=v" given where a name goes
+            flag = "-D" if kind == "drafter" else "-B"
+            hint = f"options are not part of the name: pass --{kind} {name.split()[0]} {flag} key=value; "
         failed = f" ({len(self.failures)} plugin(s) failed to load: see `treespec plugins`)" if self.failures else ""
         raise ConfigError(
             f"unknown {kind} {name!r}; {hint}available: {', '.join(self.names(kind)) or 'none'}{failed}"

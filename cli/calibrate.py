@@ -1,0 +1,73 @@
+"""`treespec calibrate`: fit a draft model's greedy-acceptance temperature for a target.
+
+Registered in ``cli/app.py`` with ``app.command("calibrate", epilog=EPILOG)(calibrate)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from treespec.cli import measure
+
+EPILOG = """\
+Examples:
+
+  treespec calibrate --drafter treespec-py-draft --dataset humaneval --skip 40 --limit 124
+
+  treespec run --drafter treespec-py-draft -D temperature=0.48 --builder opt-tree -B nodes=8
+
+The target generates greedily on each prompt; T minimises the draft's negative log-likelihood of the
+target's tokens under softmax(logits / T) (docs/drafters.md, "Calibrating a draft model"). Skip the prompts you
+benchmark on. EAGLE heads are calibrated by `treespec train eagle` itself.
+"""
+
+
+def calibrate(
+    target: measure.Target = None,
+    drafter: measure.Drafter = None,
+    layers: measure.Layers = None,
+    dataset: measure.Dataset = "humaneval",
+    limit: measure.Limit = 100,
+    skip: measure.Skip = 0,
+    category: measure.Category = None,
+    data_dir: measure.DataDir = None,
+    max_new_tokens: measure.MaxNewTokens = 128,
+    max_positions: Annotated[int, typer.Option(help="stop after this many generated positions")] = 16384,
+    device: measure.Device = None,
+    dtype: measure.Dtype = None,
+    threads: measure.Threads = None,
+    out: Annotated[Optional[Path], typer.Option(help="also write the measurements as JSON here", show_default=False)] = None,
+) -> None:
+    """Fit the draft model's temperature T so that its q predicts greedy acceptance (for `-D temperature=T`)."""
+    measure.check_positive(max_positions=max_positions)
+    run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
+
+    from rich.progress import Progress
+
+    from treespec.calibration import calibrate_draft
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("the target's greedy continuations", total=len(run.prompts))
+        cal = calibrate_draft(run.target, run.draft, run.prompts, max_new_tokens, max_positions,
+                              progress=lambda done, total: bar.update(task, completed=done))
+    t = f"{cal.temperature:.3g}"
+    typer.echo(
+        f"T = {t} for {run.drafter_name} drafting for {run.target_name}: NLL of the target's greedy token "
+        f"{cal.nll_t1:.3f} → {cal.nll:.3f}; top-1 agreement {cal.top1:.3f}, mean top-1 q "
+        f"{cal.mean_q_top1_t1:.3f} → {cal.mean_q_top1:.3f} ({cal.positions} positions of {cal.prompts} prompts)"
+    )
+    if out is not None:
+        record = {"target": run.target_name, "drafter": run.drafter_name, "dataset": dataset, "skip": skip,
+                  "limit": limit, "max_new_tokens": max_new_tokens, "skipped_too_long": run.skipped,
+                  "dtype": str(run.target.dtype).replace("torch.", ""), **vars(cal)}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2) + "\n")
+        typer.echo(f"wrote {out}")
+    model = run.drafter_name.split()[0]
+    opts = (f" -D layers={layers}" if layers else "") + f" -D temperature={t}"
+    typer.echo(f"use it: treespec run --target {run.target_name} --drafter {model}{opts} "
+               f"(in treespec bench: --drafter '{run.drafter_name} temperature={t}')")
