@@ -18,7 +18,7 @@ Examples:
 
   treespec calibrate --drafter treespec-py-draft --dataset humaneval --skip 40 --limit 124
 
-  treespec run --drafter treespec-py-draft -D temperature=0.48 --builder opt-tree -B nodes=8
+  treespec run --drafter treespec-py-draft -D temperature=0.482 --builder opt-tree -B nodes=8
 
 The target generates greedily on each prompt; T minimises the draft's negative log-likelihood of the
 target's tokens under softmax(logits / T) (docs/drafters.md, "Calibrating a draft model"). Skip the prompts you
@@ -31,12 +31,12 @@ def calibrate(
     drafter: measure.Drafter = None,
     layers: measure.Layers = None,
     dataset: measure.Dataset = "humaneval",
-    limit: measure.Limit = 100,
-    skip: measure.Skip = 0,
+    limit: measure.Limit = 124,
+    skip: Annotated[int, typer.Option(help="skip the first S prompts (the 40 that `treespec bench --limit 40` uses, by default)")] = 40,
     category: measure.Category = None,
     data_dir: measure.DataDir = None,
     max_new_tokens: measure.MaxNewTokens = 128,
-    max_positions: Annotated[int, typer.Option(help="stop after this many generated positions")] = 16384,
+    max_positions: Annotated[Optional[int], typer.Option(help="stop after this many generated positions [default: 16384, fewer for vocabularies over 4096: the logits kept stay under 256 MB]", show_default=False)] = None,
     device: measure.Device = None,
     dtype: measure.Dtype = None,
     threads: measure.Threads = None,
@@ -44,6 +44,7 @@ def calibrate(
 ) -> None:
     """Fit the draft model's temperature T so that its q predicts greedy acceptance (for `-D temperature=T`)."""
     measure.check_positive(max_positions=max_positions)
+    measure.refuse_plugin_names(drafter, "calibrate")
     run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
 
     from rich.progress import Progress

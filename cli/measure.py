@@ -44,6 +44,17 @@ def check_positive(**values: int | None) -> None:
             _fail(f"--{name.replace('_', '-')} must be > 0, got {value}")
 
 
+def refuse_plugin_names(drafter: str | None, command: str) -> None:
+    """One line of error when ``--drafter`` names a drafter plugin: these commands take a draft MODEL."""
+    if drafter is None:
+        return
+    from treespec.registry import load_plugins
+
+    if drafter in load_plugins().names("drafter") or ("+" in drafter and not Path(drafter).exists()):
+        _fail(f"`treespec {command}` takes a draft model (alias, hub id or directory), not the drafter {drafter!r}: "
+              "an EAGLE head is calibrated by `treespec train eagle`; for `self` pass --drafter TARGET --layers K")
+
+
 def load(target: str | None, drafter: str | None, layers: int | None, dataset: str, limit: int | None, skip: int,
          category: str | None, data_dir: Path | None, max_new_tokens: int, device: str | None, dtype: str | None,
          threads: int | None) -> Loaded:

@@ -42,18 +42,19 @@ def target():
     return treespec.TargetModel.load("treespec-py")
 
 
-def _root_distribution(target, options, prompt_ids):
-    drafter = make_drafter("treespec-py-draft", options, target)
+def _root_distribution(target, name, options, prompt_ids):
+    drafter = make_drafter(name, options, target)
     drafter.prefill(PrefillContext(torch.tensor(prompt_ids)))
     tree = DraftTree(prompt_ids[-1])
     q = drafter.expand(tree, torch.tensor([0]), 4).q[0]  # [4] top-4 q after the root
     return drafter.distribution(tree, torch.tensor([0]))[0], q  # [V], [4]
 
 
-def test_the_draft_temperature_is_softmax_of_logits_over_t(target):
+@pytest.mark.parametrize("name,options", [("treespec-py-draft", {}), ("self", {"layers": 2})])
+def test_the_draft_temperature_is_softmax_of_logits_over_t(target, name, options):
     ids = target.tokenizer('def mean(xs):\n    """Return the mean of xs."""\n').input_ids
-    p1, q1 = _root_distribution(target, {}, ids)
-    pt, qt = _root_distribution(target, {"temperature": 0.5}, ids)
+    p1, q1 = _root_distribution(target, name, options, ids)
+    pt, qt = _root_distribution(target, name, {**options, "temperature": 0.5}, ids)
     want = torch.softmax(torch.log(p1) / 0.5, dim=-1)  # softmax(z / T) = softmax(log softmax(z) / T)
     torch.testing.assert_close(pt, want, atol=1e-6, rtol=1e-4)
     assert torch.allclose(pt.sum(), torch.tensor(1.0)) and qt[0] > q1[0]  # sharper, same ranking
@@ -66,8 +67,8 @@ def test_calibrate_fits_t_for_the_default_pair(tmp_path):
                                    "--skip", "40", "--limit", "3", "--max-new-tokens", "32", "--out", str(out)])
     assert res.exit_code == 0, res.output
     rec = json.loads(out.read_text())
-    assert rec["drafter"] == "treespec-py-draft" and rec["target"] == "treespec-py" and rec["prompts"] == 3
-    assert 0 < rec["positions"] <= 3 * 32
+    assert rec["drafter"] == "treespec-py-draft" and rec["target"] == "treespec-py"
+    assert 0 < rec["positions"] <= 3 * 32 and 0 < rec["temperature"] < 20
     assert rec["nll"] <= rec["nll_t1"]  # T = 1 is inside the search range: the fit cannot be worse
     # the raw draft under-states how often its top-1 is the target's token; the fitted q moves towards it
     assert abs(rec["mean_q_top1"] - rec["top1"]) < abs(rec["mean_q_top1_t1"] - rec["top1"])
@@ -81,10 +82,12 @@ def test_calibrate_fits_t_for_the_default_pair(tmp_path):
         (["--dataset", "nope"], "neither a known name"),
         (["--target", "treespec-py"], "no draft model"),
         (["--skip", "1000"], "leaves no prompts"),
+        (["--drafter", "eagle"], "not the drafter 'eagle'"),
+        (["--max-positions", "0"], "--max-positions must be > 0"),
     ],
 )
 def test_calibrate_bad_input_is_one_clear_line(args, needle):
-    res = CliRunner().invoke(app, ["calibrate", *args])
+    res = CliRunner().invoke(app, ["calibrate", "--data-dir", str(SHARED / "prompts"), *args])
     assert res.exit_code == 2 and needle in res.stderr, res.output
     assert "Traceback" not in res.output
 

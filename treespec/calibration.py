@@ -70,7 +70,7 @@ class Calibration:
 
     temperature: float
     positions: int  # generated positions the fit used
-    prompts: int
+    prompts: int  # prompts whose continuations were used
     nll_t1: float  # NLL of the target's greedy token under the raw softmax (T = 1)
     nll: float  # ... under softmax(z / T)
     top1: float  # fraction of positions where the draft's argmax is the target's token (T leaves it alone)
@@ -78,40 +78,47 @@ class Calibration:
     mean_q_top1: float  # ... at the fitted T
 
 
+MAX_LOGITS = 1 << 26  # logits kept for the fit: 256 MB in float32 (16,384 positions of a 4,096 vocabulary)
+
+
 @torch.inference_mode()
 def greedy_logits(
     target_model: Any, draft_model: Any, prompts_ids: list[list[int]], max_new_tokens: int,
-    max_positions: int = 16384, progress: Callable[[int, int], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft's logits [n, V] before every token the target generates greedily, and that token [n]
-    (``treespec.acceptance.greedy_positions``); stops once ``max_positions`` positions are collected.
-    Tokens the draft cannot produce are left out: they say nothing about T."""
-    zs, ys, n = [], [], 0
+    max_positions: int | None = None, progress: Callable[[int, int], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The draft's logits [n, V] before every token the target generates greedily, that token [n],
+    and how many prompts were used (``treespec.acceptance.greedy_positions``). Stops once
+    ``max_positions`` positions are collected (default: 16,384, fewer when V × 16,384 exceeds
+    ``MAX_LOGITS``). Tokens the draft cannot produce are left out: they say nothing about T."""
+    zs, ys, n, used = [], [], 0, 0
     for i, (z, chosen, vocab) in enumerate(greedy_positions(target_model, draft_model, prompts_ids, max_new_tokens)):
+        if max_positions is None:
+            max_positions = max(1024, min(16384, MAX_LOGITS // vocab))
         inside = chosen < vocab
         zs.append(z[inside].cpu())  # [G', V]
         ys.append(chosen[inside].cpu())  # [G']
         n += int(inside.sum())
+        used += 1
         if progress is not None:
             progress(i + 1, len(prompts_ids))
         if n >= max_positions:
             break
     if n == 0:
         raise ValueError("no generated positions to calibrate on: give non-empty prompts")
-    return torch.cat(zs)[:max_positions], torch.cat(ys)[:max_positions]
+    return torch.cat(zs)[:max_positions], torch.cat(ys)[:max_positions], used
 
 
 def calibrate_draft(
     target_model: Any, draft_model: Any, prompts_ids: list[list[int]], max_new_tokens: int,
-    max_positions: int = 16384, progress: Callable[[int, int], None] | None = None,
+    max_positions: int | None = None, progress: Callable[[int, int], None] | None = None,
 ) -> Calibration:
     """Fit the draft model's greedy-acceptance temperature on the target's own greedy continuations
     (``target_model``/``draft_model``: causal LMs, or a ``TargetModel`` / ``model`` drafter)."""
-    z, y = greedy_logits(target_model, draft_model, prompts_ids, max_new_tokens, max_positions, progress)
+    z, y, used = greedy_logits(target_model, draft_model, prompts_ids, max_new_tokens, max_positions, progress)
     t = fit_temperature(z, y)
     q1 = torch.softmax(z, dim=-1).amax(dim=-1).mean()  # [n] → mean top-1 q at T = 1
     qt = torch.softmax(z / t, dim=-1).amax(dim=-1).mean()
     return Calibration(
-        temperature=t, positions=int(y.shape[0]), prompts=len(prompts_ids), nll_t1=nll(z, y, 1.0), nll=nll(z, y, t),
+        temperature=t, positions=int(y.shape[0]), prompts=used, nll_t1=nll(z, y, 1.0), nll=nll(z, y, t),
         top1=float((z.argmax(dim=-1) == y).float().mean()), mean_q_top1_t1=float(q1), mean_q_top1=float(qt),
     )
