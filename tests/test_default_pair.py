@@ -30,9 +30,13 @@ def humaneval_prompts(n: int) -> list[str]:
 def test_what_ships_fits_the_budget():
     sizes = {p.relative_to(PAIR).as_posix(): p.stat().st_size for p in PAIR.rglob("*") if p.is_file()}
     assert sum(sizes.values()) <= 40_000_000, sizes
+    assert max(sizes.values()) < 20_000_000, sizes  # no file in git over 20 MB: the target's weights are sharded
     for part in ("target", "draft"):
-        for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
             assert f"{part}/{name}" in sizes
+        index = PAIR / part / "model.safetensors.index.json"
+        shards = set(json.loads(index.read_text())["weight_map"].values()) if index.is_file() else {"model.safetensors"}
+        assert {f"{part}/{shard}" for shard in shards} <= set(sizes)
     assert {"eagle/config.json", "eagle/model.safetensors"} <= set(sizes)
 
 

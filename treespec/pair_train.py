@@ -11,7 +11,7 @@ a resumed run reads exactly the windows an uninterrupted one would. The held-out
 Files in OUT: ``data/`` (tokenizer and token streams, a cache), ``checkpoint-<which>.pt`` (model,
 optimiser, scheduler, step, RNG states, settings; every ``checkpoint_every`` steps and at a stop),
 ``log.jsonl`` (one line per evaluation), ``target/`` and ``draft/`` (``from_pretrained`` directories:
-config, generation config, model.safetensors, tokenizer), ``training.json`` (the summary).
+config, generation config, model.safetensors (sharded above 16 MB), tokenizer), ``training.json`` (the summary).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None
         state = RunState(**ckpt["state"])
         if state.step < total:
             log(f"{which}: resuming from {ckpt_file} at step {state.step}/{total}")
-    if state.step >= total and (out / which / "model.safetensors").is_file():
+    if state.step >= total and any((out / which).glob("model*.safetensors")):
         log(f"{which}: done already ({total} steps) → {out / which}")
         return state
 
@@ -267,6 +267,9 @@ def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None
     return state
 
 
+MAX_SHARD = "16MB"  # weights over this are split into shards + model.safetensors.index.json: no file in git over 20 MB
+
+
 def export(model: Any, tokenizer: Any, folder: Path) -> None:
     """A ``from_pretrained`` directory: config, generation config (stops at ``<|endoftext|>``), weights, tokenizer."""
     from transformers import GenerationConfig
@@ -276,7 +279,7 @@ def export(model: Any, tokenizer: Any, folder: Path) -> None:
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # "Writing model shards" would break the rich progress bar
     try:
-        model.eval().save_pretrained(folder)
+        model.eval().save_pretrained(folder, max_shard_size=MAX_SHARD)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
