@@ -48,9 +48,13 @@ def refuse_plugin_names(drafter: str | None, command: str) -> None:
     """One line of error when ``--drafter`` names a drafter plugin: these commands take a draft MODEL."""
     if drafter is None:
         return
-    from treespec.registry import load_plugins
+    from treespec.factory import resolve_drafter_name
 
-    if drafter in load_plugins().names("drafter") or ("+" in drafter and not Path(drafter).exists()):
+    try:
+        _, options = resolve_drafter_name(drafter, None)  # what `treespec run --drafter` would make of it
+    except TreespecError:
+        return  # neither a drafter nor a model name: loading it says why
+    if "model" not in options:  # a drafter plugin or a+b, not a model for drafter `model`
         _fail(f"`treespec {command}` takes a draft model (alias, hub id or directory), not the drafter {drafter!r}: "
               "an EAGLE head is calibrated by `treespec train eagle`; for `self` pass --drafter TARGET --layers K")
 
