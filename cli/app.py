@@ -202,7 +202,7 @@ def bench(
     report_to: Annotated[Optional[Path], typer.Option("--report", help="then regenerate this Markdown file (e.g. docs/benchmarks.md) from every results.json in --out's parent folder")] = None,
 ) -> None:
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
-    from treespec.datasets import load_prompts
+    from treespec.bench.datasets import load_prompts
 
     sampling = None
     if temperature != 0.0:
@@ -229,7 +229,7 @@ def bench(
         _fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
     builder = builder or ["opt-tree", "chain k=4"]
     if baseline is None:
-        from treespec.bench import default_baselines
+        from treespec.bench.runner import default_baselines
 
         try:
             baseline = default_baselines(builder)
@@ -240,8 +240,8 @@ def bench(
 
     import torch
 
-    from treespec import report
-    from treespec.bench import Bench
+    from treespec.bench import report
+    from treespec.bench.runner import Bench
 
     from transformers.utils import logging as hf_logging
 
@@ -304,7 +304,7 @@ def bench(
 
 
 def _write_report(paths: list[Path], out: Path) -> None:
-    from treespec import report
+    from treespec.bench import report
 
     loaded = []
     for path in paths:
@@ -364,7 +364,7 @@ def tree_show(
             _fail("no drafter: pass --drafter NAME or a draft model")
         from rich.console import Console
 
-        from treespec import render
+        from treespec.tools import render
         from treespec.decoder import Decoder
 
         dec = Decoder(target, drafter, builder, d_opts, b_opts, device=device)

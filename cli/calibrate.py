@@ -49,7 +49,7 @@ def calibrate(
 
     from rich.progress import Progress
 
-    from treespec.calibration import calibrate_draft
+    from treespec.train.calibration import calibrate_draft
 
     with Progress(transient=True) as bar:
         task = bar.add_task("the target's greedy continuations", total=len(run.prompts))

@@ -72,7 +72,7 @@ def load(target: str | None, drafter: str | None, layers: int | None, dataset: s
     if drafter is None:
         _fail("no draft model: pass --drafter MODEL (alias, hub id or directory), and --layers K for its first K layers")
 
-    from treespec.datasets import format_turns, load_prompts
+    from treespec.bench.datasets import format_turns, load_prompts
 
     try:
         items = load_prompts(dataset, data_dir, (limit + skip) if limit else None, category)[skip:]

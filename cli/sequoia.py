@@ -44,7 +44,7 @@ def sequoia_measure(
     run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
     prompts, tgt = run.prompts, run.target
 
-    from treespec.acceptance import measure_acceptance
+    from treespec.train.acceptance import measure_acceptance
 
     result = measure_acceptance(
         tgt, run.draft, prompts, max_new_tokens, ranks, target_name=run.target_name, drafter_name=run.drafter_name,

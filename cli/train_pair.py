@@ -1,7 +1,7 @@
 """`treespec train pair`: train treespec's own target + draft pair on the Python standard library.
 
 Registered in ``cli/train.py`` with ``train_app.command("pair", epilog=EPILOG)(pair)``. The work is
-in ``treespec/pair_train.py`` and ``treespec/pair_data.py``; this module only parses and reports.
+in ``treespec/train/pair.py`` and ``treespec/train/pair_data.py``; this module only parses and reports.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.errors import TreespecError
-from treespec.pair_train import ModelSize, PairSettings
+from treespec.train.pair import ModelSize, PairSettings
 
 EPILOG = """\
 Examples:
@@ -61,7 +61,7 @@ def pair(
 ) -> None:
     """Train treespec's own Llama target and draft (one BPE tokenizer) on the Python standard library's source."""
     from treespec.cli import TrainingProgress, fail as _fail
-    from treespec.pair_train import train_pair
+    from treespec.train.pair import train_pair
 
     if minutes is not None and minutes <= 0:
         _fail(f"--minutes must be > 0, got {minutes}")

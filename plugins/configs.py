@@ -36,7 +36,7 @@ class ChainConfig(PluginConfig):
 
 
 def draft_temperature_field() -> Any:
-    """A draft model's calibration temperature (``treespec.calibration``)."""
+    """A draft model's calibration temperature (``treespec.train.calibration``)."""
     return Field(
         1.0,
         gt=0,

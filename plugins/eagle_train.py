@@ -32,8 +32,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from treespec import calibration
-from treespec.checkpoint import save_atomic
+from treespec.train import calibration
+from treespec.train.checkpoint import save_atomic
 from treespec.errors import ConfigError
 from treespec.plugins.eagle import causal_mask
 from treespec.plugins.eagle_head import EagleHead, head_config_for
@@ -200,7 +200,7 @@ def held_out_logits(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequen
 def fit_temperature(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings,
                     max_positions: int = 8192) -> float:
     """The temperature T that calibrates the head's confidence to greedy acceptance
-    (``treespec.calibration``): a head that regresses features has shrunk logits, its top-1 right 90%
+    (``treespec.train.calibration``): a head that regresses features has shrunk logits, its top-1 right 90%
     of the time with q far below 0.9; T is fitted on held-out generated positions."""
     z, y = held_out_logits(head, embed, lm_head, seqs, s, max_positions)
     return calibration.fit_temperature(z, y)
@@ -214,7 +214,7 @@ def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
 
 def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train (or resume) a head; returns the summary also written to ``OUT/training.json``."""
-    from treespec.datasets import format_turns, load_prompts
+    from treespec.bench.datasets import format_turns, load_prompts
 
     if not 0 < s.holdout < 1:
         raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")

@@ -131,7 +131,7 @@ class ModelDrafter(Drafter):
             past_key_values=self.cache,
             use_cache=True,
         )
-        # q = softmax(logits / T): T calibrates q to greedy acceptance (treespec.calibration), 1 = raw
+        # q = softmax(logits / T): T calibrates q to greedy acceptance (treespec.train.calibration), 1 = raw
         probs = torch.softmax(out.logits[0, p:, : self.vocab].float() / self.config.temperature, dim=-1)  # [F, V]
         self.probs = probs if self.probs is None else torch.cat([self.probs, probs])
         self.pending = []

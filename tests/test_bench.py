@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 import treespec
 from conftest import SHARED, STORIES260K
-from treespec import datasets
-from treespec.bench import Bench, Config, Sample, default_baselines, parse_spec
+from treespec.bench import datasets
+from treespec.bench.runner import Bench, Config, Sample, default_baselines, parse_spec
 from treespec.cli.app import app
 
 PROMPTS = SHARED / "prompts"
@@ -214,7 +214,7 @@ def test_bench_bad_input(tmp_path):
 
 
 def test_report_targets_call_a_loss_a_miss_only_at_equal_budget():
-    from treespec.report import targets
+    from treespec.bench.report import targets
 
     def row(builder, opts, tau):
         return {"config": f"{builder} {opts}", "builder": builder, "drafter": "d", "options": opts, "tau": tau,

@@ -1,4 +1,4 @@
-"""Draft calibration (treespec/calibration.py): the temperature fit recovers a known temperature, the
+"""Draft calibration (treespec/train/calibration.py): the temperature fit recovers a known temperature, the
 ``model`` drafter's ``temperature`` reshapes q exactly as softmax(logits / T), and `treespec calibrate`
 fits T for the default pair on real HumanEval prompts. Decoding with a calibrated draft stays
 lossless: tests/test_default_pair.py ("draft T=0.5")."""
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import treespec
 from conftest import SHARED
-from treespec.calibration import fit_temperature, nll
+from treespec.train.calibration import fit_temperature, nll
 from treespec.cli.app import app
 from treespec.factory import make_drafter
 from treespec.interfaces import PrefillContext

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from treespec.code_prompts import function_prompts, write_prompts
+from treespec.train.code_prompts import function_prompts, write_prompts
 
 SOURCE = '''import os
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import treespec
 from conftest import SHARED, STORIES260K, tinystories_prompts
-from treespec.acceptance import measure_acceptance
+from treespec.train.acceptance import measure_acceptance
 from treespec.cli.sequoia import sequoia_measure
 from treespec.errors import ConfigError
 from treespec.factory import make_builder

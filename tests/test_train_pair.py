@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 import treespec
 from treespec.errors import ConfigError
-from treespec.pair_data import EOT_ID, included, is_held_out, load_corpus, train_tokenizer
-from treespec.pair_train import WHICH, ModelSize, PairSettings, llama_config, parameter_count, train_pair
+from treespec.train.pair_data import EOT_ID, included, is_held_out, load_corpus, train_tokenizer
+from treespec.train.pair import WHICH, ModelSize, PairSettings, llama_config, parameter_count, train_pair
 
 TINY = dict(max_files=40, held_out=0.2, vocab_size=512, context=128, target=ModelSize(32, 2, 4, 2, 96),
             draft=ModelSize(16, 1, 2, 2, 48), steps=150, draft_steps=150, batch_size=4, lr=1e-2,

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from treespec.acceptance import greedy_positions
+from treespec.train.acceptance import greedy_positions
 
 T_RANGE = (0.02, 20.0)  # the search interval for T (β = 1/T in [0.05, 50])
 

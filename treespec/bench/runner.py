@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from treespec.datasets import PromptItem, format_turns
+from treespec.bench.datasets import PromptItem, format_turns
 from treespec.errors import ConfigError
 from treespec.factory import make_builder, make_drafter, resolve_drafter_name
 from treespec.target import TargetModel

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from treespec.code_prompts import write_prompts
+from treespec.train.code_prompts import write_prompts
 from treespec.errors import ConfigError
 
 EOT, PAD = "<|endoftext|>", "<|pad|>"
@@ -69,7 +69,7 @@ class Corpus:
             return sum(len(f.text.encode("utf-8")) for f in files)
 
         return {
-            "source": "Python standard library *.py (treespec.pair_data)", "python": sys.version.split()[0],
+            "source": "Python standard library *.py (treespec.train.pair_data)", "python": sys.version.split()[0],
             "implementation": sys.implementation.name, "stdlib": self.root,
             "train_files": len(self.train), "held_out_files": len(self.held_out),
             "train_bytes": size(self.train), "held_out_bytes": size(self.held_out),

@@ -1,6 +1,6 @@
 """Training treespec's own model pair (``treespec train pair``): a Llama target and a Llama draft
 (at most a tenth of the target's parameters) sharing one byte-level BPE tokenizer, trained from
-scratch on the Python standard library's source (``treespec.pair_data``), float32 on the CPU.
+scratch on the Python standard library's source (``treespec.train.pair_data``), float32 on the CPU.
 
 Each model: seeded random init, AdamW (β 0.9/0.95, weight decay on matrices), linear warm-up then
 cosine decay to ``min_lr`` of the peak, gradient clipping, on random windows of ``context + 1`` tokens
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from treespec.errors import ConfigError
-from treespec.checkpoint import save_atomic
-from treespec.pair_data import EOT_ID, PAD_ID, PairData, prepare
+from treespec.train.checkpoint import save_atomic
+from treespec.train.pair_data import EOT_ID, PAD_ID, PairData, prepare
 
 WHICH = ("target", "draft")
 Progress = Callable[[str, int, int, str], None]  # (task, done, total, info)

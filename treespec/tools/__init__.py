@@ -1,0 +1,2 @@
+"""Inspection tooling (not the decoding core): rendering one draft tree (``render``) for
+``treespec tree show``."""
