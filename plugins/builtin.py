@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from treespec.hookspecs import hookimpl
 from treespec.interfaces import PluginSpec
 from treespec.plugins.configs import (
@@ -96,3 +99,16 @@ def treespec_drafters() -> list[PluginSpec]:
             load="treespec.plugins.eagle:EagleDrafter",
         ),
     ]
+
+
+@hookimpl
+def treespec_drafter_name(name: str) -> tuple[str, dict[str, Any]] | None:
+    """``a+b`` is drafter ``compose`` with ``parts=[a, b]``; a model (alias, hub id, directory) is
+    drafter ``model`` with ``model=<that>``."""
+    from treespec.models import looks_like_model
+
+    if "+" in name and not Path(name).expanduser().exists():
+        return "compose", {"parts": name.split("+")}
+    if looks_like_model(name):
+        return "model", {"model": name}
+    return None

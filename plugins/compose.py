@@ -108,6 +108,44 @@ class ComposedDrafter(Drafter):
         for part in self.parts:
             part.prefill(context)
 
+    @classmethod
+    def from_options(cls, options: dict[str, Any], target: Any, owner: str) -> "ComposedDrafter":
+        """``--drafter a+b`` (options ``parts=[a, b]``): each part is built by name with the options
+        routed to it (``PART.option``, PART being the part's drafter name or its 1-based position, or
+        in Python ``{PART: {option: value}}``); the other options are ``ComposeConfig``'s."""
+        from treespec.factory import make_named, resolve_drafter_name  # the factory loads this class
+
+        own, routed = _split_options(options)
+        unknown = [key for key in own if key not in ComposeConfig.model_fields]  # reported once parts are known
+        config = build_config(ComposeConfig, {k: v for k, v in own.items() if k not in unknown}, owner)
+        raw = config.parts
+        if len(raw) < 2:
+            raise ConfigError(f"{owner} needs two or more parts; write e.g. --drafter model+ngram or -D parts=model,ngram")
+        names = [resolve_drafter_name(part, None)[0] for part in raw]  # unknown names: "did you mean"
+        if COMPOSE in names:
+            raise ConfigError(f"{owner}: a part cannot be {COMPOSE!r}; list all parts in one a+b+c")
+        listing = ", ".join(f"{i}={n}" for i, n in enumerate(names, 1))
+        if unknown:
+            raise ConfigError(
+                f"{owner}: {unknown[0]!r} is not an option of the composition (parts, merge, weights); "
+                f"for a part write PART.{unknown[0]}=VALUE, PART being a part's name or position ({listing})"
+            )
+        label = owner.removeprefix("drafter ")
+        parts = []
+        for i, (part, opts) in enumerate(zip(raw, _route(routed, names, owner, listing)), 1):
+            name, opts = resolve_drafter_name(part, opts)
+            if name == "model" and "model" not in opts:
+                raise ConfigError(
+                    f"{owner}: part {i} 'model' needs a draft model; write the model in its place "
+                    "(e.g. llama-68m+ngram) or add the option model.model=PATH"
+                )
+            parts.append(make_named(name, opts, target, f"drafter {name!r} (part {i} of {label})"))
+        return cls(parts, config, target)
+
+    def begin_step(self, root_token: int) -> None:
+        for part in self.parts:
+            part.begin_step(root_token)
+
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         props = [part.expand(tree, nodes, k) for part in self.parts]  # each [M, ≤k]
         return merge_proposals(props, k, self.config.merge, self.config.weights)  # [M, k]
@@ -119,6 +157,40 @@ class ComposedDrafter(Drafter):
     def close(self) -> None:
         for part in self.parts:
             part.close()
+
+
+COMPOSE = "compose"  # this drafter's registered name (plugins/builtin.py)
+
+
+def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The composition's own options, and the options of each part selector (``PART.option``)."""
+    own: dict[str, Any] = {}
+    routed: dict[str, dict[str, Any]] = {}
+    for key, value in options.items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            routed.setdefault(head, {})[rest] = value
+        elif isinstance(value, dict):
+            routed.setdefault(key, {}).update(value)
+        else:
+            own[key] = value
+    return own, routed
+
+
+def _route(routed: dict[str, dict[str, Any]], names: list[str], owner: str, listing: str) -> list[dict[str, Any]]:
+    """The options of each part, from selectors that are a part's name (unique) or 1-based position."""
+    part_options: list[dict[str, Any]] = [{} for _ in names]
+    for sel, opts in routed.items():
+        by_position = sel.isdigit() and 1 <= int(sel) <= len(names)
+        hits = [int(sel) - 1] if by_position else [i for i, n in enumerate(names) if n == sel]
+        if not hits:
+            raise ConfigError(
+                f"{owner}: option prefix {sel!r} names no part; prefix a part's option with its name or position ({listing})"
+            )
+        if len(hits) > 1:
+            raise ConfigError(f"{owner}: {len(hits)} parts are named {sel!r}; address them by position ({listing})")
+        part_options[hits[0]].update(opts)
+    return part_options
 
 
 def compose(

@@ -11,7 +11,7 @@ attending to the stable items and its own ancestors' items: the head's own predi
 in for the target's, which is unknown until the target verifies the tree. Items are fed one tree
 level per forward (a child needs its parent's output), only for nodes a builder asks to expand.
 
-``commit`` drops every tree item and feeds the accepted tokens and the bonus with the target's TRUE
+``begin_step`` drops the tree items of an earlier tree of the step; ``commit`` drops every tree item and feeds the accepted tokens and the bonus with the target's TRUE
 features of the old root and the accepted nodes (``Commit.hidden``), so the stable part never holds a
 prediction — exactly what a fresh prefill of the committed sequence would hold.
 """
@@ -27,15 +27,9 @@ from treespec.errors import ConfigError
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
 from treespec.plugins.configs import EagleConfig
 from treespec.plugins.eagle_head import load_head, target_dims
-from treespec.target import TargetModel, crop_cache
+from treespec.kv import causal_mask, crop_cache, tree_mask
+from treespec.target import TargetModel
 from treespec.tree import DraftTree
-
-
-def causal_mask(past: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """[n, past + n] float mask: row i sees the ``past`` cached items and new items 0..i."""
-    col = torch.arange(past + n)  # [S]
-    visible = col[None, :] <= past + torch.arange(n)[:, None]  # [n, S]
-    return torch.zeros(n, past + n, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
 
 
 def default_head(target: TargetModel) -> str:
@@ -73,23 +67,31 @@ class EagleDrafter(Drafter):
         self.vocab = vocab
         # greedy acceptance calibration (eagle_train.fit_temperature): q = softmax(logits / T)
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
+        # per sequence (prefill) and per step (begin_step)
         self.cache: DynamicCache | None = None
+        self.stable = 0  # committed items in the cache: item j at row j, position j
+        self.root_feature: torch.Tensor | None = None  # [H] f̂ at the root (None: one-token prompt)
+        self._clear_tree()
 
     # ------------------------------------------------------------------ lifecycle
     @torch.inference_mode()
     def prefill(self, context: PrefillContext) -> None:
         self.cache = DynamicCache()
-        self.stable = 0  # committed items in the cache: item j at row j, position j
-        self.root_feature: torch.Tensor | None = None  # [H] f̂ at the root (None: one-token prompt)
+        self.stable = 0
+        self.root_feature = None
         ids = context.input_ids
         if ids.shape[0] > 1:
             if context.hidden is None:
                 raise ValueError("drafter 'eagle' needs the target's hidden states (PrefillContext.hidden)")
             self._feed_committed(context.hidden, ids[1:])
-        self._new_step(None)
+        self._clear_tree()
 
-    def _new_step(self, tree: DraftTree | None) -> None:
-        self.tree = tree
+    def begin_step(self, root_token: int) -> None:
+        if self.row_nodes:  # items of an earlier tree of this step
+            crop_cache(self.cache, self.stable)
+        self._clear_tree()
+
+    def _clear_tree(self) -> None:
         self.feature: dict[int, torch.Tensor] = {}  # tree node -> its predicted feature f̂ [H]
         if self.root_feature is not None:
             self.feature[0] = self.root_feature
@@ -97,9 +99,6 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
-        if tree is not self.tree:
-            crop_cache(self.cache, self.stable)  # a new tree (or a second tree in one step)
-            self._new_step(tree)
         k = min(k, self.vocab)
         m = int(nodes.shape[0])
         if m == 0 or 0 not in self.feature:  # a one-token prompt: no feature before the root yet
@@ -119,7 +118,7 @@ class EagleDrafter(Drafter):
         """The head's softmax [M, V] after each of ``nodes`` (fed by this step's ``expand`` calls);
         zeros where there is no feature (a one-token prompt's first step)."""
         out = torch.zeros(int(nodes.shape[0]), self.vocab, device=self.target.device)
-        have = [i for i, n in enumerate(nodes.tolist()) if tree is self.tree and n in self.feature]
+        have = [i for i, n in enumerate(nodes.tolist()) if n in self.feature]
         if have:
             feats = torch.stack([self.feature[int(nodes[i])] for i in have])  # [M', H]
             out[have] = self._q(feats)
@@ -136,7 +135,7 @@ class EagleDrafter(Drafter):
         crop_cache(self.cache, self.stable)  # drop every tree item: they were built on predictions
         tokens = torch.tensor(commit.tokens, dtype=torch.long)  # [m+1] accepted + bonus
         self._feed_committed(commit.hidden, tokens)  # items (f(root), a1), (f(a1), a2), ..., (f(am), bonus)
-        self._new_step(None)
+        self._clear_tree()
 
     # ------------------------------------------------------------------ forwards
     def _feed_committed(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
@@ -158,9 +157,7 @@ class EagleDrafter(Drafter):
         parents = tree.parents[level].tolist()
         feats = torch.stack([self.feature[p] for p in parents])  # [F, H]
         row_nodes = torch.tensor(self.row_nodes + level.tolist(), dtype=torch.long)  # [R + F]
-        mask = torch.full((f, self.stable + row_nodes.numel()), torch.finfo(dtype).min, dtype=dtype)  # [F, S+R+F]
-        mask[:, : self.stable] = 0.0  # the whole committed sequence
-        mask[:, self.stable :].masked_fill_(tree.ancestors[level][:, row_nodes], 0.0)  # own ancestors and self
+        mask = tree_mask(self.stable, tree.ancestors[level][:, row_nodes], dtype)  # [F, S+R+F]: all committed, own ancestors
         pos = self.stable - 1 + tree.depths[level]  # [F]
         out = self.forward(
             feats[None],  # [1, F, H]

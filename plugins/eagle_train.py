@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from treespec.train import calibration
 from treespec.train.checkpoint import save_atomic
 from treespec.errors import ConfigError
-from treespec.plugins.eagle import causal_mask
+from treespec.kv import causal_mask
 from treespec.plugins.eagle_head import EagleHead, head_config_for
 from treespec.target import TargetModel
 

@@ -6,6 +6,7 @@ It keeps its own KV cache across steps. Cache layout during a step:
     rows [cache_len, root_pos)    pending: committed tokens not fed yet (fed in the step's first forward)
     rows [root_pos, ...)          tree nodes, in the order they were fed
 
+``begin_step`` drops the tree rows of an earlier tree (if any) and puts the new root at root_pos.
 Each ``expand`` feeds the requested nodes and any of their ancestors not fed yet in ONE forward with a
 tree mask; positions are root_pos + depth. ``commit`` keeps the rows of the accepted nodes it had fed
 and queues the rest of the accepted tokens (and the bonus) as pending.
@@ -17,10 +18,11 @@ import torch
 from transformers import DynamicCache
 
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.kv import attention_window, causal_mask, crop_cache, keep_rows, max_positions, tree_mask, window_mask
 from treespec.lean import LeanCausalLM, lean_reason
 from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from treespec.plugins.configs import ModelDrafterConfig
-from treespec.target import TargetModel, crop_cache, keep_rows, window_mask
+from treespec.target import TargetModel
 from treespec.tree import DraftTree
 
 
@@ -30,11 +32,27 @@ class ModelDrafter(Drafter):
 
     def __init__(self, config: ModelDrafterConfig, target: TargetModel):
         super().__init__(config, target)
+        self.model = self.load_model().eval()
+        self.vocab = min(target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
+        self.max_positions = max_positions(self.model.config)
+        self.window = attention_window(self.model.config)
+        # the draft's forward: treespec.lean where the architecture allows (same math, less overhead)
+        self.forward = LeanCausalLM(self.model) if config.lean and lean_reason(self.model) is None else self.model
+        # per sequence (prefill) and per step (begin_step); see the module docstring for the layout
+        self.cache: DynamicCache | None = None
+        self.cache_len = 0  # rows in the cache
+        self.pending: list[int] = []  # committed tokens not fed yet
+        self.root_token = -1  # the next tree's root (the last committed token)
+        self._ready()
+
+    def load_model(self) -> torch.nn.Module:
+        """The draft model: ``config.model`` with the target's tokenizer, device and dtype."""
+        config, target = self.config, self.target
         if target.tokenizer is not None:
             check_same_tokenizer(
                 target.tokenizer, load_tokenizer(config.model, config.trust_remote_code), target.name, config.model
             )
-        self.model = load_causal_lm(
+        return load_causal_lm(
             config.model,
             device=target.device,
             dtype=target.dtype,
@@ -42,26 +60,24 @@ class ModelDrafter(Drafter):
             attn_implementation=config.attn_implementation,
             trust_remote_code=config.trust_remote_code,
         )
-        self._setup()
-
-    def _setup(self) -> None:
-        self.vocab = min(self.target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
-        facts = TargetModel(self.model)
-        self.max_positions, self.window = facts.max_positions, facts.window
-        self.cache: DynamicCache | None = None
-        # the draft's forward: treespec.lean where the architecture allows (same math, less overhead)
-        self.forward = LeanCausalLM(self.model) if self.config.lean and lean_reason(self.model) is None else self.model
 
     # ------------------------------------------------------------------ lifecycle
     def prefill(self, context: PrefillContext) -> None:
         self.cache = DynamicCache()  # full layers: committed row i holds position i
         self.cache_len = 0
-        self.pending: list[int] = context.input_ids[:-1].tolist()
+        self.pending = context.input_ids[:-1].tolist()
         self.root_token = int(context.input_ids[-1])
-        self._new_step()
+        self._ready()
 
-    def _new_step(self) -> None:
-        self.tree: DraftTree | None = None
+    def begin_step(self, root_token: int) -> None:
+        if self.row_nodes:  # tree rows of an earlier tree of this step: drop them
+            crop_cache(self.cache, self.root_pos)
+            self.cache_len = self.root_pos
+        self._ready()
+
+    def _ready(self) -> None:
+        """No tree rows; the next tree's root goes after the cache and the pending tokens."""
+        self.root_pos = self.cache_len + len(self.pending)
         self.row_of: dict[int, int] = {}  # tree node id -> cache row
         self.row_nodes: list[int] = []  # tree node id of each tree row, in row order
         self.child_row: dict[tuple[int, int], int] = {}  # (parent row, token) -> row
@@ -69,13 +85,6 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
-        if tree is not self.tree:
-            if self.row_nodes:  # a second tree in one step: drop the first tree's rows
-                crop_cache(self.cache, self.root_pos)
-                self.cache_len = self.root_pos
-            self._new_step()
-            self.tree = tree
-            self.root_pos = self.cache_len + len(self.pending)
         need = tree.ancestors[nodes].any(dim=0)  # [N] nodes on the requested paths
         if self.row_of:
             need[torch.tensor(list(self.row_of))] = False
@@ -95,7 +104,7 @@ class ModelDrafter(Drafter):
         """The draft's softmax [M, V'] after each of ``nodes`` (fed by an earlier ``expand`` of this
         step); zeros for nodes it could not feed (the draft's context is full)."""
         out = torch.zeros(nodes.shape[0], self.vocab, device=self.model.device)
-        if tree is not self.tree or self.probs is None:
+        if self.probs is None:
             return out
         rows = [self.row_of.get(int(n), -1) for n in nodes]
         fed = torch.tensor([r >= 0 for r in rows], dtype=torch.bool)
@@ -108,17 +117,13 @@ class ModelDrafter(Drafter):
         """One forward over the pending tokens (first call of a step only) and the tree nodes ``new``."""
         pending = torch.tensor(self.pending, dtype=torch.long)  # [P]
         p, f = pending.numel(), new.numel()
-        past = self.cache_len  # rows already in the cache
-        cols = past + p + f
-        blocked = torch.finfo(self.model.dtype).min
-        col = torch.arange(cols)  # [cols]
-        mask = torch.full((p + f, cols), blocked, dtype=self.model.dtype)  # [P+F, cols]
-        # pending rows: causal over the cache and each other (row i sits at position past + i)
-        mask[:p].masked_fill_(col[None, :] <= past + torch.arange(p)[:, None], 0.0)
-        # tree rows: the whole committed prefix, then their own ancestors among the tree rows
-        mask[p:, : self.root_pos] = 0.0
+        past = self.cache_len  # rows already in the cache (root_pos = past + p)
+        dtype = self.model.dtype
         row_nodes = torch.tensor(self.row_nodes + new.tolist(), dtype=torch.long)  # [R_old + F]
-        mask[p:, self.root_pos :].masked_fill_(tree.ancestors[new][:, row_nodes], 0.0)  # [F, R_old + F]
+        mask = torch.cat([
+            causal_mask(past, p, dtype, extra=f),  # pending rows (only before any tree row): causal
+            tree_mask(self.root_pos, tree.ancestors[new][:, row_nodes], dtype),  # tree rows: prefix + ancestors
+        ])  # [P+F, root_pos + R_old + F]
         ids = torch.cat([pending, tree.tokens[new]])  # [P+F]
         pos = torch.cat([torch.arange(past, past + p), self.root_pos + tree.depths[new]])  # [P+F]
         kv_pos = torch.cat([torch.arange(self.root_pos), self.root_pos + tree.depths[row_nodes]])  # [cols]
@@ -148,7 +153,7 @@ class ModelDrafter(Drafter):
         root, self.root_token = self.root_token, commit.tokens[-1]
         if not self.row_nodes:  # nothing was fed this step: the root joins the pending tokens
             self.pending += [root] + commit.tokens[:-1]
-            self._new_step()
+            self._ready()
             return
         keep = [self.root_pos]  # cache rows of the root and the accepted nodes fed this step
         for token in commit.tokens[:-1]:
@@ -160,4 +165,4 @@ class ModelDrafter(Drafter):
         keep_rows(self.cache, self.root_pos, keep)
         self.cache_len = self.root_pos + m
         self.pending = commit.tokens[m - 1 : -1]  # accepted tokens not fed; the bonus is the next root
-        self._new_step()
+        self._ready()

@@ -16,7 +16,6 @@ import torch
 from treespec.errors import ConfigError
 from treespec.plugins.configs import SelfDrafterConfig
 from treespec.plugins.model_drafter import ModelDrafter
-from treespec.target import TargetModel
 
 # where the decoder-layer list lives: (path of the module holding it, attribute name)
 LAYER_PATHS = (
@@ -86,9 +85,6 @@ class SelfDrafter(ModelDrafter):
     Config = SelfDrafterConfig
     config: SelfDrafterConfig
 
-    def __init__(self, config: SelfDrafterConfig, target: TargetModel):
-        # not ModelDrafter.__init__: nothing is loaded, the draft is a view of the target
-        self.config = config
-        self.target = target
-        self.model = shallow_model(target.model, config.layers).eval()
-        self._setup()
+    def load_model(self) -> torch.nn.Module:
+        """Nothing is loaded: the draft is a view of the target's first ``layers`` layers."""
+        return shallow_model(self.target.model, self.config.layers)

@@ -70,7 +70,7 @@ def _compare(model, prefix_len: int = 37) -> None:
     kv_pos = torch.cat([torch.arange(prefix_len), prefix_len + depth])
     q_pos = prefix_len + depth
     if window:  # the drafter applies windows in its own masks (treespec.target.window_mask)
-        from treespec.target import window_mask
+        from treespec.kv import window_mask
 
         mask = window_mask(mask[0, 0], pos[0], pos[0], window)[None, None]
         tree_mask = window_mask(tree_mask, q_pos, kv_pos, window)

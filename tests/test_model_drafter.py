@@ -57,13 +57,16 @@ def test_probabilities_match_plain_runs_across_steps_and_odd_orders(drafter, tar
 def test_a_second_tree_in_one_step_does_not_corrupt_the_cache(drafter, target64):
     committed = target64.tokenizer("One day, Lily went to the park").input_ids
     drafter.prefill(PrefillContext(input_ids=torch.tensor(committed)))
+    drafter.begin_step(committed[-1])
     first = DraftTree(committed[-1])
     first.add_children(torch.tensor([0, 0]), torch.tensor([30, 40]), torch.tensor([0.5, 0.4]))
     drafter.expand(first, torch.tensor([1, 2]), 3)
     second = first.select(torch.tensor([0, 1]))  # a builder that continues on a pruned copy
+    drafter.begin_step(committed[-1])  # ... starts its tree over: the drafter drops the first tree's rows
     check_node(drafter, second, committed, 1)
     drafter.commit(Commit(tokens=[30, 11]))
     committed += [30, 11]
+    drafter.begin_step(committed[-1])
     check_node(drafter, DraftTree(committed[-1]), committed, 0)
 
 

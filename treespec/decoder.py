@@ -1,4 +1,5 @@
-"""The decode loop: prefill → (build → verify → commit)* → output. Read it top to bottom."""
+"""The decode loop: prefill → step* → output, each step being ``treespec.step.step`` (draft → verify →
+commit). Read ``Decoder._run`` top to bottom."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import torch
 
 from treespec.errors import ConfigError, DecodingError, TreespecError
 from treespec.factory import make_builder, make_drafter
-from treespec.interfaces import Commit, Drafter, PrefillContext, TreeBuilder
+from treespec import step
+from treespec.interfaces import Drafter, TreeBuilder
 from treespec.stats import RunStats, StepStats
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
 from treespec.sampling import RULES, DraftSampling, SamplingParams, make_generator
-from treespec.verify import Acceptance, greedy_verify, sampling_verify
+from treespec.verify import Acceptance
 
 StreamCallback = Callable[[list[int]], None]
 
@@ -69,7 +71,7 @@ class Decoder:
             raise ConfigError(f"the prompt has {len(ids)} tokens but the target's context is {limit}: shorten the prompt")
         return ids
 
-    def decode(self, ids: list[int], prompt_ids: list[int] | None = None) -> str:
+    def text_of(self, ids: list[int], prompt_ids: list[int] | None = None) -> str:
         """Text of ``ids``; given the prompt, as the continuation of the prompt's text (so a leading
         space that the tokenizer folds into the first new token is kept)."""
         tok = self.target.tokenizer
@@ -80,6 +82,8 @@ class Decoder:
         head = tok.decode(prompt_ids, skip_special_tokens=True)
         full = tok.decode(list(prompt_ids) + list(ids), skip_special_tokens=True)
         return full[len(head) :] if full.startswith(head) else tok.decode(ids, skip_special_tokens=True)
+
+    decode = text_of  # TEMP: until cli uses text_of
 
     def generate(
         self,
@@ -110,19 +114,19 @@ class Decoder:
         if max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         params, draft = self._sampling(temperature, top_p, top_k, seed, draft_temperature, rule)
-        limit = self.target.max_positions
+        accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, rule)
         out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
         self.builder.start(draft)
         try:
-            self._run(ids, max_new_tokens, limit, stream, out, params, draft.generator if draft else None, rule)
+            self._run(ids, max_new_tokens, stream, out, accept)
         except Exception as exc:
             out.stats.stop_reason = "error"
-            out.text = self.decode(out.token_ids, ids)
+            out.text = self.text_of(out.token_ids, ids)
             reason = str(exc) if isinstance(exc, TreespecError) else f"{type(exc).__name__}: {exc}"
             raise DecodingError(
                 f"decoding stopped after {len(out.token_ids)} new tokens: {reason}", out
             ) from exc
-        out.text = self.decode(out.token_ids, ids)
+        out.text = self.text_of(out.token_ids, ids)
         return out
 
     def _sampling(
@@ -155,90 +159,61 @@ class Decoder:
         return params, DraftSampling(temperature=draft_t, generator=generator)
 
     def draft_and_verify(self, prompt: str | list[int] | torch.Tensor) -> tuple[list[int], DraftTree, Acceptance]:
-        """One step for inspection (``treespec tree show``): prefill the prompt, build the first tree
-        and verify it, without committing. Returns the prompt ids, the tree and what the target accepts."""
+        """One greedy step for inspection (``treespec tree show``): prefill the prompt, build the first
+        tree and verify it, without committing. Returns the prompt ids, the tree and what the target accepts."""
         ids = self._prompt_ids(prompt)
-        limit = self.target.max_positions
         self.builder.start(None)  # greedy: ranked children
-        prompt_t = torch.tensor(ids, dtype=torch.long)  # [L]
-        hidden = self.target.prefill(prompt_t[:-1], want_hidden=self.drafter.needs_target_hidden)
-        self.drafter.prefill(PrefillContext(input_ids=prompt_t, hidden=hidden))
-        depth = limit - len(ids) - 1 if limit is not None else 1 << 30
-        tree = self.builder.build(self.drafter, ids[-1], max_depth=depth)
-        tt = tree.tensors(self.target.past_len, dtype=self.target.dtype)
-        logits, _ = self.target.forward_tree(tt)  # [N, V]
-        return ids, tree, greedy_verify(tt, logits)
+        step.prefill(self.target, self.drafter, ids)
+        done = step.step(self.target, self.drafter, self.builder, ids[-1], self._room(ids, 1 << 30), keep=False)
+        return ids, done.tree, done.acceptance
 
-    def _run(
-        self, ids: list[int], max_new: int, limit: int | None, stream: StreamCallback | None, out: Output,
-        params: SamplingParams | None = None, generator: torch.Generator | None = None, rule: str = "auto",
-    ) -> None:
+    def _room(self, committed: list[int], wanted: int) -> int:
+        """New tokens the next step may emit: ``wanted``, capped by the target's context."""
+        limit = self.target.max_positions
+        return wanted if limit is None else min(wanted, limit - len(committed))
+
+    def _run(self, ids: list[int], max_new: int, stream: StreamCallback | None, out: Output, accept: step.AcceptRule) -> None:
+        """prefill, then steps until max_new tokens, the context's end or EOS. ``out`` grows as it goes,
+        so a failure part-way leaves what was generated in it."""
         target, drafter, builder, stats = self.target, self.drafter, self.builder, out.stats
-        want_hidden = drafter.needs_target_hidden
         eos = target.eos_token_ids
         t_start = time.perf_counter()
         try:
-            # prefill: the target caches prompt[:-1]; the last prompt token is the first root
-            prompt = torch.tensor(ids, dtype=torch.long)  # [L]
-            hidden = target.prefill(prompt[:-1], want_hidden=want_hidden)  # [L-1, H] or None
-            drafter.prefill(PrefillContext(input_ids=prompt, hidden=hidden))
+            step.prefill(target, drafter, ids)
             committed = list(ids)
             stats.t_prefill = time.perf_counter() - t_start
-
-            while True:
-                room = max_new - len(out.token_ids)
-                if limit is not None:
-                    room = min(room, limit - len(committed))
-                if room <= 0:
-                    stats.stop_reason = "max_new_tokens" if len(out.token_ids) >= max_new else "context"
-                    break
-
-                # build: the builder grows a tree with the drafter; a step emits ≤ depth + 1 tokens
-                t0 = time.perf_counter()
-                tree = builder.build(drafter, committed[-1], max_depth=room - 1)
-                if tree.depth > room - 1:
-                    raise TreespecError(
-                        f"builder {type(builder).__name__} returned a tree of depth {tree.depth} > max_depth {room - 1}"
-                    )
-
-                # verify: ONE target forward over the whole tree
-                t1 = time.perf_counter()
-                tt = tree.tensors(target.past_len, dtype=target.dtype)
-                t_tensors = time.perf_counter()
-                logits, hidden = target.forward_tree(tt, want_hidden=want_hidden)  # [N, V], [N, H]
-                t2 = time.perf_counter()
-                if params is None:
-                    acc = greedy_verify(tt, logits)
-                else:  # exact speculative sampling (docs/sampling.md)
-                    acc = sampling_verify(tt, logits, params, generator, rule)
-
-                # commit: target and drafter keep the accepted path; the bonus token is the next root
-                target.commit(acc.nodes)
-                new = acc.tokens + [acc.bonus]
-                drafter.commit(Commit(tokens=new, hidden=hidden[acc.nodes] if hidden is not None else None))
+            while (room := self._room(committed, max_new - len(out.token_ids))) > 0:
+                # one step emits at most depth + 1 tokens: the accepted path and the target's bonus
+                done = step.step(target, drafter, builder, committed[-1], room - 1, accept)
+                new = done.tokens
                 hit_eos = next((i for i, t in enumerate(new) if t in eos), None)
                 if hit_eos is not None:
                     new = new[: hit_eos + 1]
                 committed += new
                 out.token_ids += new
-                t3 = time.perf_counter()
-                step = StepStats(
-                    tree_size=tree.size,
-                    depth=tree.depth,
-                    accepted=acc.accepted,
-                    emitted=len(new),
-                    expected_accepted=tree.expected_accepted(),
-                    t_draft=t1 - t0,
-                    t_verify=t2 - t_tensors,
-                    t_bookkeeping=(t_tensors - t1) + (t3 - t2),
-                )
-                stats.steps.append(step)
                 stats.new_tokens = len(out.token_ids)
-                builder.observe(step)
+                stats.steps.append(step_stats(done, emitted=len(new)))
+                builder.observe(stats.steps[-1])
                 if stream is not None:
                     stream(new)
                 if hit_eos is not None:
                     stats.stop_reason = "eos"
-                    break
+                    return
+            stats.stop_reason = "max_new_tokens" if len(out.token_ids) >= max_new else "context"
         finally:
             stats.t_total = time.perf_counter() - t_start  # also when a step fails: the partial output's speed
+
+
+def step_stats(done: step.Step, emitted: int) -> StepStats:
+    """The statistics of one finished step (``emitted``: tokens kept, after an EOS cut)."""
+    tree, seconds = done.tree, done.seconds
+    return StepStats(
+        tree_size=tree.size,
+        depth=tree.depth,
+        accepted=done.acceptance.accepted,
+        emitted=emitted,
+        expected_accepted=tree.expected_accepted(),
+        t_draft=seconds["draft"],
+        t_verify=seconds["verify"],
+        t_bookkeeping=seconds["bookkeeping"],
+    )

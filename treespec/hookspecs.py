@@ -5,15 +5,18 @@ A plugin is a module named by an entry point in that group::
     [project.entry-points.treespec]
     my-plugin = "my_package.treespec_plugin"
 
-whose hook implementations are module-level functions decorated with ``treespec.hookimpl``. Every hook
-is called once, when plugins are first needed; each implementation returns a list of ``PluginSpec``
-records and all the lists are concatenated (no first-result rule). Hook modules should stay light
+whose hook implementations are module-level functions decorated with ``treespec.hookimpl``. The two
+listing hooks are called once, when plugins are first needed; each implementation returns a list of
+``PluginSpec`` records and all the lists are concatenated (no first-result rule). The naming hook
+``treespec_drafter_name`` is called per lookup and follows the first-result rule. Hook modules should stay light
 (no torch import): put the implementation in another module and name it as ``"module:Class"``.
 """
 
 from __future__ import annotations
 
 import pluggy
+
+from typing import Any
 
 from treespec.interfaces import PluginSpec
 
@@ -39,6 +42,20 @@ def treespec_drafters() -> list[PluginSpec]:
     ``record.config``; ``aliases`` are extra names for the same drafter. Called once per process, on
     first use of the registry. A name or alias that another plugin already registered is an error
     naming both plugins.
+    """
+
+
+@hookspec(firstresult=True)
+def treespec_drafter_name(name: str) -> tuple[str, dict[str, Any]] | None:
+    """Read a ``--drafter`` value that is no registered drafter name or alias.
+
+    Return ``(drafter name, implied options)`` or None when ``name`` means nothing to this plugin.
+    Called by ``treespec.factory.resolve_drafter_name`` each time such a value is looked up;
+    first-result rule: third-party plugins are asked before the built-ins (later registrations
+    first), and the first answer that is not None wins. The implied options are merged into the
+    user's options; a user option that contradicts one of them is an error. The built-ins read
+    ``a+b`` as drafter ``compose`` with ``parts=[a, b]`` and a model alias, hub id or directory as
+    drafter ``model`` with ``model=<that>``.
     """
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from treespec.config import PluginConfig
 
@@ -58,9 +58,17 @@ class Commit:
 class Drafter(ABC):
     """Proposes candidate next tokens for nodes of a draft tree.
 
-    Lifecycle per generation: ``prefill`` once, then per step any number of ``expand`` calls on one
-    growing tree (node ids are stable within a step), then one ``commit``. A drafter owns all of its
-    state (draft KV cache, features, index) and must return to a consistent state after ``commit``.
+    Lifecycle per generation (driven by ``treespec.step``)::
+
+        prefill(context)                      once: a new sequence
+        begin_step(root)                      each step: its tree starts at the last committed token
+          expand(tree, nodes, k)  ...          any number of calls on that ONE growing tree
+        commit(commit)                        the step is over: accepted tokens + bonus
+
+    Node ids are stable within a step: every ``expand`` between ``begin_step`` and ``commit`` is
+    about the same tree, which only grows. A drafter creates its state in ``__init__`` or
+    ``prefill``, resets per-step state in ``begin_step`` (never by comparing tree objects), owns all
+    of it (draft KV cache, features, index) and is consistent again after ``commit``.
     """
 
     Config: ClassVar[type[PluginConfig]] = PluginConfig
@@ -73,9 +81,26 @@ class Drafter(ABC):
         self.config = config
         self.target = target
 
+    @classmethod
+    def from_options(cls, options: dict[str, Any], target: "TargetModel", owner: str) -> "Drafter":
+        """Build from raw ``name=value`` options (the registry calls this): validate them against
+        ``Config`` (errors name ``owner``, e.g. ``"drafter 'ngram'"``), then ``cls(config, target)``.
+        Override only when some options are not your Config's (``compose`` routes ``PART.option``
+        to its parts)."""
+        from treespec.config import build_config
+
+        return cls(build_config(cls.Config, options, owner), target)
+
     @abstractmethod
     def prefill(self, context: PrefillContext) -> None:
         """Start a new sequence. Called once per ``generate``, before the first step."""
+
+    def begin_step(self, root_token: int) -> None:
+        """A step starts: its tree's root is ``root_token``, the last committed token (after
+        ``prefill`` it is the prompt's last token; after ``commit``, the bonus token). Every
+        ``expand`` until the next ``commit`` is about this one tree. Drop per-step state here (e.g.
+        draft KV rows of an earlier tree). A builder that starts its tree over within a step calls
+        it again. The default does nothing: drafters without per-step state need not override it."""
 
     @abstractmethod
     def expand(self, tree: "DraftTree", nodes: "torch.Tensor", k: int) -> Proposals:

@@ -54,6 +54,12 @@ class Registry:
     failures: list[tuple[str, str, str]] = field(default_factory=list)  # (entry point, package, error)
     skipped: list[str] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)  # names in the env switches that match no entry point
+    hooks: pluggy.PluginManager = field(default_factory=lambda: _manager())  # every loaded plugin module
+
+    def interpret(self, name: str) -> tuple[str, dict[str, Any]] | None:
+        """What the plugins make of a drafter value that is no registered name (hook
+        ``treespec_drafter_name``, first result wins)."""
+        return self.hooks.hook.treespec_drafter_name(name=name)
 
     def _table(self, kind: Kind) -> dict[str, Entry]:
         return self.builders if kind == "builder" else self.drafters
@@ -110,10 +116,15 @@ def _is_builtin(ep: md.EntryPoint) -> bool:
     return ep.dist is not None and ep.dist.metadata["Name"] == "treespec"
 
 
-def _collect(module: Any, ep_name: str, package: str, version: str) -> list[Entry]:
-    """Ask one plugin module's hooks for its records."""
+def _manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(GROUP)
     pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _collect(module: Any, ep_name: str, package: str, version: str) -> list[Entry]:
+    """Ask one plugin module's hooks for its records."""
+    pm = _manager()
     pm.register(module, name=ep_name)
     entries = []
     for kind, hook in (("builder", pm.hook.treespec_builders), ("drafter", pm.hook.treespec_drafters)):
@@ -142,12 +153,15 @@ def discover(entry_points: list[md.EntryPoint] | None = None) -> Registry:
             reg.skipped.append(ep.name)
             continue
         try:  # a broken plugin (import or hook) is reported and must not take the others down
-            entries = _collect(ep.load(), ep.name, package, version)
+            module = ep.load()
+            entries = _collect(module, ep.name, package, version)
         except Exception as exc:
             reg.failures.append((ep.name, package, f"{type(exc).__name__}: {exc}"))
             continue
         for entry in entries:
             reg.add(entry)  # a duplicate name stays a hard error
+        if not reg.hooks.is_registered(module):
+            reg.hooks.register(module, name=f"{package}:{ep.name}")
     return reg
 
 

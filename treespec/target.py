@@ -3,7 +3,7 @@
 It owns the target's KV cache, which always holds ``committed[:-1]``: the last committed token is
 the next tree's root and is fed by ``forward_tree``. Works with any model whose forward accepts a 4D
 float ``attention_mask`` and explicit ``position_ids`` over a ``DynamicCache`` (Llama, Mistral,
-Qwen2, GPT-2, ... — measured in ``../shared/README.md``, tested in ``tests/test_tree_forward.py``).
+Qwen2, GPT-2, ...: tested in ``tests/test_tree_forward.py``). Masks and cache surgery: ``treespec.kv``.
 Devices and dtypes come from the model.
 """
 
@@ -15,64 +15,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from treespec.errors import ConfigError, TreespecError
+from treespec.errors import TreespecError
+from treespec.kv import attention_window, crop_cache, keep_rows, max_positions, window_mask
 from treespec.tree import TreeTensors
-
-
-def crop_cache(cache: DynamicCache, length: int) -> None:
-    """Drop every cached position from ``length`` on, layer by layer: a forward that failed part-way
-    may have appended to its first layers only (transformers 5 crops by a negative count)."""
-    for layer in cache.layers:
-        if not getattr(layer, "is_initialized", True) or getattr(layer, "keys", None) is None:
-            continue
-        extra = layer.get_seq_length() - length
-        if extra > 0:
-            layer.crop(-extra)
-
-
-def attention_window(config: Any) -> int | None:
-    """The sliding-attention window every layer uses, or None. Caches here keep every row at its
-    position (``DynamicCache()`` without a config), so the window is applied in our own masks."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    window = getattr(cfg, "sliding_window", None)
-    if not window:
-        return None
-    types = getattr(cfg, "layer_types", None)
-    if types is None:  # e.g. Mistral: every layer slides when sliding_window is set
-        return int(window)
-    sliding = ["sliding" in str(t) for t in types]
-    if not any(sliding):
-        return None
-    if not all(sliding):
-        raise ConfigError(
-            f"{getattr(cfg, 'model_type', 'this model')} mixes sliding-window and full attention layers, which "
-            "treespec does not support yet (one tree mask serves every layer); pick another model"
-        )
-    return int(window)
-
-
-def window_mask(mask: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Block keys at or beyond ``window`` positions behind each query (Hugging Face's sliding rule:
-    key visible iff kv_pos > q_pos − window). mask: [..., Q, K]; q_pos: [Q]; kv_pos: [K]."""
-    if window is None:
-        return mask
-    far = kv_pos.to(mask.device)[None, :] <= q_pos.to(mask.device)[:, None] - window  # [Q, K]
-    return mask.masked_fill(far, torch.finfo(mask.dtype).min)
-
-
-def keep_rows(cache: DynamicCache, base: int, rows: list[int] | torch.Tensor) -> None:
-    """Keep cache positions ``rows`` (ascending, all ≥ base) at base, base+1, ... and drop the rest.
-
-    Copy-into-place then crop: about 4× faster than index_select on every layer (../shared/README.md).
-    """
-    rows = torch.as_tensor(rows)
-    m = int(rows.shape[0])
-    if m and int(rows[-1]) != base + m - 1:  # not already a contiguous run from base (chains are)
-        for layer in cache.layers:
-            src = rows.to(layer.keys.device)
-            layer.keys[:, :, base : base + m] = layer.keys[:, :, src]  # [B, H_kv, m, D]
-            layer.values[:, :, base : base + m] = layer.values[:, :, src]
-    crop_cache(cache, base + m)
 
 
 class TargetModel:
@@ -99,12 +44,7 @@ class TargetModel:
 
     @property
     def max_positions(self) -> int | None:
-        cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
-        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-            value = getattr(cfg, key, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return None
+        return max_positions(self.config)
 
     @property
     def eos_token_ids(self) -> set[int]:

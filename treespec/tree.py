@@ -152,12 +152,10 @@ class DraftTree:
 
     def tensors(self, past_len: int, dtype: torch.dtype = torch.float32) -> TreeTensors:
         """Inputs for one target forward over all nodes, on top of a cache of ``past_len`` tokens."""
-        n = len(self)
+        from treespec.kv import tree_mask
+
         anc = self.ancestors  # [N, N]
-        blocked = torch.finfo(dtype).min
-        mask = torch.full((n, past_len + n), blocked, dtype=dtype, device=anc.device)  # [N, P+N]
-        mask[:, :past_len] = 0.0  # every node sees the whole committed prefix
-        mask[:, past_len:].masked_fill_(anc, 0.0)  # ... and its own ancestors (itself included)
+        mask = tree_mask(past_len, anc, dtype)  # [N, P+N]: the whole committed prefix, then own ancestors
         return TreeTensors(
             input_ids=self.tokens,
             position_ids=past_len + self.depths,
