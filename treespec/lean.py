@@ -1,6 +1,6 @@
 """A lean forward for Llama-family drafts: the same weights and math, without the framework's overhead.
 
-A Hugging Face forward costs ~1 ms + ~0.5 ms per layer of Python on a CPU (``../shared/README.md``),
+A Hugging Face forward costs ~1 ms + ~0.5 ms per layer of Python on a CPU (measured: docs/drafters.md),
 which is more than a 2-layer draft's arithmetic. A drafter calls its model once per tree level, so
 that overhead, not the FLOPs, decides whether drafting pays. ``LeanCausalLM`` runs the same model in
 a dozen tensor ops per layer: fused QKV and gate/up matmuls, the model's own rotary embedding module

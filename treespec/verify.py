@@ -118,44 +118,28 @@ def verify_batch(
     B, N, V = probs.shape
     parents = tt.parents.to(dev)
     par = parents.clamp(min=0)  # [N] the root points at itself
-    ids = torch.arange(N, device=dev)
     sampled = rule in ("auto", "specinfer") and tt.draw_row is not None and bool((tt.draw_row >= 0).any())
+    rows = torch.arange(B, device=dev)
 
     if rule == "target-only":
         if B > 1 and probs.stride(0) == 0:  # one distribution for every trial (tests: a fixed tree)
             t = sample_rows(probs[0], generator, n=B).T  # [B, N]
         else:
             t = sample_rows(probs, generator)  # [B, N] the target's own token after each node
-        acc = t[:, par] == tokens  # [B, N] child i matches its parent's sample
-    else:
-        a = _ranked_rates(parents, tokens, probs)  # [B, N] acceptance probability of each child
-        if sampled:
-            rates, residual, sampled_nodes = _specinfer_rates(tt, tokens, probs, draw_dist)
-            a = torch.where((tt.draw_row.to(dev)[par] >= 0)[None, :], rates, a)
-        acc = uniform((B, N), generator, dev) < a  # [B, N]
-
-    # the first passing child of every node: scatter-min of the passing children's ids over parents
-    cand = torch.where(acc, ids[None, :], N)  # [B, N]
-    cand[:, 0] = N  # the root is nobody's child
-    first = torch.full((B, N), N, dtype=torch.long, device=dev).scatter_reduce(
-        1, par[None, :].expand(B, N), cand, reduce="amin", include_self=True
-    )  # [B, N] first[b, u] = the id of u's accepted child, N if none
-    ok = first[:, par] == ids[None, :]  # [B, N]
-    ok[:, 0] = True  # the root is committed
-    anc = tt.ancestors.to(dev)  # [N, N]
-    bad = (~ok).to(torch.float32) @ anc.T.to(torch.float32)  # [B, N] rejected nodes on each path
-    depth = torch.where(bad == 0, tt.depths.to(dev)[None, :], -1)  # [B, N]
-    best = depth.argmax(dim=-1)  # [B] the deepest node of the (single) accepted path
-    rows = torch.arange(B, device=dev)
-    if fill is not None:
-        probs = fill(best)
-
-    if rule == "target-only":
+        best = _deepest_accepted(tt, t[:, par] == tokens)  # child i matches its parent's sample
+        probs = fill(best) if fill is not None else probs
         # at a node with children, its sample matched none of them: it is the bonus token; at a leaf,
         # a sample of the leaf's distribution drawn now is the same thing
         inner = torch.zeros(N, dtype=torch.bool, device=dev)
         inner[parents[1:]] = True
         return best, torch.where(inner[best], t[rows, best], sample_rows(probs[rows, best], generator))
+
+    a = _ranked_rates(parents, tokens, probs)  # [B, N] acceptance probability of each child
+    if sampled:
+        rates, residual, sampled_nodes = _specinfer_rates(tt, tokens, probs, draw_dist)
+        a = torch.where((tt.draw_row.to(dev)[par] >= 0)[None, :], rates, a)
+    best = _deepest_accepted(tt, uniform((B, N), generator, dev) < a)
+    probs = fill(best) if fill is not None else probs
     res = _bonus_rows(parents, tokens, probs, best)  # [B, V] p at the best node, children removed
     if sampled:
         pos = torch.full((N,), -1, dtype=torch.long, device=dev)
@@ -166,6 +150,28 @@ def verify_batch(
     empty = res.sum(dim=-1) <= 0  # rounding only: the children held all the mass, yet none passed
     res = torch.where(empty[:, None], probs[rows, best], res)
     return best, sample_rows(res, generator)
+
+
+def _deepest_accepted(tt: TreeTensors, passed: torch.Tensor) -> torch.Tensor:
+    """[B] the deepest node of the single accepted path, given which children passed their test
+    (``passed`` [B, N]): each node accepts only its FIRST passing child (lowest id), and a node is
+    accepted when it and all its ancestors are."""
+    B, N = passed.shape
+    dev = passed.device
+    par = tt.parents.to(dev).clamp(min=0)  # [N]
+    ids = torch.arange(N, device=dev)
+    # the first passing child of every node: scatter-min of the passing children's ids over parents
+    cand = torch.where(passed, ids[None, :], N)  # [B, N]
+    cand[:, 0] = N  # the root is nobody's child
+    first = torch.full((B, N), N, dtype=torch.long, device=dev).scatter_reduce(
+        1, par[None, :].expand(B, N), cand, reduce="amin", include_self=True
+    )  # [B, N] first[b, u] = the id of u's accepted child, N if none
+    ok = first[:, par] == ids[None, :]  # [B, N]
+    ok[:, 0] = True  # the root is committed
+    anc = tt.ancestors.to(dev)  # [N, N]
+    bad = (~ok).to(torch.float32) @ anc.T.to(torch.float32)  # [B, N] rejected nodes on each path
+    depth = torch.where(bad == 0, tt.depths.to(dev)[None, :], -1)  # [B, N]
+    return depth.argmax(dim=-1)  # [B]
 
 
 def _ranked_rates(parents: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

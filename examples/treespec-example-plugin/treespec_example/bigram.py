@@ -5,8 +5,12 @@ since. For a tree node it proposes the ``k`` most frequent followers of the node
 ``q = count / total`` (total: how often the token was followed by anything). These are
 normalised counts, not a model's probabilities, hence ``provides_probabilities = False``.
 
-State is per sequence: ``prefill`` starts from the prompt, ``commit`` appends the step's tokens.
-``expand`` reads the counts only, so the tree (and rejected nodes) never change the state.
+The step protocol (``prefill`` once; per step ``begin_step``, ``expand`` calls on one tree,
+``commit``): state is per sequence, created in ``__init__``; ``prefill`` starts from the prompt,
+``commit`` appends the step's tokens. ``expand`` reads the counts only, so the tree (and rejected
+nodes) never change the state, and there is no per-step state: ``begin_step`` keeps the default,
+which does nothing. (A drafter with per-step state, e.g. a KV cache holding tree rows, resets it in
+``begin_step``; see treespec's ``plugins/model_drafter.py``.)
 """
 
 from __future__ import annotations
