@@ -3,15 +3,17 @@ commit). Read ``Decoder._run`` top to bottom."""
 
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from treespec.errors import ConfigError, DecodingError, TreespecError
 from treespec.factory import make_builder, make_drafter
-from treespec import step
+from treespec import inputs, step
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.stats import RunStats, StepStats
 from treespec.target import TargetModel
@@ -53,13 +55,12 @@ class Decoder:
             target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         self.target = target
         self.drafter = make_drafter(drafter, drafter_options, self.target)
+        self._lock = threading.Lock()  # one decode at a time: the caches are this Decoder's
+        self._owner: int | None = None  # the thread decoding now
 
     def encode(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
-        if isinstance(prompt, str):
-            if self.target.tokenizer is None:
-                raise ConfigError("the target has no tokenizer: pass token ids instead of text")
-            return list(self.target.tokenizer(prompt, verbose=False).input_ids)  # no length warning: _prompt_ids checks the context
-        return [int(t) for t in (prompt.flatten().tolist() if isinstance(prompt, torch.Tensor) else prompt)]
+        """Token ids of a prompt: text, a list of ids or a [L] / [1, L] tensor (checked: one line of error)."""
+        return inputs.token_ids(prompt, self.target.tokenizer, self.target.vocab_size)
 
     def _prompt_ids(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
         """Token ids of a prompt that leaves room for at least one new token."""
@@ -97,6 +98,7 @@ class Decoder:
         seed: int | None = None,
         draft_temperature: float | None = None,
         rule: str = "auto",
+        **unknown: Any,
     ) -> Output:
         """Decode. With ``temperature`` None or 0 (the default): greedily, and the output equals the
         target's own greedy decoding, token for token. With ``temperature > 0``: speculative sampling,
@@ -108,11 +110,41 @@ class Decoder:
         draw children at random (``sample=true``); ``rule`` picks the verification rule:
         ``auto`` | ``specinfer`` | ``deterministic`` | ``target-only``.
 
-        Raises ``DecodingError`` on failure, with everything generated so far in ``.output``.
+        Calls on one Decoder are serialised: a second thread's call waits for the first to finish
+        (the target's and the drafter's caches are per Decoder). Bad arguments raise ``ConfigError``;
+        a failure while decoding raises ``DecodingError`` with everything generated so far in ``.output``.
         """
+        if unknown:
+            raise ConfigError(
+                f"generate() got unknown argument(s) {', '.join(map(repr, unknown))}; it takes prompt, max_new_tokens, "
+                "stream, temperature, top_p, top_k, seed, draft_temperature, rule"
+            )
+        with self._exclusive():
+            return self._generate(prompt, max_new_tokens, stream, temperature, top_p, top_k, seed, draft_temperature, rule)
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One decode at a time on this Decoder: other threads wait; a call from inside a running
+        decode on the same thread (e.g. from its ``stream`` callback) is refused."""
+        if self._owner == threading.get_ident():
+            raise ConfigError("this Decoder is already decoding on this thread (generate() called from its stream "
+                              "callback?): use a second Decoder")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
+
+    def _generate(
+        self, prompt: str | list[int] | torch.Tensor, max_new_tokens: int, stream: StreamCallback | None,
+        temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
+        draft_temperature: float | None, rule: str,
+    ) -> Output:
         ids = self._prompt_ids(prompt)
-        if max_new_tokens <= 0:
-            raise ConfigError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        max_new_tokens = inputs.positive_int("max_new_tokens", max_new_tokens)
+        if stream is not None and not callable(stream):
+            raise ConfigError(f"stream must be a callable taking a list of token ids, got {type(stream).__name__}")
         params, draft = self._sampling(temperature, top_p, top_k, seed, draft_temperature, rule)
         accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, rule)
         out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
@@ -161,11 +193,12 @@ class Decoder:
     def draft_and_verify(self, prompt: str | list[int] | torch.Tensor) -> tuple[list[int], DraftTree, Acceptance]:
         """One greedy step for inspection (``treespec tree show``): prefill the prompt, build the first
         tree and verify it, without committing. Returns the prompt ids, the tree and what the target accepts."""
-        ids = self._prompt_ids(prompt)
-        self.builder.start(None)  # greedy: ranked children
-        step.prefill(self.target, self.drafter, ids)
-        done = step.step(self.target, self.drafter, self.builder, ids[-1], self._room(ids, 1 << 30), keep=False)
-        return ids, done.tree, done.acceptance
+        with self._exclusive():
+            ids = self._prompt_ids(prompt)
+            self.builder.start(None)  # greedy: ranked children
+            step.prefill(self.target, self.drafter, ids)
+            done = step.step(self.target, self.drafter, self.builder, ids[-1], self._room(ids, 1 << 30), keep=False)
+            return ids, done.tree, done.acceptance
 
     def _room(self, committed: list[int], wanted: int) -> int:
         """New tokens the next step may emit: ``wanted``, capped by the target's context."""

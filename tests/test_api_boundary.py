@@ -1,0 +1,94 @@
+"""The Python API's boundary (issue 16): concurrent calls on one Decoder are serialised and stay
+lossless; misuse is one ConfigError line before anything runs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import treespec
+from conftest import STORIES260K, tinystories_prompts
+
+
+@pytest.fixture(scope="module")
+def decoder(target64):
+    return treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3},
+                            builder="opt-tree", builder_options={"nodes": 12})
+
+
+def test_concurrent_generate_on_one_decoder_is_lossless(decoder, greedy_reference):
+    """Two threads share one Decoder (one target cache, one draft cache): each output must still be
+    the target's own greedy continuation of its own prompt."""
+    prompts = [decoder.encode(p) for p in tinystories_prompts(4)]
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(prompts))
+
+    def work(i: int) -> None:
+        try:
+            start.wait()
+            for _ in range(2):
+                results[i] = decoder.generate(prompts[i], max_new_tokens=48).token_ids
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, prompt in enumerate(prompts):
+        assert results[i] == greedy_reference(prompt, 48), greedy_reference.explain(prompt, results[i], greedy_reference(prompt, 48))
+
+
+def test_generate_from_its_own_stream_callback_is_refused(decoder):
+    def again(_tokens):
+        decoder.generate([1, 500], max_new_tokens=2)
+
+    with pytest.raises(treespec.DecodingError, match="already decoding on this thread"):
+        decoder.generate([1, 500], max_new_tokens=4, stream=again)
+    assert decoder.generate([1, 500], max_new_tokens=3).token_ids  # and the Decoder still works
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        (torch.tensor([[1, 500, 30], [1, 500, 31]]), r"shape \[2, 3\].*call generate\(\) once per prompt"),
+        (torch.tensor([1.0, 500.0]), "dtype torch.float32: token ids must be integers"),
+        (torch.zeros(1, 1, 3, dtype=torch.long), r"shape \[1, 1, 3\]"),
+        ([1, -5], r"token id -5 is outside the target's vocabulary \[0, 512\)"),
+        ([1, 512], r"token id 512 is outside"),
+        ([1, 2.5], r"holds 2.5 \(float\): token ids must be integers"),
+        ([1, True], r"holds True \(bool\)"),
+        ({"ids": [1]}, "the prompt is a dict"),
+        (None, "the prompt is a NoneType"),
+        ([], "the prompt is empty"),
+    ],
+)
+def test_bad_prompts_are_one_line(decoder, prompt, message):
+    with pytest.raises(treespec.ConfigError, match=message) as err:
+        decoder.generate(prompt, max_new_tokens=4)
+    assert "\n" not in str(err.value)
+
+
+def test_a_one_row_batch_tensor_is_the_same_prompt(decoder):
+    ids = [1, 403, 407, 261]
+    a = decoder.generate(torch.tensor([ids]), max_new_tokens=8).token_ids
+    assert a == decoder.generate(ids, max_new_tokens=8).token_ids
+
+
+@pytest.mark.parametrize("value, message", [(2.5, "whole number > 0, got 2.5"), (0, "must be > 0, got 0"),
+                                            (True, "whole number > 0, got True"), ("8", "whole number")])
+def test_bad_max_new_tokens(decoder, value, message):
+    with pytest.raises(treespec.ConfigError, match=message):
+        decoder.generate([1, 500], max_new_tokens=value)
+
+
+def test_unknown_keyword_and_bad_stream_are_config_errors(decoder):
+    with pytest.raises(treespec.ConfigError, match="unknown argument.*'do_sample'"):
+        decoder.generate([1, 500], max_new_tokens=4, do_sample=True)
+    with pytest.raises(treespec.ConfigError, match="stream must be a callable"):
+        decoder.generate([1, 500], max_new_tokens=4, stream=3)

@@ -1,0 +1,64 @@
+"""Checks at the API boundary: what ``Decoder.generate`` accepts, refused in one line otherwise.
+
+Each function raises ``ConfigError`` naming the problem and the fix, before anything runs, so a
+misuse never fails half-way through a decode (or, worse, silently decodes something else: a ``[B, L]``
+tensor flattened into one prompt, float ids truncated to integers).
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+from typing import Any
+
+from treespec.errors import ConfigError
+
+PROMPT_TYPES = "text (str), a list of token ids, or a [L] / [1, L] integer tensor"
+
+
+def token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
+    """The token ids of ``prompt`` (text through ``tokenizer``), each in ``[0, vocab_size)``."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ConfigError("the target has no tokenizer: pass token ids instead of text")
+        return list(tokenizer(prompt, verbose=False).input_ids)  # no length warning: the context is checked
+    ids = _tensor_ids(prompt) if _is_tensor(prompt) else _list_ids(prompt)
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ConfigError(f"token id {bad} is outside the target's vocabulary [0, {vocab_size}): pass ids from its tokenizer")
+    return ids
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "dtype") and hasattr(value, "shape")
+
+
+def _tensor_ids(prompt: Any) -> list[int]:
+    import torch
+
+    if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+        raise ConfigError(f"the prompt tensor has dtype {prompt.dtype}: token ids must be integers (torch.long)")
+    if prompt.dim() == 2 and prompt.shape[0] == 1:
+        prompt = prompt[0]
+    if prompt.dim() != 1:
+        shape = list(prompt.shape)
+        hint = "; batches are not supported: call generate() once per prompt" if prompt.dim() == 2 else ""
+        raise ConfigError(f"the prompt tensor has shape {shape}: give [L] or [1, L]{hint}")
+    return [int(t) for t in prompt.tolist()]
+
+
+def _list_ids(prompt: Any) -> list[int]:
+    if not isinstance(prompt, (list, tuple)):
+        raise ConfigError(f"the prompt is a {type(prompt).__name__}: give {PROMPT_TYPES}")
+    bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, Integral)), None)
+    if bad is not None:
+        raise ConfigError(f"the prompt holds {bad!r} ({type(bad).__name__}): token ids must be integers")
+    return [int(t) for t in prompt]
+
+
+def positive_int(name: str, value: Any) -> int:
+    """``value`` as an int > 0 (bools and non-integral numbers refused)."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ConfigError(f"{name} must be a whole number > 0, got {value!r}")
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+    return int(value)
