@@ -174,8 +174,11 @@ def test_cli_plugins_json_lists_the_example():
 
 def test_duplicate_of_a_builtin_names_both_sources(fake):
     fake.add("fake-dup", "dupe", "fake_dup_chain", plugin_source("builder", "chain"))
+    reg = registry.discover()  # listing still works: only the ambiguous name is unusable
+    assert reg.get("builder", "opt-tree").spec.name == "opt-tree"
+    assert "chain" in reg.names("builder") and "builder:chain" in reg.conflicts
     with pytest.raises(PluginError) as err:
-        registry.discover()
+        reg.get("builder", "chain")
     msg = str(err.value)
     assert "'chain' is registered twice" in msg
     assert f"treespec {treespec.__version__} (entry point 'builtin')" in msg
@@ -187,7 +190,7 @@ def test_duplicate_between_two_plugins_names_both_and_blocking_one_resolves_it(f
     fake.add("fake-one", "one", "fake_twin_one", plugin_source("drafter", "twin"))
     fake.add("fake-two", "two", "fake_twin_two", plugin_source("drafter", "twin"))
     with pytest.raises(PluginError) as err:
-        registry.discover()
+        registry.discover().get("drafter", "twin")
     msg = str(err.value)
     assert "fake-one 0.1 (entry point 'one')" in msg and "fake-two 0.1 (entry point 'two')" in msg
 
@@ -199,8 +202,10 @@ def test_duplicate_between_two_plugins_names_both_and_blocking_one_resolves_it(f
 
 def test_alias_that_shadows_a_name_is_a_duplicate(fake):
     fake.add("fake-alias", "alias", "fake_alias_mod", plugin_source("drafter", "mine", aliases=("model",)))
+    reg = registry.discover()
+    assert reg.get("drafter", "mine").spec.name == "mine"  # the plugin's own name still works
     with pytest.raises(PluginError, match=rf"drafter name 'model' is registered twice: by treespec {re.escape(treespec.__version__)}"):
-        registry.discover()
+        reg.get("drafter", "model")
 
 
 def test_unknown_names_suggest_close_ones():

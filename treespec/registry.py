@@ -54,6 +54,7 @@ class Registry:
     failures: list[tuple[str, str, str]] = field(default_factory=list)  # (entry point, package, error)
     skipped: list[str] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)  # names in the env switches that match no entry point
+    conflicts: dict[str, list[Entry]] = field(default_factory=dict)  # "kind:name" -> every plugin claiming it
     hooks: pluggy.PluginManager = field(default_factory=lambda: _manager())  # every loaded plugin module
 
     def interpret(self, name: str) -> tuple[str, dict[str, Any]] | None:
@@ -65,16 +66,31 @@ class Registry:
         return self.builders if kind == "builder" else self.drafters
 
     def add(self, entry: Entry) -> None:
+        """Register ``entry``. A name (or alias) that another plugin registered already is recorded
+        as a conflict, not raised: listing still works, and only using that name fails (``get``)."""
+        claimed = False
         for name in (entry.spec.name, *entry.spec.aliases):
             other = self.find(entry.kind, name)
             if other is not None:
-                raise PluginError(
-                    f"{entry.kind} name {name!r} is registered twice: by {other.origin} and by {entry.origin}; "
-                    f"uninstall one of them or block one with TREESPEC_BLOCK_PLUGINS={entry.source}"
-                )
-        self._table(entry.kind)[entry.spec.name] = entry
+                owners = self.conflicts.setdefault(f"{entry.kind}:{name}", [other])
+                owners.append(entry)
+                claimed = claimed or name == entry.spec.name
+        if not claimed:
+            self._table(entry.kind)[entry.spec.name] = entry
         for alias in entry.spec.aliases:
-            self.aliases[f"{entry.kind}:{alias}"] = entry.spec.name
+            self.aliases.setdefault(f"{entry.kind}:{alias}", entry.spec.name)
+
+    def conflict_message(self, kind: Kind, name: str) -> str | None:
+        """Why ``name`` cannot be used (two plugins register it), or None."""
+        owners = self.conflicts.get(f"{kind}:{name}")
+        if not owners:
+            return None
+        first, *rest = owners
+        by = " and by ".join(e.origin for e in rest)
+        return (
+            f"{kind} name {name!r} is registered twice: by {first.origin} and by {by}; "
+            f"uninstall one of them or block one with TREESPEC_BLOCK_PLUGINS={rest[-1].source}"
+        )
 
     def alias_names(self, kind: Kind) -> list[str]:
         return sorted(a.partition(":")[2] for a in self.aliases if a.startswith(f"{kind}:"))
@@ -86,6 +102,9 @@ class Registry:
         return self._table(kind).get(self.aliases.get(f"{kind}:{name}", name))
 
     def get(self, kind: Kind, name: str, extra_choices: list[str] | None = None) -> Entry:
+        conflict = self.conflict_message(kind, self.aliases.get(f"{kind}:{name}", name)) or self.conflict_message(kind, name)
+        if conflict is not None:
+            raise PluginError(conflict)
         entry = self.find(kind, name)
         if entry is not None:
             return entry
@@ -159,7 +178,7 @@ def discover(entry_points: list[md.EntryPoint] | None = None) -> Registry:
             reg.failures.append((ep.name, package, f"{type(exc).__name__}: {exc}"))
             continue
         for entry in entries:
-            reg.add(entry)  # a duplicate name stays a hard error
+            reg.add(entry)  # a duplicate name is recorded: using it is an error naming both plugins
         if not reg.hooks.is_registered(module):
             reg.hooks.register(module, name=f"{package}:{ep.name}")
     return reg
