@@ -92,3 +92,11 @@ def test_unknown_keyword_and_bad_stream_are_config_errors(decoder):
         decoder.generate([1, 500], max_new_tokens=4, do_sample=True)
     with pytest.raises(treespec.ConfigError, match="stream must be a callable"):
         decoder.generate([1, 500], max_new_tokens=4, stream=3)
+
+
+def test_model_drafter_layers_beyond_the_checkpoint_are_refused(target64):
+    """-D layers=K on a K'-layer draft with K > K' would build K - K' random layers silently."""
+    with pytest.raises(treespec.ModelLoadError, match=r"has 5 decoder layers, so layers=99 would add 94 randomly"):
+        treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 99})
+    dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 5})  # all of them: fine
+    assert dec.generate([1, 500], max_new_tokens=2).token_ids

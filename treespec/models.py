@@ -152,6 +152,7 @@ def load_causal_lm(
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if num_hidden_layers is not None:
+        _check_layers(name, num_hidden_layers, trust_remote_code)
         kwargs["num_hidden_layers"] = num_hidden_layers
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
@@ -168,6 +169,21 @@ def load_causal_lm(
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def _check_layers(name: str, layers: int, trust_remote_code: bool) -> None:
+    """Refuse asking for more decoder layers than the checkpoint has: transformers would silently
+    build the missing ones with random weights."""
+    from transformers import AutoConfig
+
+    config = _load(AutoConfig, name, "model", trust_remote_code=trust_remote_code)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    have = getattr(config, "num_hidden_layers", None)
+    if isinstance(have, int) and layers > have:
+        raise ModelLoadError(
+            f"model {name!r} has {have} decoder layers, so layers={layers} would add {layers - have} "
+            f"randomly initialised ones: use layers between 1 and {have}"
+        )
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
