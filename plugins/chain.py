@@ -17,6 +17,10 @@ class ChainBuilder(TreeBuilder):
     Config = ChainConfig
     config: ChainConfig
 
+    @property
+    def max_nodes(self) -> int:
+        return self.config.k
+
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
         tree = DraftTree(root_token)
         node = torch.zeros(1, dtype=torch.long)  # [1] the chain's last node

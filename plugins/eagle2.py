@@ -57,6 +57,10 @@ class Eagle2Builder(TreeBuilder):
     Config = Eagle2Config
     config: Eagle2Config
 
+    @property
+    def max_nodes(self) -> int:
+        return self.config.total_tokens
+
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
         k, n = self.config.top_k, self.config.total_tokens
         tree = DraftTree(root_token)

@@ -40,6 +40,10 @@ class OptTreeBuilder(TreeBuilder):
     Config = OptTreeConfig
     config: OptTreeConfig
 
+    @property
+    def max_nodes(self) -> int:
+        return self.config.nodes
+
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
         n, delta = self.config.nodes, self.config.threshold
         tree = DraftTree(root_token)

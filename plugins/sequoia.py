@@ -196,6 +196,10 @@ class SequoiaBuilder(TreeBuilder):
         """The tree built when the Decoder does not cap the depth."""
         return self.shapes[-1]
 
+    @property
+    def max_nodes(self) -> int:
+        return self.config.nodes
+
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
         d = max(0, min(max_depth, self.config.max_depth))
         if d not in self._layers:

@@ -230,5 +230,9 @@ class StaticBuilder(TreeBuilder):
         """Drafted nodes of the full shape (the root excluded)."""
         return len(self.paths)
 
+    @property
+    def max_nodes(self) -> int:
+        return len(self.paths)
+
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
         return grow(self.layers, drafter, root_token, max_depth, self.sampling)

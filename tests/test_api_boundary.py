@@ -100,3 +100,16 @@ def test_model_drafter_layers_beyond_the_checkpoint_are_refused(target64):
         treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 99})
     dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 5})  # all of them: fine
     assert dec.generate([1, 500], max_new_tokens=2).token_ids
+
+
+@pytest.mark.parametrize("builder, options", [("opt-tree", {"nodes": 100000}), ("eagle2", {"total_tokens": 513}),
+                                              ("chain", {"k": 600}), ("static", {"shape": "kary-8-4"})])
+def test_node_budgets_the_target_cannot_verify_are_refused_at_once(target64, builder, options):
+    """stories260K's context is 512: no tree forward can hold more nodes (and a huge budget drafted
+    for minutes before failing to allocate tens of GB)."""
+    assert target64.max_tree_nodes == 512
+    with pytest.raises(treespec.ConfigError, match=r"verifies at most 512 in one forward.*at most 512 nodes") as err:
+        treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3},
+                         builder=builder, builder_options=options)
+    assert "\n" not in str(err.value)
+    treespec.Decoder(target64, drafter="ngram", builder="opt-tree", builder_options={"nodes": 512})  # the limit itself is fine

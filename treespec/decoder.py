@@ -54,9 +54,21 @@ class Decoder:
         if not isinstance(target, TargetModel):
             target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         self.target = target
+        self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)
         self._lock = threading.Lock()  # one decode at a time: the caches are this Decoder's
         self._owner: int | None = None  # the thread decoding now
+
+    def _check_budget(self) -> None:
+        """Refuse a builder whose trees the target cannot verify in one forward (issue: a budget of
+        100,000 nodes drafted for minutes, then failed allocating tens of GB)."""
+        nodes, limit = self.builder.max_nodes, self.target.max_tree_nodes
+        if nodes is not None and nodes > limit:
+            raise ConfigError(
+                f"builder {type(self.builder).__name__} may draft trees of {nodes} nodes, but this target verifies at most "
+                f"{limit} in one forward (its context, or half this machine's memory for the tree's mask and logits): "
+                f"use a budget of at most {limit} nodes"
+            )
 
     def encode(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
         """Token ids of a prompt: text, a list of ids or a [L] / [1, L] tensor (checked: one line of error)."""

@@ -147,6 +147,13 @@ class TreeBuilder(ABC):
         """Grow this step's tree from ``root_token``. No node may be deeper than ``max_depth``
         (the Decoder's cap from ``max_new_tokens`` and the context; 0 means root only)."""
 
+    @property
+    def max_nodes(self) -> int | None:
+        """The most drafted nodes (root excluded) one tree of this builder's settings can have, or
+        None if it cannot say. The Decoder refuses a builder whose trees the target could not verify
+        in one forward (``TargetModel.max_tree_nodes``) before anything runs."""
+        return None
+
     def observe(self, stats: "StepStats") -> None:
         """Feedback after each step (adaptive builders override it)."""
 

@@ -10,6 +10,7 @@ Devices and dtypes come from the model.
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 import torch
@@ -18,6 +19,13 @@ from transformers import DynamicCache
 from treespec.errors import TreespecError
 from treespec.kv import attention_window, crop_cache, keep_rows, max_positions, window_mask
 from treespec.tree import TreeTensors
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume 16 GiB
+        return 16 << 30
 
 
 class TargetModel:
@@ -45,6 +53,24 @@ class TargetModel:
     @property
     def max_positions(self) -> int | None:
         return max_positions(self.config)
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """The most drafted nodes one tree forward may have: no more than the context (no tree
+        needs more), and few enough that its mask [N, C+N], logits [N, V] and ancestor matrix [N, N]
+        take at most half of this machine's memory."""
+        context = self.max_positions or 1 << 20
+        item = torch.finfo(self.dtype).bits // 8
+
+        def need(n: int) -> int:  # bytes of one tree forward's own tensors
+            return item * n * (context + n) + 4 * n * self.vocab_size + n * n
+
+        budget = _physical_memory() // 2
+        lo, hi = 1, context
+        while lo < hi:  # the largest n <= context with need(n) <= budget
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if need(mid) <= budget else (lo, mid - 1)
+        return lo
 
     @property
     def eos_token_ids(self) -> set[int]:
