@@ -144,7 +144,14 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise ModelLoadError(f"EAGLE head {name!r}: {folder} has no config.json; pass the head's directory")
-    raw = json.loads(cfg_path.read_text())
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"EAGLE head {name!r}: {cfg_path} is not valid JSON ({exc}); download or save the head again") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"EAGLE head {name!r}: {cfg_path} is not a config object; download or save the head again")
+    if any("eagle3" in str(a).lower() for a in raw.get("architectures") or []):
+        raise ConfigError(f"EAGLE head {name!r} is an EAGLE-3 head; drafter 'eagle' loads EAGLE-1/2 heads only")
     h, v = raw.get("hidden_size"), raw.get("vocab_size")
     if h != hidden:
         raise ConfigError(
@@ -160,9 +167,19 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
     emb = state.pop("embed_tokens.weight", None)
     if emb is not None and tuple(emb.shape) != (vocab, hidden):
         raise ConfigError(f"EAGLE head {name!r}: its embed_tokens is {tuple(emb.shape)}, the target's is {(vocab, hidden)}")
+    fc = state.get("fc.weight")
+    if fc is not None and fc.dim() == 2 and fc.shape[1] == 3 * hidden:
+        raise ConfigError(
+            f"EAGLE head {name!r} is an EAGLE-3 head (its fc fuses 3 feature layers: {tuple(fc.shape)}); "
+            "drafter 'eagle' loads EAGLE-1/2 heads only"
+        )
     config = LlamaConfig(**{k: val for k, val in raw.items() if k not in ("bias", "treespec")})
     head = EagleHead(config, bias=bool(raw.get("bias", True)))
-    missing, unexpected = head.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = head.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a shape mismatch
+        first = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc).splitlines()[0])
+        raise ModelLoadError(f"EAGLE head {name!r}: weights do not fit its config.json ({first}); is this an EAGLE-1/2 head?") from None
     missing = [k for k in missing if not k.startswith("rotary.")]
     if missing or unexpected:
         raise ModelLoadError(
@@ -174,14 +191,22 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
 
 def _read_weights(folder: Path, name: str) -> dict[str, torch.Tensor]:
     st, pt = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
-    if st.is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(str(st))
-    elif pt.is_file():
-        state = torch.load(str(pt), map_location="cpu", weights_only=True)
-    else:
+    if not st.is_file() and not pt.is_file():
         raise ModelLoadError(f"EAGLE head {name!r}: {folder} has neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
+    try:
+        if st.is_file():
+            from safetensors.torch import load_file
+
+            state = load_file(str(st))
+        else:  # plain tensors only: a pickle that holds anything else is refused, never run
+            state = torch.load(str(pt), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - damaged or unsafe files become one line
+        path = st if st.is_file() else pt
+        why = "it holds more than plain tensors, which treespec never unpickles" if "weights_only" in str(exc) \
+            else f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        raise ModelLoadError(f"EAGLE head {name!r}: cannot read {path.name} ({why}); download or save the head again") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelLoadError(f"EAGLE head {name!r}: its weights file is not a mapping of names to tensors")
     # some re-uploads prefix the keys; the published layout has none
     for prefix in ("model.", "ea_layer."):
         if state and all(k.startswith(prefix) for k in state):

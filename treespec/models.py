@@ -9,7 +9,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from treespec.errors import ModelLoadError
+from treespec.errors import ConfigError, ModelLoadError
 
 #: Common public draft models, by short name. Facts, not code: extend freely.
 MODEL_ALIASES: dict[str, str] = {
@@ -95,7 +95,14 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
     try:
         # Local directories and cached hub models load without touching the network.
         return loader.from_pretrained(resolved, local_files_only=True, **kwargs)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - every loader failure becomes one line below
+        if not isinstance(exc, (OSError, ValueError)) and Path(resolved).is_dir():
+            raise ModelLoadError(
+                f"{what} {name!r}: a file in {resolved} is damaged or incomplete ({type(exc).__name__}: {_first_line(exc)}); "
+                "download or save it again"
+            ) from None
+        if not isinstance(exc, (OSError, ValueError)):
+            raise
         if "custom code" in str(exc) and not kwargs.get("trust_remote_code"):
             raise ModelLoadError(
                 f"{what} {name!r} ships its own Python code, which treespec runs only when allowed: if you trust "
@@ -150,14 +157,14 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    device, dtype = check_device(device), check_dtype(dtype)
+
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if num_hidden_layers is not None:
         _check_layers(name, num_hidden_layers, trust_remote_code)
         kwargs["num_hidden_layers"] = num_hidden_layers
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    if isinstance(dtype, str):
-        dtype = None if dtype == "auto" else getattr(torch, dtype)
     kwargs["dtype"] = dtype if dtype is not None else (torch.float32 if _device_type(device) == "cpu" else "auto")
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -184,6 +191,42 @@ def _check_layers(name: str, layers: int, trust_remote_code: bool) -> None:
             f"model {name!r} has {have} decoder layers, so layers={layers} would add {layers - have} "
             f"randomly initialised ones: use layers between 1 and {have}"
         )
+
+
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def check_dtype(dtype: Any) -> Any:
+    """A torch dtype from ``dtype`` (a name, ``auto``/None for the default, or a torch.dtype)."""
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return None
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)} or auto")
+    return getattr(torch, dtype)
+
+
+def check_device(device: Any) -> Any:
+    """``device`` as given, once torch can parse it and it exists on this machine."""
+    import torch
+
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps ({_first_line(exc)[:60]}...)") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ConfigError(f"device {device!r} is not available: {why}; use --device cpu (or install a CUDA build of torch)")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {device!r} is not available: {torch.cuda.device_count()} CUDA device(s) visible")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {device!r} is not available on this machine; use --device cpu")
+    return device
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
