@@ -74,6 +74,18 @@ def load_prompts(
 
 
 def _read(path: Path, fmt: str) -> list[PromptItem]:
+    """The prompts of a file; a file that is not UTF-8 JSON lines or text is one ConfigError line."""
+    if path.suffix not in (".txt", ".jsonl", ".json", ".gz"):
+        raise ConfigError(f"dataset file {path}: expected a .jsonl, .jsonl.gz or .txt file of prompts")
+    try:
+        return _parse(path, fmt)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"dataset file {path} is not UTF-8 text (byte {exc.start}): convert it to UTF-8") from None
+    except (OSError, EOFError) as exc:
+        raise ConfigError(f"dataset file {path} cannot be read ({type(exc).__name__}: {exc})") from None
+
+
+def _parse(path: Path, fmt: str) -> list[PromptItem]:
     if path.suffix == ".txt":
         blocks = [b.strip() for b in path.read_text(encoding="utf-8").split("\n\n") if b.strip()]
         if fmt == "story":
@@ -83,8 +95,15 @@ def _read(path: Path, fmt: str) -> list[PromptItem]:
     items = []
     with opener(path, "rt", encoding="utf-8") as fh:
         for n, line in enumerate(fh):
-            if line.strip():
-                items.append(_record(json.loads(line), n, path))
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ConfigError(f"dataset file {path} line {n + 1} is not JSON ({exc}): one JSON object per line") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"dataset file {path} line {n + 1} is not a JSON object")
+            items.append(_record(row, n, path))
     return items
 
 
