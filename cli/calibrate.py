@@ -27,8 +27,8 @@ benchmark on. EAGLE heads are calibrated by `treespec train eagle` itself.
 
 
 def calibrate(
-    target: measure.Target = None,
-    drafter: measure.Drafter = None,
+    target: measure.TargetOption = None,
+    drafter: measure.DraftModelOption = None,
     layers: measure.Layers = None,
     dataset: measure.Dataset = "humaneval",
     limit: measure.Limit = 124,

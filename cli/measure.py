@@ -13,14 +13,18 @@ import typer
 from treespec.cli import fail as _fail
 from treespec.errors import TreespecError
 
-Target = Annotated[Optional[str], typer.Option(help="target model: hub id, alias or local directory [default: treespec-py]", show_default=False)]
-Drafter = Annotated[Optional[str], typer.Option(help="draft model: alias, hub id or local directory [default with the default target: treespec-py-draft]", show_default=False)]
+TargetOption = Annotated[Optional[str], typer.Option(
+    help="target model: hub id, alias or local directory [default: treespec-py]", show_default=False)]
+DraftModelOption = Annotated[Optional[str], typer.Option(
+    help="draft model: alias, hub id or local directory [default with the default target: treespec-py-draft]",
+    show_default=False)]
 Layers = Annotated[Optional[int], typer.Option(help="keep only the draft model's first k decoder layers (as the drafter's layers=k)")]
 Dataset = Annotated[str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")]
 Limit = Annotated[Optional[int], typer.Option(help="use N prompts (first turns only)")]
 Skip = Annotated[int, typer.Option(help="skip the first S prompts (measure on prompts a benchmark does not use)")]
 Category = Annotated[Optional[str], typer.Option(help="only this category (mt-bench, spec-bench)")]
-DataDir = Annotated[Optional[Path], typer.Option(help="folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]", show_default=False)]
+DataDir = Annotated[Optional[Path], typer.Option(
+    help="folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]", show_default=False)]
 MaxNewTokens = Annotated[int, typer.Option(help="greedy tokens the target generates per prompt")]
 Device = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ... (default: cpu)")]
 Dtype = Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 (default: float32 on CPU)")]

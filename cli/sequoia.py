@@ -24,8 +24,8 @@ Examples:
 
 
 def sequoia_measure(
-    target: measure.Target = None,
-    drafter: measure.Drafter = None,
+    target: measure.TargetOption = None,
+    drafter: measure.DraftModelOption = None,
     layers: measure.Layers = None,
     dataset: measure.Dataset = "humaneval",
     limit: measure.Limit = 20,

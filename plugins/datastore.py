@@ -54,6 +54,9 @@ class DatastoreDrafter(Drafter):
             if tokenizer is None:
                 raise ConfigError("drafter 'datastore' needs the target's tokenizer; load the target by name or give TargetModel a tokenizer")
             index, self.index_path = open_index(config.corpus, tokenizer, config.cache_dir)
+        vocab = getattr(target, "vocab_size", None)
+        if vocab is not None:
+            index.check_vocabulary(int(vocab), str(self.index_path or "the given index"))
         self.index = index
         self.tail: list[int] = []  # the committed sequence's last max_suffix tokens
         self.memo: dict[tuple[int, ...], list[tuple[int, float]]] = {}

@@ -26,6 +26,7 @@ import gzip
 import hashlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -93,7 +94,17 @@ def file_sha256(path: Path) -> str:
 
 # ---------------------------------------------------------------------- corpus
 def iter_documents(path: Path) -> Iterator[str]:
-    """The documents of a corpus file, in order (see ``CORPUS_FORMATS``)."""
+    """The documents of a corpus file, in order (see ``CORPUS_FORMATS``); a file that is not UTF-8,
+    or a line that is not JSON, is one ``ConfigError`` line."""
+    try:
+        yield from _documents(path)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"corpus {path} is not UTF-8 text (byte {exc.start}): convert it to UTF-8") from None
+    except (OSError, EOFError) as exc:
+        raise ConfigError(f"corpus {path} cannot be read ({type(exc).__name__}: {exc})") from None
+
+
+def _documents(path: Path) -> Iterator[str]:
     name = path.name.lower()
     if name.endswith(".txt"):
         text = path.read_text(encoding="utf-8")
@@ -106,7 +117,10 @@ def iter_documents(path: Path) -> Iterator[str]:
         for n, line in enumerate(fh):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ConfigError(f"corpus {path} line {n + 1} is not JSON ({exc}); give one JSON object per line") from None
             if isinstance(row, dict) and "text" in row:
                 text = str(row["text"])
             elif isinstance(row, dict) and isinstance(row.get("turns"), list):
@@ -173,16 +187,32 @@ class Index:
     def save(self, path: str | Path) -> Path:
         """Write the ``.npz`` atomically (a temporary file, then a rename); returns the path."""
         path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open() honours the umask, mkstemp would not
         try:
-            with open(tmp, "wb") as fh:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # unpredictable name
+        except OSError as exc:
+            raise ConfigError(f"cannot write the index to {path.parent} ({exc.strerror or exc}); pass another "
+                              "cache_dir= (or --out)") from None
+        tmp = Path(name)
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # as open() would create it: mkstemp makes 0600
+            with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, tokens=self.tokens, sa=self.sa, header=np.array(json.dumps(self.header)))
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         return path
+
+    def check_vocabulary(self, vocab_size: int, where: str) -> None:
+        """Refuse an index holding token ids the target does not have (a damaged or foreign file)."""
+        real = self.tokens[self.tokens != SENTINEL]
+        if real.size and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
+            bad = int(real.max()) if int(real.max()) >= vocab_size else int(real.min())
+            raise ConfigError(f"datastore index {where} holds token id {bad}, outside the target's vocabulary "
+                              f"[0, {vocab_size}); rebuild it with `treespec datastore build`")
 
     @classmethod
     def load(cls, path: str | Path) -> "Index":
@@ -305,7 +335,9 @@ def open_index(corpus: str, tokenizer: Any, cache_dir: str | None = None) -> tup
     if cached.is_file():
         index = Index.load(cached)
         index.check_tokenizer(tokenizer, str(cached))
-        return index, cached
+        if index.header.get("corpus", {}).get("sha256") == file_sha256(path):
+            return index, cached
+        # a cache file that was built from another corpus (its name says otherwise): rebuild it
     index = Index.build(path, tokenizer)
     index.save(cached)
     return index, cached

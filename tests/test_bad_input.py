@@ -117,6 +117,15 @@ CLI_CASES = [
     ("run-budget-text", lambda b: [*RUN, *PAIR, "-B", "nodes=many"], "valid integer"),
     ("run-budget-huge", lambda b: [*RUN, *PAIR, "-B", "nodes=100000"], "verifies at most 512"),
     ("run-unknown-option", lambda b: [*RUN, *PAIR, "-B", "depth=3"], "unknown option 'depth'"),
+    ("run-option-twice", lambda b: [*RUN, *PAIR, "-B", "nodes=5", "-B", "nodes=7"], "'nodes' is given twice"),
+    ("run-top-p-range-greedy", lambda b: [*RUN, *PAIR, "--top-p", "1.5"], "top_p must be in"),
+    ("run-draft-temperature-zero", lambda b: [*RUN, *PAIR, "--temperature", "0.7", "--draft-temperature", "0"],
+     "draft_temperature"),
+    ("run-threads-zero", lambda b: [*RUN, *PAIR, "--threads", "0"], "threads"),
+    ("run-prompt-and-file", lambda b: [*RUN, *PAIR, "--prompt-file", b["latin1"]], "not both"),
+    ("bench-spec-twice", lambda b: ["bench", "--dataset", "tinystories", "--target", S260, "--drafter", "ngram",
+                                    "--builder", "chain k=2 k=3", "--limit", "1", "--out", str(Path(b["root"]) / "b2")],
+     "given twice"),
     ("run-option-no-value", lambda b: [*RUN, *PAIR, "--builder", "chain", "-B", "k"], "name=value"),
     ("run-draft-layers-beyond", lambda b: [*RUN, "--target", S260, "--drafter", S260, "-D", "layers=99"],
      "has 5 decoder layers"),
@@ -209,3 +218,106 @@ def test_cli_bad_input_is_one_line(bad, monkeypatch, case, argv, pattern):
     assert result.exit_code == 2, (result.exit_code, line)
     assert re.search(pattern, line, re.IGNORECASE), line
     assert not Path(bad["pwned"]).exists(), "a pickle from disk ran code"
+
+
+# ---------------------------------------------------------------------------------------------------
+# interrupts: what was done survives
+
+
+def test_run_json_interrupted_prints_the_partial_object_and_exits_130(monkeypatch):
+    """Ctrl-C during `run --json`: the JSON object of what was generated, stop_reason "interrupted"."""
+    from treespec import step
+
+    real, calls = step.step, []
+
+    def interrupt_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(step, "step", interrupt_on_third)
+    result = runner.invoke(app, ["run", *PAIR, "--prompt", "Once upon a time", "--max-new-tokens", "64", "--json"])
+    assert result.exit_code == 130, result.output
+    data = json.loads(result.stdout)
+    assert data["stats"]["stop_reason"] == "interrupted" and data["token_ids"] and "interrupted" in data["error"]
+    assert data["stats"]["steps"] == 2 and len(data["token_ids"]) == data["stats"]["new_tokens"]
+    assert one_line_error(result).startswith("error: interrupted after")
+
+
+def test_run_interrupted_by_sigint_keeps_the_streamed_text(tmp_path):
+    """A real SIGINT to a real `treespec run`: the text so far, the statistics line, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "treespec.cli.app", "run", "--target", S260, "--drafter", "ngram", "--builder", "chain",
+           "-B", "k=1", "--prompt", "Once upon a time", "--max-new-tokens", "500", "--threads", "1"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first = proc.stdout.read(1)  # decoding has started once text streams
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the interrupt arrived")
+    text, err = (first + rest).decode(), err.decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "stop: interrupted" in err, err
+    assert len(text.strip()) > 0
+
+
+def test_bench_interrupted_keeps_the_finished_prompts(tmp_path, monkeypatch):
+    from treespec.bench import runner as bench_runner
+
+    real, seen = bench_runner.Bench.prompts_fit, []
+
+    def stop_at_third_prompt(self, ids):
+        seen.append(1)
+        if len(seen) == 4:  # the warm-up, then prompts 0 and 1 finish; Ctrl-C during prompt 2
+            raise KeyboardInterrupt
+        return real(self, ids)
+
+    monkeypatch.setattr(bench_runner.Bench, "prompts_fit", stop_at_third_prompt)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["bench", "--dataset", "tinystories", "--limit", "4", "--max-new-tokens", "8",
+                                 "--target", S260, "--drafter", "ngram", "--builder", "chain k=2", "--baseline", "none",
+                                 "--out", str(out)])
+    assert result.exit_code == 130, result.output
+    assert "marked partial" in one_line_error(result)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["partial"] is True and saved["prompts"] == 2
+    assert {r["config"] for r in saved["rows"]} >= {"hf-greedy"} and len(saved["rows"]) == 2
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert {s["prompt"] for s in steps} == {0, 1}
+
+
+@pytest.mark.parametrize("extra, ignored", [
+    (["--top-k", "5"], "top_k=5"), (["--draft-temperature", "0.5"], "draft_temperature=0.5"),
+    (["--sampling-rule", "specinfer"], "rule=specinfer"), (["--builder", "chain", "-B", "sample=true"], "sample=true"),
+])
+def test_options_greedy_decoding_ignores_are_one_warning_line(extra, ignored):
+    """Valid sampling options under greedy decoding change nothing: said once, then decoding goes on."""
+    result = runner.invoke(app, [*RUN, *PAIR, *extra])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and ignored in warnings[0] and "temperature > 0" in warnings[0], result.stderr
+
+
+def test_plugins_lists_everything_and_shows_a_name_conflict(monkeypatch):
+    """Two plugins claiming one name: `treespec plugins` still works and names the conflict."""
+    from treespec import registry
+
+    reg = registry.discover()
+    twin = reg.builders["chain"]
+    reg.add(registry.Entry("builder", twin.spec, "dupe", "fake-dup", "0.1"))
+    monkeypatch.setattr(registry, "_registry", reg)
+    result = runner.invoke(app, ["plugins"])
+    assert result.exit_code == 0, result.output
+    assert "conflict" in result.stdout and "'chain' is registered twice" in result.stdout.replace("\n", " ")
+    data = json.loads(runner.invoke(app, ["plugins", "--json"]).stdout)
+    assert any("TREESPEC_BLOCK_PLUGINS=dupe" in c for c in data["conflicts"])
+    used = runner.invoke(app, [*RUN, *PAIR, "--builder", "chain"])
+    assert used.exit_code == 2 and "registered twice" in one_line_error(used)

@@ -7,6 +7,7 @@ import functools
 import gzip
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -43,7 +44,7 @@ class NumberTokenizer:
 
 
 def fake_target(vocab: int = 64) -> SimpleNamespace:
-    return SimpleNamespace(tokenizer=NumberTokenizer(vocab))
+    return SimpleNamespace(tokenizer=NumberTokenizer(vocab), vocab_size=vocab)
 
 
 def make(docs: list[list[int]], prompt: list[int], **options) -> DatastoreDrafter:
@@ -337,3 +338,51 @@ class TestDatastoreConformance(DrafterConformance):
 
     def make_drafter(self, target):
         return DatastoreDrafter(DatastoreConfig(corpus="in-memory"), target, index=_story_index(target.tokenizer))
+
+
+# ---------------------------------------------------------------------- trusting files on disk (issue 16)
+def test_a_cached_index_of_another_corpus_is_rebuilt(tmp_path):
+    """A cache file whose header names another corpus (copied, or a stale file under the same key)
+    is not used: the index is rebuilt from the corpus actually given."""
+    tok, cache = NumberTokenizer(), tmp_path / "cache"
+    corpus = write_corpus(tmp_path / "c.txt", [[1, 2, 3], [1, 2, 3]])
+    other = write_corpus(tmp_path / "o.txt", [[1, 2, 9]])
+    Index.build(other, tok).save(cache_path(tmp_path / "c.txt", tok, cache))  # the wrong index in c.txt's slot
+    d = DatastoreDrafter(DatastoreConfig(corpus=corpus, cache_dir=str(cache)), fake_target())
+    d.prefill(PrefillContext(input_ids=torch.tensor([1, 2])))
+    assert proposals(d, DraftTree(2), [0], 2) == [[(3, 1.0)]]  # from c.txt, not 9 from o.txt
+    assert Index.load(d.index_path).header["corpus"]["sha256"] != Index.build(other, tok).header["corpus"]["sha256"]
+
+
+def test_index_token_ids_outside_the_vocabulary_are_refused(tmp_path):
+    from treespec.plugins.datastore_index import tokenizer_fingerprint
+
+    header = {"tokenizer": tokenizer_fingerprint(NumberTokenizer())}  # the right tokenizer, a foreign id
+    saved = Index.from_documents([[1, 2, 70]], header).save(tmp_path / "idx.npz")
+    with pytest.raises(ConfigError, match=r"holds token id 70, outside the target's vocabulary \[0, 64\)"):
+        DatastoreDrafter(DatastoreConfig(corpus=str(saved)), fake_target())
+
+
+def test_index_files_are_written_through_an_unpredictable_temp_name(tmp_path, monkeypatch):
+    import tempfile
+
+    made = []
+    real = tempfile.mkstemp
+
+    def spy(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkstemp", spy)
+    corpus = write_corpus(tmp_path / "c.txt", [[1, 2, 3]])
+    path = Index.build(corpus, NumberTokenizer()).save(tmp_path / "out" / "idx.npz")
+    assert made and Path(made[0][1]).parent == path.parent and not Path(made[0][1]).exists()
+    assert [p.name for p in path.parent.iterdir()] == ["idx.npz"]
+
+
+def test_an_unusable_cache_dir_is_one_line(tmp_path):
+    corpus = write_corpus(tmp_path / "c.txt", [[1, 2, 3]])
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="cannot write the index to") as exc:
+        DatastoreDrafter(DatastoreConfig(corpus=corpus, cache_dir=str(tmp_path / "afile")), fake_target())
+    assert "\n" not in str(exc.value)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from treespec.errors import ConfigError, DecodingError, ModelLoadError, PluginError, TreespecError
+from treespec.errors import ConfigError, DecodingError, Interrupted, ModelLoadError, PluginError, TreespecError
 from treespec.hookspecs import hookimpl
 from treespec.interfaces import Commit, Drafter, PluginSpec, PrefillContext, Proposals, TreeBuilder
 from treespec.config import PluginConfig
@@ -53,6 +53,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Commit", "ConfigError", "DecodingError", "Drafter", "ModelLoadError", "PluginConfig", "PluginError",
+    "Commit", "ConfigError", "DecodingError", "Drafter", "Interrupted", "ModelLoadError", "PluginConfig", "PluginError",
     "PluginSpec", "PrefillContext", "Proposals", "TreeBuilder", "TreespecError", "hookimpl", *_LAZY,
 ]

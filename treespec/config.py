@@ -1,8 +1,7 @@
-"""Plugin configuration: a pydantic model per plugin, and ``name=value`` option parsing."""
+"""Plugin configuration: a pydantic model per plugin (option syntax: ``treespec.options``)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pydantic
@@ -35,24 +34,6 @@ def describe_options(config: type[PluginConfig]) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, str]:
-    """Turn ``["nodes=25", "threshold=0.5"]`` into a dict; a malformed pair is a ConfigError."""
-    from treespec.errors import ConfigError
-
-    options: dict[str, str] = {}
-    for pair in pairs or []:
-        # commas separate pairs only where a new name= follows, so values may hold commas ([[0],[1]]);
-        # a name may be routed to a composed drafter's part: ngram.max_ngram=4, 1.layers=3
-        for item in re.split(r",(?=\s*\w[\w.-]*=)", pair):
-            if not item.strip():
-                continue
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ConfigError(f"{what} option {item!r} is not name=value; write e.g. nodes=25")
-            options[key.strip().replace("-", "_")] = value.strip()
-    return options
 
 
 def build_config(config_cls: type[PluginConfig], options: dict[str, Any] | None, owner: str) -> PluginConfig:

@@ -4,6 +4,7 @@ commit). Read ``Decoder._run`` top to bottom."""
 from __future__ import annotations
 
 import threading
+import warnings
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -11,14 +12,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from treespec.errors import ConfigError, DecodingError, TreespecError
+from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
 from treespec import inputs, step
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.stats import RunStats, StepStats
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
-from treespec.sampling import RULES, DraftSampling, SamplingParams, make_generator
+from treespec.sampling import DraftSampling, IgnoredOptionWarning, SamplingParams, check_sampling, make_generator
 from treespec.verify import Acceptance
 
 StreamCallback = Callable[[list[int]], None]
@@ -96,8 +97,6 @@ class Decoder:
         full = tok.decode(list(prompt_ids) + list(ids), skip_special_tokens=True)
         return full[len(head) :] if full.startswith(head) else tok.decode(ids, skip_special_tokens=True)
 
-    decode = text_of  # TEMP: until cli uses text_of
-
     def generate(
         self,
         prompt: str | list[int] | torch.Tensor,
@@ -163,6 +162,10 @@ class Decoder:
         self.builder.start(draft)
         try:
             self._run(ids, max_new_tokens, stream, out, accept)
+        except KeyboardInterrupt:  # Ctrl-C: keep what was generated
+            out.stats.stop_reason = "interrupted"
+            out.text = self.text_of(out.token_ids, ids)
+            raise Interrupted(f"interrupted after {len(out.token_ids)} new tokens", out) from None
         except Exception as exc:
             out.stats.stop_reason = "error"
             out.text = self.text_of(out.token_ids, ids)
@@ -177,20 +180,13 @@ class Decoder:
         self, temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
         draft_temperature: float | None, rule: str,
     ) -> tuple[SamplingParams | None, DraftSampling | None]:
-        """The target's sampling settings and the draft side's (None, None: greedy). One-line errors."""
-        if rule not in RULES:
-            raise ConfigError(f"unknown verification rule {rule!r}; rules: {', '.join(RULES)}")
-        if temperature is not None and not temperature >= 0:  # also catches NaN
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if not temperature:
+        """The target's sampling settings and the draft side's (None, None: greedy), checked by
+        ``sampling.check_sampling``; options greedy decoding ignores are one warning each."""
+        params, notes = check_sampling(temperature, top_p, top_k, draft_temperature, rule, self.builder.samples_children)
+        for note in notes:
+            warnings.warn(note, IgnoredOptionWarning, stacklevel=4)
+        if params is None:
             return None, None
-        params = SamplingParams(
-            temperature=float(temperature),
-            top_k=0 if top_k is None else top_k,
-            top_p=1.0 if top_p is None else float(top_p),
-        )
-        if draft_temperature is not None and not (0 < draft_temperature < float("inf")):
-            raise ConfigError(f"draft_temperature must be > 0, got {draft_temperature}")
         has_dist = self.drafter.provides_probabilities and type(self.drafter).distribution is not Drafter.distribution
         if not has_dist and (rule == "specinfer" or self.builder.samples_children):
             what = "rule specinfer" if rule == "specinfer" else f"builder {type(self.builder).__name__} with sample=true"

@@ -30,3 +30,8 @@ class DecodingError(TreespecError):
     def __init__(self, message: str, output: "Output"):
         super().__init__(message)
         self.output = output
+
+
+class Interrupted(DecodingError):
+    """Decoding was interrupted (Ctrl-C, ``KeyboardInterrupt``). ``output`` holds everything
+    generated before it, with ``stats.stop_reason == "interrupted"``."""

@@ -32,6 +32,45 @@ if TYPE_CHECKING:
 RULES = ("auto", "specinfer", "deterministic", "target-only")
 
 
+class IgnoredOptionWarning(UserWarning):
+    """A sampling option was given that greedy decoding does not use."""
+
+
+def check_sampling(
+    temperature: float | None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    draft_temperature: float | None = None,
+    rule: str = "auto",
+    samples_children: bool = False,
+) -> tuple["SamplingParams | None", list[str]]:
+    """The one place sampling settings are validated (API, ``run``, ``bench``). Returns the target's
+    ``SamplingParams`` (None: greedy) and a note per option that greedy decoding ignores; a value
+    that is invalid whatever the temperature is a ``ConfigError``."""
+    if rule not in RULES:
+        raise ConfigError(f"unknown verification rule {rule!r}; rules: {', '.join(RULES)}")
+    if temperature is not None and not temperature >= 0:  # also catches NaN
+        raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if draft_temperature is not None and not (0 < draft_temperature < float("inf")):
+        raise ConfigError(f"draft_temperature must be > 0, got {draft_temperature}")
+    if not temperature:
+        SamplingParams(temperature=1.0, top_k=0 if top_k is None else top_k, top_p=1.0 if top_p is None else top_p)
+        ignored = [
+            f"top_p={top_p}" if top_p not in (None, 1, 1.0) else "",
+            f"top_k={top_k}" if top_k not in (None, 0) else "",
+            f"draft_temperature={draft_temperature}" if draft_temperature is not None else "",
+            f"rule={rule}" if rule != "auto" else "",
+            "the builder's sample=true" if samples_children else "",
+        ]
+        notes = [f"{what} has no effect with greedy decoding (temperature 0): set a temperature > 0 to sample"
+                 for what in ignored if what]
+        return None, notes
+    params = SamplingParams(
+        temperature=float(temperature), top_k=0 if top_k is None else top_k, top_p=1.0 if top_p is None else float(top_p)
+    )
+    return params, []
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """The target's sampling settings. ``top_k = 0`` and ``top_p = 1`` switch those filters off

@@ -23,7 +23,7 @@ class RunStats:
     new_tokens: int = 0
     t_prefill: float = 0.0
     t_total: float = 0.0  # wall time of generate(), prefill included
-    stop_reason: str = ""  # "eos" | "max_new_tokens" | "context" | "error"
+    stop_reason: str = ""  # "eos" | "max_new_tokens" | "context" | "error" | "interrupted"
     steps: list[StepStats] = field(default_factory=list)
 
     @property

@@ -94,12 +94,32 @@ def print_table(result: dict[str, Any]) -> None:
         console.print(line)
 
 
-def write_outputs(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list[Path]:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a reader (or a
+    disk that fills up half-way) never sees a half-written file, and the old one survives a failure."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+    """results.json and steps.jsonl, each written atomically."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    with open(out / "steps.jsonl", "w") as fh:
-        for s in steps:
-            fh.write(json.dumps(s) + "\n")
+    write_text_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")
+    write_text_atomic(out / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in steps))
+
+
+def write_outputs(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list[Path]:
+    write_results(out, result, steps)
     return plot(out, result, steps)
 
 
@@ -207,7 +227,9 @@ def targets(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path) -> str:
+def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path, out: Path | None = None) -> str:
+    """The benchmarks page; its regenerate hint names ``out`` (default: docs/benchmarks.md)."""
+    target = os.path.relpath(out, Path.cwd()) if out is not None else "docs/benchmarks.md"
     parts = [
         "# Benchmarks",
         "",
@@ -219,7 +241,7 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path) -> str:
         "output equals `hf-greedy`'s token for token.",
         "",
         "Regenerate this page from the runs' results: `treespec bench-report "
-        + " ".join(os.path.relpath(p.parent, Path.cwd()) for p, _ in results) + " --out docs/benchmarks.md`.",
+        + " ".join(os.path.relpath(p.parent, Path.cwd()) for p, _ in results) + f" --out {target}`.",
         "",
     ]
     for path, res in results:
@@ -228,6 +250,7 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path) -> str:
         parts += [
             f"## {res['dataset']}{' / ' + res['category'] if res.get('category') else ''}: {res['prompts']} prompts, "
             f"{res['max_new_tokens']} new tokens, target {res['target']}"
+            + (" (PARTIAL: the run stopped before its last prompt)" if res.get("partial") else "")
             + (f", temperature {res['temperature']}" if res.get("temperature") else "")
             + f" (`{rel}`)",
             "",

@@ -7,8 +7,6 @@ sweeps that option (the cartesian product of all sweeps becomes one configuratio
 
 from __future__ import annotations
 
-import itertools
-import shlex
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,6 +17,7 @@ import torch
 
 from treespec.bench.datasets import PromptItem, format_turns
 from treespec.errors import ConfigError
+from treespec.options import parse_spec
 from treespec.factory import make_builder, make_drafter, resolve_drafter_name
 from treespec.target import TargetModel
 
@@ -27,27 +26,11 @@ ASSISTED_KEYS = {"num_assistant_tokens", "num_assistant_tokens_schedule", "assis
 LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
 
 
-def parse_spec(text: str) -> list[tuple[str, dict[str, str]]]:
-    """``"opt-tree nodes=10,25 threshold=0.5"`` → [("opt-tree", {"nodes": "10", "threshold": "0.5"}), (…25…)]."""
-    parts = shlex.split(text)
-    if not parts:
-        raise ConfigError("empty configuration spec; write e.g. 'opt-tree nodes=10,25,60'")
-    name, sweeps = parts[0], {}
-    for part in parts[1:]:
-        key, sep, values = part.partition("=")
-        if not sep or not key or not values:
-            raise ConfigError(f"{text!r}: {part!r} is not key=value[,value...]")
-        sweeps[key.replace("-", "_")] = values.split(",")
-    keys = list(sweeps)
-    return [(name, dict(zip(keys, combo))) for combo in itertools.product(*(sweeps[k] for k in keys))]
-
-
 def default_baselines(builders: list[str]) -> list[str]:
     """hf-assisted with transformers' defaults, hf-assisted drafting exactly k tokens for every chain k
     (the like-for-like comparison), and hf-lookup."""
-    from treespec.plugins.configs import ChainConfig
-
-    ks = sorted({int(opts.get("k", ChainConfig().k)) for spec in builders for name, opts in parse_spec(spec) if name == "chain"})
+    ks = sorted({int(make_builder(name, opts).config.k) for spec in builders for name, opts in parse_spec(spec)
+                 if name == "chain"})  # through the registry: chain's own default k
     fixed = [f"hf-assisted num_assistant_tokens={k} num_assistant_tokens_schedule=constant assistant_confidence_threshold=0"
              for k in ks]
     return ["hf-assisted", *fixed, "hf-lookup"]
@@ -216,8 +199,10 @@ class Bench:
         return ids
 
     def run(self, items: list[PromptItem], on_sample: Callable[[Config, int, Sample, bool], None] | None = None,
-            warmup: bool = True) -> dict[str, list[Sample | None]]:
-        """Every configuration on every prompt (turn by turn), interleaved; returns samples per label."""
+            warmup: bool = True, on_prompt: Callable[[dict[str, list[Sample | None]]], None] | None = None,
+            ) -> dict[str, list[Sample | None]]:
+        """Every configuration on every prompt (turn by turn), interleaved; returns samples per label.
+        ``on_prompt(samples so far)`` is called after every prompt (e.g. to save partial results)."""
         tok = self.target.tokenizer
         prompts: list[tuple[PromptItem, int]] = [(it, t) for t in range(max(len(i.turns) for i in items))
                                                  for it in items if t < len(it.turns)]
@@ -241,6 +226,9 @@ class Bench:
                 if on_sample:
                     same = self.sampling is not None or results[c.label].token_ids == reference  # sampled: not compared
                     on_sample(c, n, results[c.label], same)
+            self.n_prompts = n + 1
+            if on_prompt:
+                on_prompt(samples)
         self.n_prompts = len(prompts)
         return samples
 

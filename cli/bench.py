@@ -1,0 +1,231 @@
+"""`treespec bench` and `treespec bench-report`: measure configurations against Hugging Face baselines,
+write results.json / steps.jsonl / plots, and regenerate docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from treespec import defaults
+from treespec.cli import fail
+from treespec.cli.common import DEVICE_HELP, DTYPE_HELP, command_line, writable_dir, writable_file
+from treespec.errors import TreespecError
+
+EPILOG = """\
+Examples:
+
+  treespec bench --dataset tinystories --limit 40 --target ../shared/models/stories260K \
+--drafter "../shared/models/stories260K layers=3,4" --builder "opt-tree nodes=10,25,60" --builder "chain k=4,8" \
+--threads 1 --out docs/bench/tinystories --report docs/benchmarks.md
+
+  treespec bench --limit 10 --out bench/humaneval     # the default pair on HumanEval
+
+  treespec bench-report docs/bench/tinystories bench/humaneval --out docs/benchmarks.md
+"""
+DATASET_HELP = "mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file"
+DATA_DIR_HELP = "folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]"
+DRAFTER_HELP = ('drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep) '
+                "[default with the default target: treespec-py-draft, eagle]")
+BUILDER_HELP = ('builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4; '
+                "with the default target: opt-tree nodes=6, chain k=8]")
+BASELINE_HELP = (
+    'Hugging Face baselines besides hf-greedy: "hf-assisted [num_assistant_tokens=..] '
+    '[num_assistant_tokens_schedule=..] [assistant_confidence_threshold=..]", "hf-lookup '
+    '[prompt_lookup_num_tokens=..]"; "none" for none [default: hf-assisted with its defaults, hf-assisted at '
+    "each chain k (constant, no confidence stop), hf-lookup]"
+)
+TEMPERATURE_HELP = ("0 = greedy; > 0 = sampling in every row (treespec exact speculative sampling, Hugging Face "
+                    "generate(do_sample=True)); outputs are then not compared token for token")
+REPORT_HELP = ("then regenerate this Markdown file (e.g. docs/benchmarks.md) from every results.json in "
+               "--out's parent folder")
+
+
+def bench(
+    ctx: typer.Context,
+    dataset: Annotated[str, typer.Option(help=DATASET_HELP)] = "humaneval",
+    limit: Annotated[Optional[int], typer.Option(help="use the first N prompts (conversations for mt-bench)")] = 10,
+    category: Annotated[Optional[str], typer.Option(help="only this category (mt-bench, spec-bench)")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help=DATA_DIR_HELP, show_default=False)] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="new tokens per prompt")] = 128,
+    target: Annotated[Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]",
+                                                  show_default=False)] = None,
+    drafter: Annotated[Optional[list[str]], typer.Option(help=DRAFTER_HELP, show_default=False)] = None,
+    builder: Annotated[Optional[list[str]], typer.Option(help=BUILDER_HELP, show_default=False)] = None,
+    baseline: Annotated[Optional[list[str]], typer.Option(help=BASELINE_HELP, show_default=False)] = None,
+    temperature: Annotated[float, typer.Option(help=TEMPERATURE_HELP)] = 0.0,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling threshold when --temperature > 0 (1 = off)")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="top-k filter when --temperature > 0 (0 = off)")] = 0,
+    seed: Annotated[int, typer.Option(help="random seed; prompt n is sampled with seed + n in every row")] = 0,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch [default: torch's]",
+                                                   show_default=False)] = None,
+    device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
+    out: Annotated[Path, typer.Option(help="folder for results.json, steps.jsonl and the plots")] = Path("bench-out"),
+    report_to: Annotated[Optional[Path], typer.Option("--report", help=REPORT_HELP)] = None,
+) -> None:
+    """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
+    sampling = _sampling(temperature, top_p, top_k)
+    if limit is not None and limit <= 0:
+        fail(f"--limit must be > 0, got {limit}")
+    if max_new_tokens <= 0:
+        fail(f"--max-new-tokens must be > 0, got {max_new_tokens}")
+    writable_dir(out, "--out")  # before the first run, not after the last
+    if report_to is not None:
+        writable_file(report_to, "--report")
+    items = _prompts(dataset, data_dir, limit, category)
+    if target is None:  # the default pair: its draft model and its EAGLE head, at their measured budgets
+        target = defaults.TARGET
+        drafter = drafter or defaults.bench_drafters()
+        builder = builder or defaults.bench_builders()
+    if not drafter:
+        fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
+    builder = builder or ["opt-tree", "chain k=4"]
+    baseline = _baselines(baseline, builder)
+    runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads)
+    result = {
+        "command": " ".join(_quote(a) for a in command_line(ctx, {"target": target, "drafter": drafter,
+                                                                  "builder": builder, "baseline": baseline or ["none"]})),
+        "dataset": dataset, "category": category, "prompts": 0, "truncated": 0, "max_new_tokens": max_new_tokens,
+        "target": target, "seed": seed, "temperature": temperature,
+        "top_p": top_p if sampling else None, "top_k": top_k if sampling else None,
+    }
+    _measure(runner, items, result, out)
+    if report_to is not None:
+        _write_report(sorted(out.parent.glob("*/results.json")), report_to)
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def _sampling(temperature: float, top_p: float, top_k: int) -> dict[str, Any] | None:
+    from treespec.sampling import check_sampling
+
+    try:
+        params, notes = check_sampling(temperature, top_p, top_k)
+    except TreespecError as exc:
+        fail(str(exc))
+    for note in notes:
+        typer.secho(f"warning: {note}", fg=typer.colors.YELLOW, err=True)
+    return {"temperature": temperature, "top_p": top_p, "top_k": top_k} if params is not None else None
+
+
+def _prompts(dataset: str, data_dir: Path | None, limit: int | None, category: str | None) -> list:
+    from treespec.bench.datasets import load_prompts
+
+    try:
+        return load_prompts(dataset, data_dir, limit, category)
+    except TreespecError as exc:
+        fail(str(exc))
+
+
+def _baselines(baseline: list[str] | None, builder: list[str]) -> list[str]:
+    if baseline == ["none"]:
+        return []
+    if baseline is not None:
+        return baseline
+    from treespec.bench.runner import default_baselines
+
+    try:
+        return default_baselines(builder)
+    except TreespecError as exc:
+        fail(str(exc))
+
+
+def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[str], max_new_tokens: int,
+            device: str | None, dtype: str | None, sampling: dict | None, seed: int, threads: int | None) -> Any:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from treespec.bench.runner import Bench
+
+    hf_logging.set_verbosity_error()  # assisted generation warns about its own arguments on every call
+    torch.manual_seed(seed)
+    if threads is not None:
+        if threads <= 0:
+            fail(f"--threads must be > 0, got {threads}")
+        torch.set_num_threads(threads)
+    try:
+        return Bench(target, drafter, builder, baseline, max_new_tokens, device=device, dtype=dtype,
+                     sampling=sampling, seed=seed)
+    except TreespecError as exc:
+        fail(str(exc))
+
+
+def _measure(runner: Any, items: list, result: dict[str, Any], out: Path) -> None:
+    """Run every configuration on every prompt with a progress bar. results.json and steps.jsonl are
+    rewritten (atomically) after every prompt, so an interrupt or a failure keeps the finished
+    prompts; the file says ``"partial": true`` until the run completes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from treespec.bench import report
+
+    result["environment"] = report.environment()
+    n_runs = sum(len(i.turns) for i in items) * len(runner.configs)
+    steps: list[dict] = []
+    columns = (TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, transient=False) as progress:
+        task = progress.add_task("warm-up", total=n_runs)
+
+        def on_sample(config, n, sample, same):
+            for i, st in enumerate(sample.steps):
+                steps.append({"config": config.label, "prompt": n, "step": i, **st})
+            progress.update(task, advance=1, description=f"{config.label[:40]}{'' if same else ' [red]differs'}")
+
+        def on_prompt(samples):  # every configuration finished this prompt: save what we have
+            report.write_results(out, _with_rows(result, runner, samples, partial=True), steps)
+
+        try:
+            samples = runner.run(items, on_sample=on_sample, on_prompt=on_prompt)
+        except KeyboardInterrupt:
+            _stopped(out, "interrupted", 130)
+        except TreespecError as exc:
+            _stopped(out, str(exc), 1)
+    final = _with_rows(result, runner, samples, partial=False)
+    report.print_table(final)
+    files = report.write_outputs(out, final, steps)
+    typer.echo(f"wrote {out / 'results.json'}, {out / 'steps.jsonl'}, " + ", ".join(str(f) for f in files))
+
+
+def _with_rows(result: dict[str, Any], runner: Any, samples: dict, partial: bool) -> dict[str, Any]:
+    rows = runner.rows(samples) if any(samples.values()) else []
+    return {**result, "prompts": runner.n_prompts, "truncated": runner.truncated, "rows": rows, "partial": partial}
+
+
+def _stopped(out: Path, why: str, code: int) -> None:
+    saved = (out / "results.json").is_file()
+    kept = f"the prompts finished so far are in {out / 'results.json'} (marked partial)" if saved else "no prompt finished"
+    fail(f"bench stopped ({why}); {kept}", code=code)
+
+
+def _write_report(paths: list[Path], out: Path) -> None:
+    from treespec.bench import report
+
+    loaded = []
+    for path in paths:
+        if not path.is_file():
+            fail(f"{path}: no such results.json; run `treespec bench --out DIR` first")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            fail(f"{path} is not a valid results.json ({exc}); rerun the bench that wrote it")
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            fail(f"{path} is not a treespec results.json (no rows); rerun the bench that wrote it")
+        loaded.append((path.resolve(), data))
+    writable_file(out, "--out")
+    report.write_text_atomic(out, report.markdown(loaded, out.resolve().parent, out))
+    typer.echo(f"wrote {out}")
+
+
+def bench_report(
+    runs: Annotated[list[Path], typer.Argument(help="bench output folders (or results.json files), in the order to show")],
+    out: Annotated[Path, typer.Option(help="the Markdown file to write")] = Path("docs/benchmarks.md"),
+) -> None:
+    """Regenerate docs/benchmarks.md from the results.json of bench runs."""
+    _write_report([r / "results.json" if r.is_dir() else r for r in runs], out)

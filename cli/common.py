@@ -1,0 +1,90 @@
+"""What several commands share: option help texts, reading a prompt file, checking an output folder
+before a long run, and the command line that reproduces a run. Imports no torch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from treespec.cli import fail
+
+B_OPTION_HELP = (
+    "builder option name=value, repeatable or comma-separated (e.g. -B nodes=25 -B threshold=0.3). "
+    "`treespec plugins` lists every option."
+)
+D_OPTION_HELP = (
+    "drafter option name=value, repeatable or comma-separated (e.g. -D layers=4, -D head=DIR, "
+    "-D ngram.max_ngram=4 for a part of a+b). `treespec plugins` lists every option."
+)
+DEVICE_HELP = "cpu, cuda, cuda:1, mps ... (default: cpu)"
+DTYPE_HELP = "float32, bfloat16, float16, float64 (default: float32 on CPU)"
+
+
+def read_prompt(path: Path) -> str:
+    """The text of ``--prompt-file``: one line of error for a missing file, a folder or non-UTF-8."""
+    if path.is_dir():
+        fail(f"--prompt-file {path} is a directory: give a text file")
+    if not path.is_file():
+        fail(f"--prompt-file {path}: no such file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        fail(f"--prompt-file {path} is not UTF-8 text (byte {exc.start}): convert it to UTF-8")
+    except OSError as exc:
+        fail(f"--prompt-file {path} cannot be read: {exc.strerror or exc}")
+    raise AssertionError("unreachable")
+
+
+def writable_dir(path: Path, flag: str) -> None:
+    """Make sure ``path`` is (or can become) a folder we can write into, before any work starts."""
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        fail(f"{flag} {path}: {blocker} is a file, not a folder; pick another {flag}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".treespec-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        fail(f"{flag} {path} is not writable ({exc.strerror or type(exc).__name__}); pick another {flag}")
+
+
+def writable_file(path: Path, flag: str) -> None:
+    """``path``'s folder must exist and be writable (``--dot``/``--png``/``--report``)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        fail(f"{flag} {path} is a directory: give a file name")
+    if not parent.is_dir():
+        fail(f"{flag} {path}: the folder {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK):
+        fail(f"{flag} {path}: the folder {parent} is not writable")
+
+
+def command_line(ctx: Any, resolved: dict[str, Any] | None = None) -> list[str]:
+    """The command that reproduces this invocation, every effective setting spelled out: each option
+    of the command, in declaration order, with its value (``resolved`` replaces values the command
+    filled in itself, e.g. default drafters). Options left at None or off are omitted."""
+    resolved = resolved or {}
+    argv = ["treespec", *_command_path(ctx)]
+    for param in ctx.command.params:
+        if getattr(param, "param_type_name", "") != "option" or param.name is None:
+            continue
+        value = resolved.get(param.name, ctx.params.get(param.name))
+        if value is None or value is False or value == []:
+            continue
+        flag = max(param.opts, key=len)  # the long form: --builder-option, not -B
+        if value is True:
+            argv.append(flag)
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            argv += [flag, str(item)]
+    return argv
+
+
+def _command_path(ctx: Any) -> list[str]:
+    names = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return names[::-1]

@@ -1,0 +1,170 @@
+"""`treespec run`: decode one prompt, stream the completion, print one line of statistics."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from treespec import defaults
+from treespec.cli import fail
+from treespec.cli.common import B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, DTYPE_HELP, read_prompt
+from treespec.errors import TreespecError
+
+EPILOG = """\
+Examples:
+
+  treespec run --target ../shared/models/stories260K --drafter ../shared/models/stories260K -D layers=4 \
+--builder opt-tree -B nodes=25 --prompt "Once upon a time"
+
+  treespec run --drafter llama-68m --target meta-llama/Llama-2-7b-hf --builder chain -B k=6 --json
+"""
+TARGET_HELP = f"target model: hub id, alias or local directory [default: {defaults.TARGET}]"
+DRAFTER_HELP = (
+    "drafter name, or a draft model (alias, hub id, directory); a+b composes drafters, e.g. self+ngram with "
+    "-D ngram.max_ngram=4 [default with the default target: its EAGLE head, and -B nodes=6 for opt-tree]"
+)
+TEMPERATURE_HELP = "0 = greedy (lossless token for token); > 0 = exact speculative sampling"
+TOP_P_HELP = "nucleus sampling: keep the smallest set of tokens with probability >= top_p (1 = off)"
+TOP_K_HELP = "keep the k likeliest tokens (0 = off; Hugging Face's generate defaults to 50)"
+DRAFT_T_HELP = "the draft's temperature for builders with sample=true [default: --temperature]"
+RULE_HELP = "verification rule when sampling: auto, specinfer, deterministic, target-only (docs/sampling.md)"
+ECHO_HELP = "print the prompt (dimmed) before the completion [default: when stdout is a terminal]"
+
+
+def run(
+    target: Annotated[Optional[str], typer.Option(help=TARGET_HELP, show_default=False)] = None,
+    drafter: Annotated[Optional[str], typer.Option(help=DRAFTER_HELP, show_default=False)] = None,
+    builder: Annotated[str, typer.Option(help="tree builder name (see `treespec plugins`)")] = "opt-tree",
+    builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=B_OPTION_HELP)] = None,
+    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
+    prompt: Annotated[Optional[str], typer.Option(help="prompt text")] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option(help="read the prompt from this file (UTF-8)")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="stop after this many new tokens")] = 128,
+    temperature: Annotated[float, typer.Option(help=TEMPERATURE_HELP)] = 0.0,
+    top_p: Annotated[float, typer.Option(help=TOP_P_HELP)] = 1.0,
+    top_k: Annotated[int, typer.Option(help=TOP_K_HELP)] = 0,
+    draft_temperature: Annotated[Optional[float], typer.Option(help=DRAFT_T_HELP, show_default=False)] = None,
+    sampling_rule: Annotated[str, typer.Option(help=RULE_HELP)] = "auto",
+    seed: Annotated[int, typer.Option(help="random seed: the same seed gives the same sampled output")] = 0,
+    device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(
+        help="let the target run its own code from the hub (the draft: -D trust_remote_code=true)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
+    echo: Annotated[Optional[bool], typer.Option("--echo/--no-echo", help=ECHO_HELP, show_default=False)] = None,
+) -> None:
+    """Generate from a prompt with tree speculative decoding; prints the text and one line of statistics."""
+    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                    draft_temperature=draft_temperature, rule=sampling_rule)
+    text = _prompt_text(prompt, prompt_file)
+    dec = _decoder(target, drafter, builder, builder_option, drafter_option, device, dtype, threads,
+                   trust_remote_code, seed)
+    try:
+        prompt_ids = dec.encode(text)
+    except TreespecError as exc:
+        fail(str(exc))
+    _warn_ignored(dec, sampling)
+    if not as_json and (echo if echo is not None else sys.stdout.isatty()):
+        # the prompt, so that the completion reads in context; stdout stays the completion alone when piped
+        typer.secho(text, nl=False, dim=True)
+    _generate_and_print(dec, prompt_ids, max_new_tokens, sampling, as_json)
+
+
+def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:
+    if prompt is not None and prompt_file is not None:
+        fail("give --prompt or --prompt-file, not both")
+    if prompt_file is not None:
+        return read_prompt(prompt_file)
+    return prompt if prompt is not None else defaults.PROMPT
+
+
+def _decoder(target: str | None, drafter: str | None, builder: str, builder_option: list[str] | None,
+             drafter_option: list[str] | None, device: str | None, dtype: str | None, threads: int | None,
+             trust_remote_code: bool, seed: int) -> Any:
+    """The Decoder the options describe (the default pair without --target); one line on any error."""
+    from treespec.options import parse_pairs
+
+    try:
+        b_opts = parse_pairs(builder_option, "builder")
+        d_opts = parse_pairs(drafter_option, "drafter")
+        target, drafter = defaults.apply(target, drafter, builder, b_opts)
+        if drafter is None:
+            fail("no drafter: pass --drafter NAME, a draft model (alias, hub id or directory), or -D model=PATH")
+        if drafter == "model" and "model" not in d_opts:
+            fail("drafter 'model' needs a draft model: --drafter MODEL (alias, hub id or directory) or -D model=PATH")
+        if threads is not None and threads <= 0:
+            fail(f"--threads must be > 0, got {threads}")
+
+        import torch
+
+        from treespec.decoder import Decoder
+
+        torch.manual_seed(seed)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return Decoder(target, drafter, builder, d_opts, b_opts, device=device, dtype=dtype,
+                       trust_remote_code=trust_remote_code)
+    except TreespecError as exc:
+        fail(str(exc))
+
+
+def _warn_ignored(dec: Any, sampling: dict[str, Any]) -> None:
+    """Bad sampling values: one error line; options greedy decoding ignores: one warning line each."""
+    from treespec.sampling import check_sampling
+
+    try:
+        _, notes = check_sampling(sampling["temperature"], sampling["top_p"], sampling["top_k"],
+                                  sampling["draft_temperature"], sampling["rule"], dec.builder.samples_children)
+    except TreespecError as exc:
+        fail(str(exc))
+    for note in notes:
+        typer.secho(f"warning: {note}", fg=typer.colors.YELLOW, err=True)
+
+
+def _generate_and_print(dec: Any, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
+                        as_json: bool) -> None:
+    """Decode, streaming complete characters as they come; then the JSON object or the statistics line.
+    A failure or an interrupt still prints what was generated (exit 1, or 130 for Ctrl-C)."""
+    from treespec.errors import DecodingError, Interrupted
+    from treespec.sampling import IgnoredOptionWarning
+
+    out_ids: list[int] = []
+    printed = [""]
+
+    def collect(new: list[int]) -> None:
+        out_ids.extend(new)
+        if as_json:
+            return
+        full = dec.text_of(out_ids, prompt_ids)
+        if full.endswith("\ufffd"):  # a token may end inside a multi-byte character: wait for the rest
+            return
+        sys.stdout.write(full[len(printed[0]):])
+        sys.stdout.flush()
+        printed[0] = full
+
+    error, code = None, 1
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", IgnoredOptionWarning)  # already printed by _warn_ignored
+            out = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, stream=collect, **sampling)
+    except DecodingError as exc:
+        out, error, code = exc.output, str(exc), 130 if isinstance(exc, Interrupted) else 1
+    except TreespecError as exc:
+        fail(str(exc))
+    if as_json:
+        payload = {"text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()}
+        if error:
+            payload["error"] = error
+        print(json.dumps(payload, ensure_ascii=False), flush=True)
+    else:
+        sys.stdout.write(out.text[len(printed[0]):] + "\n")
+        sys.stdout.flush()
+        typer.secho(out.stats.summary(), fg=typer.colors.CYAN, err=True)
+    if error:
+        fail(error, code=code)

@@ -1,0 +1,45 @@
+"""The default pair's settings, in one place (``treespec run``/``tree show``/``bench`` with no model
+arguments; docs/default-pair.md).
+
+The pair is treespec's own, shipped in the package: the target ``treespec-py`` drafted by its EAGLE
+head, with the node budgets that were fastest for it on a 2-core CPU (docs/benchmarks.md,
+"humaneval-default-pair"; a tree of n nodes is far from free on a CPU).
+"""
+
+from __future__ import annotations
+
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+TARGET = DEFAULT_TARGET  # "treespec-py"
+DRAFTER = "eagle"  # its EAGLE head
+DRAFT_MODEL = DEFAULT_DRAFT  # "treespec-py-draft"
+#: per builder, the options the default pair uses unless -B sets them
+BUILDER_OPTIONS: dict[str, dict[str, str]] = {
+    "opt-tree": {"nodes": "6"},
+    "eagle2": {"top_k": "4", "depth": "6", "total_tokens": "8"},
+}
+CHAIN_K = 8  # the chain the default pair's benchmark compares with
+PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
+
+
+def bench_drafters() -> list[str]:
+    """The default pair's drafters in ``treespec bench``: its draft model and its EAGLE head."""
+    return [DRAFT_MODEL, DRAFTER]
+
+
+def bench_builders() -> list[str]:
+    """The default pair's builders in ``treespec bench``, at their measured budgets."""
+    return [f"opt-tree nodes={BUILDER_OPTIONS['opt-tree']['nodes']}", f"chain k={CHAIN_K}"]
+
+
+def apply(target: str | None, drafter: str | None, builder: str | None = None,
+          builder_options: dict[str, str] | None = None) -> tuple[str, str | None]:
+    """No target given: the default pair's target, with no drafter its default drafter, and for its
+    builders the measured budget unless ``builder_options`` sets one (updated in place)."""
+    if target is None:
+        target = TARGET
+        drafter = drafter or DRAFTER
+        if builder_options is not None:
+            for key, value in BUILDER_OPTIONS.get(builder or "", {}).items():
+                builder_options.setdefault(key, value)
+    return target, drafter
