@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from treespec.train import calibration
-from treespec.train.checkpoint import save_atomic
+from treespec.train.checkpoint import load_data, save_atomic
 from treespec.errors import ConfigError
 from treespec.kv import causal_mask
 from treespec.plugins.eagle_head import EagleHead, head_config_for
@@ -70,6 +70,11 @@ class Sequence:
     ids: torch.Tensor  # [T] long: prompt + the target's continuation
     feats: torch.Tensor  # [T, H] the target's last hidden states
     prompt_len: int
+
+
+def sequences(data: dict[str, Any]) -> list[Sequence]:
+    """The sequences of a ``data.pt`` read with ``checkpoint.load_data`` (stored as plain dicts)."""
+    return [Sequence(ids=x["ids"], feats=x["feats"], prompt_len=int(x["prompt_len"])) for x in data["seqs"]]
 
 
 Progress = Callable[[str, int, int, str], None]  # (task, done, total, info)
@@ -228,9 +233,9 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
 
     data_file = out / "data.pt"
-    cached = torch.load(data_file, weights_only=False) if data_file.is_file() else None
+    cached = load_data(data_file) if data_file.is_file() else None
     if cached is not None and cached["key"] == s.data_key():
-        seqs = cached["seqs"]
+        seqs = sequences(cached)
         log(f"reusing the target's generations in {data_file} ({len(seqs)} sequences)")
     else:
         items = load_prompts(s.data)[s.offset : s.offset + s.limit]
@@ -244,7 +249,8 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
             prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
         t0 = time.perf_counter()
         seqs = collect(target, prompts, s.max_new_tokens, s.batch_size, progress)
-        save_atomic({"key": s.data_key(), "seqs": seqs}, data_file)
+        save_atomic({"key": s.data_key(), "seqs": [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} for x in seqs]},
+                    data_file)  # plain tensors and ints: read back with weights_only
         log(f"generated {sum(x.ids.numel() - x.prompt_len for x in seqs)} tokens for {len(seqs)} prompts "
             f"in {time.perf_counter() - t0:.0f} s → {data_file}")
     n_hold = max(1, round(len(seqs) * s.holdout))
@@ -259,7 +265,7 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
     )
     ckpt_file, start, history = out / "checkpoint.pt", 0, []
     if ckpt_file.is_file():
-        ckpt = torch.load(ckpt_file, weights_only=False)
+        ckpt = load_data(ckpt_file)
         if _resume_key(ckpt["settings"]) != _resume_key(asdict(s)):
             raise ConfigError(
                 f"{ckpt_file} was written with other settings; pass the same options to resume, or another --out"

@@ -137,3 +137,19 @@ def test_cli_trains_the_draft_and_refuses_bad_sizes_in_one_line(pair, tmp_path):
     bad = CliRunner().invoke(app, [*args, "--target-heads", "5"])
     assert bad.exit_code == 2 and "must divide" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     assert "Traceback" not in bad.output
+
+
+def test_a_crafted_checkpoint_is_refused_and_never_run(pair, tmp_path):
+    """A pickle placed where `train pair` resumes from: one line, and its code never runs."""
+    import pickle
+
+    class Bomb:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "pwned",))
+
+    c = tmp_path / "c"
+    c.mkdir()
+    (c / "checkpoint-target.pt").write_bytes(pickle.dumps({"key": Bomb()}))
+    with pytest.raises(ConfigError, match="checkpoint-target.pt cannot be read safely"):
+        train_pair(tiny(c, pair[0]), which="target", log=lambda _: None)
+    assert not (tmp_path / "pwned").exists()

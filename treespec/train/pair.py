@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from treespec.errors import ConfigError
-from treespec.train.checkpoint import save_atomic
+from treespec.train.checkpoint import load_data, save_atomic
 from treespec.train.pair_data import EOT_ID, PAD_ID, PairData, prepare
 
 WHICH = ("target", "draft")
@@ -192,7 +191,7 @@ def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(s, total))
     state = RunState()
     if ckpt_file.is_file():
-        ckpt = torch.load(ckpt_file, weights_only=False)
+        ckpt = load_data(ckpt_file)
         if ckpt["key"] != s.key(which):
             old, new = ckpt["key"], s.key(which)
             diff = ", ".join(f"{k} {old.get(k)} → {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
@@ -203,7 +202,6 @@ def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None
         opt.load_state_dict(ckpt["opt"])
         sched.load_state_dict(ckpt["sched"])
         torch.set_rng_state(ckpt["rng"]["torch"])
-        random.setstate(ckpt["rng"]["python"])
         state = RunState(**ckpt["state"])
         if state.step < total:
             log(f"{which}: resuming from {ckpt_file} at step {state.step}/{total}")
@@ -219,7 +217,7 @@ def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None
     def checkpoint() -> None:
         clock()
         save_atomic({"key": s.key(which), "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                     "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}, "state": asdict(state)}, ckpt_file)
+                     "rng": {"torch": torch.get_rng_state()}, "state": asdict(state)}, ckpt_file)
 
     def evaluate() -> None:
         loss = held_out_loss(model, held_stream, s)
