@@ -31,6 +31,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from treespec.errors import ConfigError, ModelLoadError
+from treespec.kv import with_cache
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -89,7 +90,7 @@ class EagleHead(nn.Module):
             if i > 0:  # as published: the first layer's input is fc's output, not normalised
                 x = layer.input_layernorm(x)
             x, _ = layer.self_attn(
-                hidden_states=x, position_embeddings=pos, attention_mask=mask, past_key_values=cache
+                hidden_states=x, position_embeddings=pos, attention_mask=mask, **with_cache(layer.self_attn, cache)
             )
             x = residual + x
             x = x + layer.mlp(layer.post_attention_layernorm(x))

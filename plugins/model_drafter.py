@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from treespec.errors import ConfigError
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
-from treespec.kv import attention_window, causal_mask, crop_cache, keep_rows, max_positions, tree_mask, window_mask
+from treespec.kv import attention_window, causal_mask, crop_cache, keep_rows, max_positions, tree_mask, window_mask, with_cache
 from treespec.lean import LeanCausalLM, lean_reason
 from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from treespec.plugins.configs import ModelDrafterConfig
@@ -33,6 +34,7 @@ class ModelDrafter(Drafter):
     def __init__(self, config: ModelDrafterConfig, target: TargetModel):
         super().__init__(config, target)
         self.model = self.load_model().eval()
+        self._check_embeddings()
         self.vocab = min(target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
         self.max_positions = max_positions(self.model.config)
         self.window = attention_window(self.model.config)
@@ -45,12 +47,22 @@ class ModelDrafter(Drafter):
         self.root_token = -1  # the next tree's root (the last committed token)
         self._ready()
 
+    def _check_embeddings(self) -> None:
+        """Every token the target can commit must have a row in the draft's input embeddings."""
+        rows = self.model.get_input_embeddings().weight.shape[0]
+        needed = len(self.target.tokenizer) if self.target.tokenizer is not None else self.target.vocab_size
+        if rows < needed:
+            raise ConfigError(
+                f"draft model {self.config.model!r} embeds {rows} tokens but the target's tokenizer has {needed}: "
+                "use a draft model trained with the target's vocabulary"
+            )
+
     def load_model(self) -> torch.nn.Module:
         """The draft model: ``config.model`` with the target's tokenizer, device and dtype."""
         config, target = self.config, self.target
         if target.tokenizer is not None:
             check_same_tokenizer(
-                target.tokenizer, load_tokenizer(config.model, config.trust_remote_code), target.name, config.model
+                target.tokenizer, load_tokenizer(config.model, config.trust_remote_code, "draft model's tokenizer"), target.name, config.model
             )
         return load_causal_lm(
             config.model,
@@ -59,6 +71,7 @@ class ModelDrafter(Drafter):
             num_hidden_layers=config.layers,
             attn_implementation=config.attn_implementation,
             trust_remote_code=config.trust_remote_code,
+            what="draft model",
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -133,7 +146,7 @@ class ModelDrafter(Drafter):
             input_ids=ids[None].to(dev),
             position_ids=pos[None].to(dev),
             attention_mask=mask[None, None].to(dev),  # [1, 1, P+F, cols]
-            past_key_values=self.cache,
+            **with_cache(self.forward, self.cache),
             use_cache=True,
         )
         # q = softmax(logits / T): T calibrates q to greedy acceptance (treespec.train.calibration), 1 = raw

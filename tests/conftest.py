@@ -89,38 +89,9 @@ def target64():
     return target
 
 
-class GreedyReference:
-    """The target's own ``generate(do_sample=False)``, cached per (prompt, max_new_tokens)."""
-
-    def __init__(self, target):
-        self.target = target
-        self.cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
-
-    def __call__(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-        import torch
-
-        key = (tuple(prompt_ids), max_new_tokens)
-        if key not in self.cache:
-            ids = torch.tensor([prompt_ids])
-            with torch.inference_mode():
-                out = self.target.model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
-            self.cache[key] = out[0, ids.shape[1] :].tolist()
-        return self.cache[key]
-
-    def explain(self, prompt_ids: list[int], got: list[int], want: list[int]) -> str:
-        """Where two outputs first differ, with the target's logit gap there (≈1e-6: rounding; more: a bug)."""
-        import torch
-
-        i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        with torch.inference_mode():
-            logits = self.target.model(torch.tensor([prompt_ids + want[:i]])).logits[0, -1]
-        top2 = logits.topk(2).values
-        return (
-            f"first difference at new token {i}: got {got[i:i + 3]} want {want[i:i + 3]} "
-            f"(lengths {len(got)} vs {len(want)}); target logit gap there {float(top2[0] - top2[1]):.3g}"
-        )
-
-
 @pytest.fixture(scope="session")
 def greedy_reference(target64):
+    """The target's own ``generate(do_sample=False)`` (``treespec.testing.GreedyReference``)."""
+    from treespec.testing import GreedyReference
+
     return GreedyReference(target64)

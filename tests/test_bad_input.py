@@ -43,6 +43,8 @@ def bad(tmp_path_factory) -> dict[str, str]:
     (model_copy("bad-config") / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
     (model_copy("bad-tokenizer") / "tokenizer.json").write_text("{ not json")
     (model_copy("no-weights") / "model.safetensors").unlink()
+    _ship_own_code(model_copy("custom-code"))
+    _shrink_vocabulary(model_copy("small-vocab"), 256)
 
     head = Path(treespec.__file__).parent / "default_pair" / "eagle"
 
@@ -85,6 +87,33 @@ def _pickle_bomb(marker: Path) -> bytes:
             return (Path.touch, (marker,))
 
     return pickle.dumps({"fc.weight": Bomb()})
+
+
+def _ship_own_code(path: Path) -> None:
+    """Map AutoModelForCausalLM to a Python file in the folder, as hub repos with custom code do."""
+    (path / "configuration_custom.py").write_text(
+        "from transformers import LlamaConfig\nclass CustomConfig(LlamaConfig):\n    model_type = 'custom-llama'\n")
+    (path / "modeling_custom.py").write_text(
+        "from transformers import LlamaForCausalLM\nfrom .configuration_custom import CustomConfig\n"
+        "class CustomForCausalLM(LlamaForCausalLM):\n    config_class = CustomConfig\n")
+    config = json.loads((path / "config.json").read_text())
+    config["model_type"] = "custom-llama"
+    config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig",
+                          "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def _shrink_vocabulary(path: Path, rows: int) -> None:
+    """Keep the tokenizer but only the first ``rows`` embeddings (a draft that cannot read every token)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path / "model.safetensors")
+    for name in [n for n in tensors if "embed_tokens" in n or "lm_head" in n]:
+        tensors[name] = tensors[name][:rows].contiguous()
+    save_file(tensors, path / "model.safetensors")
+    config = json.loads((path / "config.json").read_text())
+    config["vocab_size"] = rows
+    (path / "config.json").write_text(json.dumps(config))
 
 
 def _widen_fc(path: Path) -> None:
@@ -137,6 +166,12 @@ CLI_CASES = [
     ("run-target-bad-tokenizer", lambda b: [*RUN, "--target", b["bad-tokenizer"], "--drafter", "ngram"],
      "bad-tokenizer"),
     ("run-target-no-weights", lambda b: [*RUN, "--target", b["no-weights"], "--drafter", "ngram"], "no-weights"),
+    ("run-target-custom-code", lambda b: [*RUN, "--target", b["custom-code"], "--drafter", "ngram"],
+     r"ships its own Python code.*--trust-remote-code to `treespec run`"),
+    ("run-draft-custom-code", lambda b: [*RUN, "--target", S260, "--drafter", b["custom-code"]],
+     r"draft model .*ships its own Python code.*-D trust_remote_code=true"),
+    ("run-draft-small-vocab", lambda b: [*RUN, "--target", S260, "--drafter", b["small-vocab"]],
+     "embeds 256 tokens but the target's tokenizer has 512"),
     ("run-target-missing-dir", lambda b: [*RUN, "--target", "/nonexistent/model", "--drafter", "ngram"],
      "nonexistent"),
     ("run-target-not-a-dir", lambda b: [*RUN, "--target", b["afile"], "--drafter", "ngram"], "afile"),
@@ -156,7 +191,7 @@ CLI_CASES = [
     ("run-top-k-negative", lambda b: [*RUN, *PAIR, "--temperature", "0.7", "--top-k", "-3"], "top.k"),
     ("run-rule-unknown", lambda b: [*RUN, *PAIR, "--temperature", "0.7", "--sampling-rule", "magic"], "rule"),
     ("run-eagle-needs-head", lambda b: [*RUN, "--target", S260, "--drafter", "eagle"], "head"),
-    ("run-eagle-head-missing", lambda b: [*RUN, "--drafter", "eagle", "-D", "head=/nonexistent/head"], "head"),
+    ("run-eagle-head-missing", lambda b: [*RUN, "--drafter", "eagle", "-D", "head=/nonexistent/head"], "EAGLE head '/nonexistent/head': /nonexistent/head does not exist"),
     ("run-eagle-head-cut", lambda b: [*RUN, "--drafter", "eagle", "-D", f"head={b['head-cut']}"], "head"),
     ("run-eagle-head-bad-config", lambda b: [*RUN, "--drafter", "eagle", "-D", f"head={b['head-bad-config']}"],
      "config"),
@@ -218,6 +253,18 @@ def test_cli_bad_input_is_one_line(bad, monkeypatch, case, argv, pattern):
     assert result.exit_code == 2, (result.exit_code, line)
     assert re.search(pattern, line, re.IGNORECASE), line
     assert not Path(bad["pwned"]).exists(), "a pickle from disk ran code"
+
+
+def test_refused_custom_code_prints_one_line_and_nothing_else(bad):
+    """The refusal is the only line on stderr (transformers' config-type warning stays quiet)."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "treespec.cli.app", *RUN, "--target", S260, "--drafter", bad["custom-code"]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: draft model"), proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------------

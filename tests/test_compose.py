@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import treespec
 from conftest import STORIES260K, tinystories_prompts
 from treespec.cli.app import app
-from treespec.config import parse_pairs
+from treespec.options import parse_pairs
 from treespec.errors import ConfigError
 from treespec.factory import make_drafter, resolve_drafter_name
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals

@@ -54,7 +54,11 @@ def test_missing_model_offline_is_one_line(monkeypatch):
 def test_missing_local_directory(tmp_path):
     with pytest.raises(treespec.ModelLoadError) as err:
         treespec.TargetModel.load(str(tmp_path / "nothing" / "here"))
-    assert "not a model directory" in _one_line(err.value)
+    assert "does not exist" in _one_line(err.value)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(treespec.ModelLoadError) as err:
+        treespec.TargetModel.load(str(tmp_path / "file"))
+    assert "is not a directory" in _one_line(err.value)
 
 
 @pytest.mark.parametrize(

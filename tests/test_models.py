@@ -93,6 +93,6 @@ def test_remote_code_runs_only_when_allowed(tmp_path):
     with pytest.raises(treespec.ModelLoadError) as err:
         models.load_causal_lm(str(tmp_path / "m"))
     msg = str(err.value)
-    assert "\n" not in msg and "ships its own Python code" in msg and "--trust-remote-code" in msg
+    assert "\n" not in msg and "ships its own Python code" in msg and "--trust-remote-code to `treespec run`" in msg
     model = models.load_causal_lm(str(tmp_path / "m"), trust_remote_code=True)
     assert getattr(model, "RAN_CUSTOM_CODE", False)

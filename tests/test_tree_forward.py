@@ -32,6 +32,7 @@ from transformers import (
 
 import treespec
 from treespec import DraftTree, TargetModel
+from treespec.kv import with_cache
 
 TOL = 1e-9
 EAGER_FP32_SOFTMAX_TOL = 2e-5
@@ -238,7 +239,7 @@ def test_commit_then_plain_token(arch, impl, seed):
         out = target.model(
             input_ids=torch.tensor([[t]]),
             position_ids=torch.tensor([[target.past_len]]),
-            past_key_values=target.cache,
+            **with_cache(target.model, target.cache),
             use_cache=True,
         )
     ref, _ = plain_last(target.model, prefix[:-1] + [int(tree.tokens[i]) for i in path] + [t])

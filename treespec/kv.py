@@ -15,6 +15,8 @@ sequence, followed during a step by rows of tree nodes. Three facts shape this m
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -95,6 +97,19 @@ def attention_window(config: Any) -> int | None:
 
 
 # ---------------------------------------------------------------------------------- cache surgery
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(cls: type) -> str:
+    forward = getattr(cls, "forward", None) or cls.__call__
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def with_cache(module: Any, cache: Any) -> dict[str, Any]:
+    """``{keyword: cache}`` for ``module``'s forward: ``cache`` where transformers has renamed it
+    (``past_key_values`` is deprecated there and warns on every call), ``past_key_values`` before."""
+    return {_cache_keyword(type(module)): cache}
+
 
 
 def crop_cache(cache: Any, length: int) -> None:

@@ -139,7 +139,7 @@ def layer_shape(layers: Any, eps: float) -> tuple[int, int, int, float]:
 
 class LeanCausalLM:
     """Call it like the Hugging Face model it wraps: ``lean(input_ids=, position_ids=, attention_mask=,
-    past_key_values=)`` → ``.logits``. The mask must be the 4D float mask (no padding masks)."""
+    cache=)`` → ``.logits``. The mask must be the 4D float mask (no padding masks)."""
 
     def __init__(self, model: Any):
         reason = lean_reason(model)
@@ -160,10 +160,10 @@ class LeanCausalLM:
         input_ids: torch.Tensor,  # [B, T]
         position_ids: torch.Tensor,  # [B, T]
         attention_mask: torch.Tensor,  # [B, 1, T, S]
-        past_key_values: Any,
+        cache: Any,
         use_cache: bool = True,
     ) -> LeanOutput:
         x = F.embedding(input_ids, self.embed)  # [B, T, H]
-        x = run_layers(x, self.layers, self.rotary(x, position_ids), attention_mask, past_key_values, self.shape)
+        x = run_layers(x, self.layers, self.rotary(x, position_ids), attention_mask, cache, self.shape)
         logits = F.linear(rms_norm(x, self.g_final, self.shape[3]), self.lm_head)  # [B, T, V]
         return LeanOutput(logits=logits)

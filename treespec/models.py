@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -48,14 +49,16 @@ def looks_like_model(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/")) and not Path(name).exists()
 
 
-def _locate(name: str) -> str:
+def _locate(name: str, what: str = "model") -> str:
     """A local directory, or a hub id (after alias resolution); a path that is no directory is an error."""
     resolved = resolve_name(name)
     path = Path(resolved).expanduser()
     if path.is_dir():
         return str(path)
     if path.exists() or resolved.startswith((".", "/", "~")) or resolved.count("/") > 1:
-        raise ModelLoadError(f"model {name!r}: {resolved} is not a model directory; pass a directory holding config.json")
+        if not path.exists():
+            raise ModelLoadError(f"{what} {name!r}: {resolved} does not exist; pass a directory holding config.json")
+        raise ModelLoadError(f"{what} {name!r}: {resolved} is not a directory; pass a directory holding config.json")
     return resolved
 
 
@@ -90,8 +93,31 @@ def _download_error(name: str, resolved: str, what: str, exc: BaseException) -> 
     )
 
 
+def _trust_fix(what: str) -> str:
+    if what.startswith("draft"):
+        return ("give the drafter the option trust_remote_code=true (`treespec run -D trust_remote_code=true`, "
+                "a bench drafter spec, or drafter_options in Python)")
+    return ("pass --trust-remote-code to `treespec run` (Python: trust_remote_code=True); bench, calibrate and "
+            "train load only targets that need no code of their own")
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Any:
+    """transformers' own warnings and progress bars off while loading: treespec reports what matters
+    in one line (a refused custom-code model would otherwise print a stray config-type warning)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
-    resolved = _locate(name)
+    resolved = _locate(name, what)
     try:
         # Local directories and cached hub models load without touching the network.
         return loader.from_pretrained(resolved, local_files_only=True, **kwargs)
@@ -106,7 +132,7 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
         if "custom code" in str(exc) and not kwargs.get("trust_remote_code"):
             raise ModelLoadError(
                 f"{what} {name!r} ships its own Python code, which treespec runs only when allowed: if you trust "
-                f"{resolved}, pass --trust-remote-code (a draft model: -D trust_remote_code=true; Python: trust_remote_code=True)"
+                f"{resolved}, {_trust_fix(what)}"
             ) from None
         if Path(resolved).is_dir() or not isinstance(exc, OSError):
             raise ModelLoadError(f"{what} {name!r}: cannot load {resolved} ({_first_line(exc)})") from None
@@ -120,7 +146,7 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
 def snapshot_dir(name: str, patterns: list[str], what: str = "model") -> Path:
     """A folder holding a repository's files: a local directory, else the hub id's snapshot in the
     Hugging Face cache, else (online only) downloaded. For non-``transformers`` files (EAGLE heads)."""
-    resolved = _locate(name)
+    resolved = _locate(name, what)
     if Path(resolved).is_dir():
         return Path(resolved)
     from huggingface_hub import snapshot_download
@@ -147,6 +173,7 @@ def load_causal_lm(
     num_hidden_layers: int | None = None,
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
+    what: str = "model",
 ) -> Any:
     """``AutoModelForCausalLM`` by alias, local path or hub id; float32 by default on CPU.
 
@@ -155,7 +182,6 @@ def load_causal_lm(
     """
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
     device, dtype = check_device(device), check_dtype(dtype)
 
@@ -166,13 +192,8 @@ def load_causal_lm(
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     kwargs["dtype"] = dtype if dtype is not None else (torch.float32 if _device_type(device) == "cpu" else "auto")
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        model = _load(AutoModelForCausalLM, name, "model", **kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    with quiet_transformers():
+        model = _load(AutoModelForCausalLM, name, what, **kwargs)
     if device is not None:
         model = model.to(device)
     return model.eval()
@@ -229,10 +250,11 @@ def check_device(device: Any) -> Any:
     return device
 
 
-def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(name: str, trust_remote_code: bool = False, what: str = "tokenizer") -> Any:
     from transformers import AutoTokenizer
 
-    return _load(AutoTokenizer, name, "tokenizer", trust_remote_code=trust_remote_code)
+    with quiet_transformers():
+        return _load(AutoTokenizer, name, what, trust_remote_code=trust_remote_code)
 
 
 def _device_type(device: Any) -> str:

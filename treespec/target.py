@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.errors import TreespecError
-from treespec.kv import attention_window, crop_cache, keep_rows, max_positions, window_mask
+from treespec.kv import attention_window, crop_cache, keep_rows, max_positions, window_mask, with_cache
 from treespec.tree import TreeTensors
 
 
@@ -158,7 +158,7 @@ class TargetModel:
         before = self.past_len
         self._tree_len = None
         try:
-            out = self.model(past_key_values=self.cache, use_cache=True, return_dict=True, **kwargs)
+            out = self.model(**with_cache(self.model, self.cache), use_cache=True, return_dict=True, **kwargs)
         except Exception as exc:
             if self.cache is not None and self.cache.get_seq_length() > before:
                 crop_cache(self.cache, before)  # a failed forward may have appended to the cache
