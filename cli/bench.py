@@ -187,9 +187,14 @@ def _measure(runner: Any, items: list, result: dict[str, Any], out: Path) -> Non
             _stopped(out, "interrupted", 130)
         except TreespecError as exc:
             _stopped(out, str(exc), 1)
+        except OSError as exc:  # writing the results failed (a full disk): the last complete files stay
+            _stopped(out, f"cannot write into {out}: {exc.strerror or exc}; free some space or pick another --out", 1)
     final = _with_rows(result, runner, samples, partial=False)
     report.print_table(final)
-    files = report.write_outputs(out, final, steps)
+    try:
+        files = report.write_outputs(out, final, steps)
+    except OSError as exc:
+        _stopped(out, f"cannot write into {out}: {exc.strerror or exc}; free some space or pick another --out", 1)
     typer.echo(f"wrote {out / 'results.json'}, {out / 'steps.jsonl'}, " + ", ".join(str(f) for f in files))
 
 

@@ -31,7 +31,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from treespec.errors import ConfigError, ModelLoadError
-from treespec.kv import with_cache
+from treespec.kv import cache_keyword
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -73,6 +73,7 @@ class EagleHead(nn.Module):
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=bias)
         self.layers = nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.cache_keyword = cache_keyword(self.layers[0].self_attn)
         self.rotary = LlamaRotaryEmbedding(config)
 
     def forward(
@@ -90,7 +91,7 @@ class EagleHead(nn.Module):
             if i > 0:  # as published: the first layer's input is fc's output, not normalised
                 x = layer.input_layernorm(x)
             x, _ = layer.self_attn(
-                hidden_states=x, position_embeddings=pos, attention_mask=mask, **with_cache(layer.self_attn, cache)
+                hidden_states=x, position_embeddings=pos, attention_mask=mask, **{self.cache_keyword: cache}
             )
             x = residual + x
             x = x + layer.mlp(layer.post_attention_layernorm(x))

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from treespec.errors import ConfigError
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
-from treespec.kv import attention_window, causal_mask, crop_cache, keep_rows, max_positions, tree_mask, window_mask, with_cache
+from treespec.kv import attention_window, causal_mask, crop_cache, keep_rows, max_positions, tree_mask, window_mask, cache_keyword
 from treespec.lean import LeanCausalLM, lean_reason
 from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from treespec.plugins.configs import ModelDrafterConfig
@@ -40,6 +40,7 @@ class ModelDrafter(Drafter):
         self.window = attention_window(self.model.config)
         # the draft's forward: treespec.lean where the architecture allows (same math, less overhead)
         self.forward = LeanCausalLM(self.model) if config.lean and lean_reason(self.model) is None else self.model
+        self.cache_keyword = cache_keyword(self.forward)
         # per sequence (prefill) and per step (begin_step); see the module docstring for the layout
         self.cache: DynamicCache | None = None
         self.cache_len = 0  # rows in the cache
@@ -146,7 +147,7 @@ class ModelDrafter(Drafter):
             input_ids=ids[None].to(dev),
             position_ids=pos[None].to(dev),
             attention_mask=mask[None, None].to(dev),  # [1, 1, P+F, cols]
-            **with_cache(self.forward, self.cache),
+            **{self.cache_keyword: self.cache},
             use_cache=True,
         )
         # q = softmax(logits / T): T calibrates q to greedy acceptance (treespec.train.calibration), 1 = raw

@@ -18,10 +18,8 @@ def decoder(target64):
                             builder="opt-tree", builder_options={"nodes": 12})
 
 
-def test_concurrent_generate_on_one_decoder_is_lossless(decoder, greedy_reference):
-    """Two threads share one Decoder (one target cache, one draft cache): each output must still be
-    the target's own greedy continuation of its own prompt."""
-    prompts = [decoder.encode(p) for p in tinystories_prompts(4)]
+def _generate_in_threads(decoders, prompts, n: int) -> dict[int, list[int]]:
+    """Thread i decodes prompts[i] twice with decoders[i % len(decoders)], all starting together."""
     results: dict[int, list[int]] = {}
     errors: list[BaseException] = []
     start = threading.Barrier(len(prompts))
@@ -30,7 +28,7 @@ def test_concurrent_generate_on_one_decoder_is_lossless(decoder, greedy_referenc
         try:
             start.wait()
             for _ in range(2):
-                results[i] = decoder.generate(prompts[i], max_new_tokens=48).token_ids
+                results[i] = decoders[i % len(decoders)].generate(prompts[i], max_new_tokens=n).token_ids
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -40,8 +38,28 @@ def test_concurrent_generate_on_one_decoder_is_lossless(decoder, greedy_referenc
     for t in threads:
         t.join()
     assert not errors, errors
+    return results
+
+
+def test_concurrent_generate_on_one_decoder_is_lossless(decoder, greedy_reference):
+    """Two threads share one Decoder (one target cache, one draft cache): each output must still be
+    the target's own greedy continuation of its own prompt."""
+    prompts = [decoder.encode(p) for p in tinystories_prompts(4)]
+    results = _generate_in_threads([decoder], prompts, 48)
     for i, prompt in enumerate(prompts):
-        assert results[i] == greedy_reference(prompt, 48), greedy_reference.explain(prompt, results[i], greedy_reference(prompt, 48))
+        want = greedy_reference(prompt, 48)
+        assert results[i] == want, greedy_reference.explain(prompt, results[i], want)
+
+
+def test_concurrent_decoders_sharing_one_target_are_lossless(decoder, target64, greedy_reference):
+    """Two Decoders on ONE TargetModel (one KV cache) in parallel threads: the target's lock
+    serialises them."""
+    other = treespec.Decoder(target64, drafter="ngram", builder="chain", builder_options={"k": 2})
+    prompts = [decoder.encode(p) for p in tinystories_prompts(4)]
+    results = _generate_in_threads([decoder, other], prompts, 32)
+    for i, prompt in enumerate(prompts):
+        want = greedy_reference(prompt, 32)
+        assert results[i] == want, greedy_reference.explain(prompt, results[i], want)
 
 
 def test_generate_from_its_own_stream_callback_is_refused(decoder):

@@ -341,6 +341,35 @@ def test_bench_interrupted_keeps_the_finished_prompts(tmp_path, monkeypatch):
     assert {s["prompt"] for s in steps} == {0, 1}
 
 
+def test_bench_disk_full_keeps_the_last_complete_files(tmp_path, monkeypatch):
+    """The disk fills while the second prompt's results are written: one line, exit 1, and the first
+    prompt's results.json and steps.jsonl are whole (written to a temp file, then renamed)."""
+    import errno
+    import os
+
+    real, calls = os.fsync, []
+
+    def full_disk_on_third_file(fd):
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk_on_third_file)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["bench", "--dataset", "tinystories", "--limit", "3", "--max-new-tokens", "8",
+                                 "--target", S260, "--drafter", "ngram", "--builder", "chain k=2", "--baseline", "none",
+                                 "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    line = one_line_error(result)
+    assert "No space left on device" in line and "marked partial" in line, line
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["partial"] is True and saved["prompts"] == 1
+    steps = [json.loads(row) for row in (out / "steps.jsonl").read_text().splitlines()]
+    assert steps and {s["prompt"] for s in steps} == {0}
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "steps.jsonl"]  # no temp file left
+
+
 @pytest.mark.parametrize("extra, ignored", [
     (["--top-k", "5"], "top_k=5"), (["--draft-temperature", "0.5"], "draft_temperature=0.5"),
     (["--sampling-rule", "specinfer"], "rule=specinfer"), (["--builder", "chain", "-B", "sample=true"], "sample=true"),

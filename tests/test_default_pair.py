@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import treespec
-from conftest import SHARED, GreedyReference
+from conftest import SHARED
+from treespec.testing import GreedyReference
 from treespec import models
 
 PAIR = models.PAIR_DIR

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 import treespec
 from treespec.lean import LeanCausalLM, lean_reason
-from treespec.kv import with_cache
+from treespec.kv import cache_keyword
 
 from conftest import STORIES260K
 
@@ -78,7 +78,7 @@ def _compare(model, prefix_len: int = 37) -> None:
     steps = [(ids, pos, mask), (torch.randint(3, vocab, (1, 6), generator=gen), q_pos[None], tree_mask[None, None])]
     with torch.inference_mode():
         for x, p, m in steps:
-            want = model(input_ids=x, position_ids=p, attention_mask=m, **with_cache(model, caches[0]), use_cache=True).logits
+            want = model(input_ids=x, position_ids=p, attention_mask=m, **{cache_keyword(model): caches[0]}, use_cache=True).logits
             got = lean(input_ids=x, position_ids=p, attention_mask=m, cache=caches[1]).logits
             assert got.shape == want.shape
             assert torch.allclose(got, want, rtol=0, atol=1e-10), (got - want).abs().max()

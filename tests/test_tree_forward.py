@@ -32,7 +32,6 @@ from transformers import (
 
 import treespec
 from treespec import DraftTree, TargetModel
-from treespec.kv import with_cache
 
 TOL = 1e-9
 EAGER_FP32_SOFTMAX_TOL = 2e-5
@@ -239,7 +238,7 @@ def test_commit_then_plain_token(arch, impl, seed):
         out = target.model(
             input_ids=torch.tensor([[t]]),
             position_ids=torch.tensor([[target.past_len]]),
-            **with_cache(target.model, target.cache),
+            **{target.cache_keyword: target.cache},
             use_cache=True,
         )
     ref, _ = plain_last(target.model, prefix[:-1] + [int(tree.tokens[i]) for i in path] + [t])

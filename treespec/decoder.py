@@ -57,8 +57,6 @@ class Decoder:
         self.target = target
         self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)
-        self._lock = threading.Lock()  # one decode at a time: the caches are this Decoder's
-        self._owner: int | None = None  # the thread decoding now
 
     def _check_budget(self) -> None:
         """Refuse a builder whose trees the target cannot verify in one forward (issue: a budget of
@@ -135,17 +133,19 @@ class Decoder:
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """One decode at a time on this Decoder: other threads wait; a call from inside a running
-        decode on the same thread (e.g. from its ``stream`` callback) is refused."""
-        if self._owner == threading.get_ident():
-            raise ConfigError("this Decoder is already decoding on this thread (generate() called from its stream "
-                              "callback?): use a second Decoder")
-        with self._lock:
-            self._owner = threading.get_ident()
+        """One decode at a time per target (the target's KV cache, and the drafter bound to it, hold one
+        sequence): other threads wait, also those of other Decoders on the same TargetModel; a call
+        from inside a running decode on the same thread (e.g. from its ``stream`` callback) is refused."""
+        target = self.target
+        if target.decoding_thread == threading.get_ident():
+            raise ConfigError("this target is already decoding on this thread (generate() called from a stream "
+                              "callback?): use a Decoder with a target of its own")
+        with target.lock:
+            target.decoding_thread = threading.get_ident()
             try:
                 yield
             finally:
-                self._owner = None
+                target.decoding_thread = None
 
     def _generate(
         self, prompt: str | list[int] | torch.Tensor, max_new_tokens: int, stream: StreamCallback | None,

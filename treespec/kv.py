@@ -15,7 +15,6 @@ sequence, followed during a step by rows of tree nodes. Three facts shape this m
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
@@ -99,16 +98,16 @@ def attention_window(config: Any) -> int | None:
 # ---------------------------------------------------------------------------------- cache surgery
 
 
-@functools.lru_cache(maxsize=None)
-def _cache_keyword(cls: type) -> str:
-    forward = getattr(cls, "forward", None) or cls.__call__
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
-
-
-def with_cache(module: Any, cache: Any) -> dict[str, Any]:
-    """``{keyword: cache}`` for ``module``'s forward: ``cache`` where transformers has renamed it
-    (``past_key_values`` is deprecated there and warns on every call), ``past_key_values`` before."""
-    return {_cache_keyword(type(module)): cache}
+def cache_keyword(module: Any) -> str:
+    """The keyword ``module``'s forward takes the KV cache by: ``cache`` where transformers has
+    renamed it (``past_key_values`` is deprecated there and warns on every call), else
+    ``past_key_values``. Decide once per model, not per call."""
+    forward = getattr(module, "forward", module)
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 

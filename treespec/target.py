@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from treespec.errors import TreespecError
-from treespec.kv import attention_window, crop_cache, keep_rows, max_positions, window_mask, with_cache
+from treespec.kv import attention_window, crop_cache, keep_rows, max_positions, window_mask, cache_keyword
 from treespec.tree import TreeTensors
 
 
@@ -35,6 +36,9 @@ class TargetModel:
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.config = model.config
         self.cache: DynamicCache | None = None
+        self.cache_keyword = cache_keyword(model)
+        self.lock = threading.Lock()  # one sequence at a time: Decoder.generate holds it (thread safety)
+        self.decoding_thread: int | None = None  # `cache` (transformers ≥ 5.2x) or `past_key_values`
         self.past_len = 0
         self._tree_len: int | None = None
         params = inspect.signature(model.forward).parameters
@@ -158,7 +162,7 @@ class TargetModel:
         before = self.past_len
         self._tree_len = None
         try:
-            out = self.model(**with_cache(self.model, self.cache), use_cache=True, return_dict=True, **kwargs)
+            out = self.model(**{self.cache_keyword: self.cache}, use_cache=True, return_dict=True, **kwargs)
         except Exception as exc:
             if self.cache is not None and self.cache.get_seq_length() > before:
                 crop_cache(self.cache, before)  # a failed forward may have appended to the cache
