@@ -217,94 +217,132 @@ def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k != "out"}
 
 
-def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) a head; returns the summary also written to ``OUT/training.json``."""
+def _training_data(target: TargetModel, s: TrainSettings, out: Path, progress: Progress,
+                   log: Callable[[str], None]) -> list:
+    """The target's own generations for the dataset's prompts, with its features: reused from
+    ``OUT/data.pt`` when that was made with the same data settings, else generated and saved."""
     from treespec.bench.datasets import format_turns, load_prompts
-
-    if not 0 < s.holdout < 1:
-        raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
-    out = Path(s.out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(s.seed)
-    target = TargetModel.load(s.target)
-    model, tok = target.model, target.tokenizer
-    for p in model.parameters():
-        p.requires_grad_(False)
-    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
 
     data_file = out / "data.pt"
     cached = load_data(data_file) if data_file.is_file() else None
     if cached is not None and cached["key"] == s.data_key():
         seqs = sequences(cached)
         log(f"reusing the target's generations in {data_file} ({len(seqs)} sequences)")
-    else:
-        items = load_prompts(s.data)[s.offset : s.offset + s.limit]
-        if len(items) < 2:
-            raise ConfigError(f"dataset {s.data!r} has {len(items)} prompts after --offset {s.offset}: need at least 2")
-        limit = target.max_positions
-        if limit is not None and limit <= s.max_new_tokens:
-            raise ConfigError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in the target's context of {limit}")
-        prompts = [format_turns(tok, it, []) for it in items]
-        if limit:
-            prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
-        t0 = time.perf_counter()
-        seqs = collect(target, prompts, s.max_new_tokens, s.batch_size, progress)
-        save_atomic({"key": s.data_key(), "seqs": [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} for x in seqs]},
-                    data_file)  # plain tensors and ints: read back with weights_only
-        log(f"generated {sum(x.ids.numel() - x.prompt_len for x in seqs)} tokens for {len(seqs)} prompts "
-            f"in {time.perf_counter() - t0:.0f} s → {data_file}")
-    n_hold = max(1, round(len(seqs) * s.holdout))
-    held, train_set = seqs[:n_hold], seqs[n_hold:]
+        return seqs
+    items = load_prompts(s.data)[s.offset : s.offset + s.limit]
+    if len(items) < 2:
+        raise ConfigError(f"dataset {s.data!r} has {len(items)} prompts after --offset {s.offset}: need at least 2")
+    limit = target.max_positions
+    if limit is not None and limit <= s.max_new_tokens:
+        raise ConfigError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in the target's context of {limit}")
+    prompts = [format_turns(target.tokenizer, it, []) for it in items]
+    if limit:
+        prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
+    t0 = time.perf_counter()
+    seqs = collect(target, prompts, s.max_new_tokens, s.batch_size, progress)
+    save_atomic({"key": s.data_key(), "seqs": [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} for x in seqs]},
+                data_file)  # plain tensors and ints: read back with weights_only
+    log(f"generated {sum(x.ids.numel() - x.prompt_len for x in seqs)} tokens for {len(seqs)} prompts "
+        f"in {time.perf_counter() - t0:.0f} s → {data_file}")
+    return seqs
 
-    head = EagleHead(head_config_for(model.config, layers=s.layers))
-    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    steps_per_epoch = math.ceil(len(train_set) / s.batch_size)
-    total = steps_per_epoch * s.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / max(1, total // 50)) * max(0.05, 1 - i / max(1, total))
-    )
-    ckpt_file, start, history = out / "checkpoint.pt", 0, []
-    if ckpt_file.is_file():
+
+@dataclass
+class _Run:
+    """The head being trained with its optimiser and schedule (linear warm-up over 2 %, then linear decay)."""
+
+    head: EagleHead
+    opt: torch.optim.Optimizer
+    sched: Any
+    steps_per_epoch: int
+
+    @classmethod
+    def new(cls, head: EagleHead, s: TrainSettings, n_train: int) -> "_Run":
+        opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        steps_per_epoch = math.ceil(n_train / s.batch_size)
+        total = steps_per_epoch * s.epochs
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda i: min(1.0, (i + 1) / max(1, total // 50)) * max(0.05, 1 - i / max(1, total))
+        )
+        return cls(head, opt, sched, steps_per_epoch)
+
+    def resume(self, ckpt_file: Path, s: TrainSettings, log: Callable[[str], None]) -> tuple[int, list]:
+        """(epochs done, history) from ``ckpt_file`` if there is one written with the same settings."""
+        if not ckpt_file.is_file():
+            return 0, []
         ckpt = load_data(ckpt_file)
         if _resume_key(ckpt["settings"]) != _resume_key(asdict(s)):
             raise ConfigError(
                 f"{ckpt_file} was written with other settings; pass the same options to resume, or another --out"
             )
-        head.load_state_dict(ckpt["head"])
-        opt.load_state_dict(ckpt["opt"])
-        sched.load_state_dict(ckpt["sched"])
+        self.head.load_state_dict(ckpt["head"])
+        self.opt.load_state_dict(ckpt["opt"])
+        self.sched.load_state_dict(ckpt["sched"])
         torch.set_rng_state(ckpt["rng"])
-        start, history = ckpt["epoch"], ckpt["history"]
-        log(f"resuming from {ckpt_file} after epoch {start}")
-    before = evaluate(head, embed, lm_head, held, s) if start == 0 else history[0]["held_out_before"]
+        log(f"resuming from {ckpt_file} after epoch {ckpt['epoch']}")
+        return ckpt["epoch"], ckpt["history"]
 
-    for epoch in range(start, s.epochs):
-        head.train()
+    def epoch(self, epoch: int, train_set: list, embed: Any, lm_head: Any, s: TrainSettings, progress: Progress) -> float:
+        """One pass over ``train_set`` in an order fixed by the seed and the epoch; the smoothed loss."""
+        self.head.train()
         order = list(range(len(train_set)))
         random.Random(s.seed * 100_003 + epoch).shuffle(order)  # per epoch: a resumed run sees the same order
         running = 0.0
-        for i in range(steps_per_epoch):
+        for i in range(self.steps_per_epoch):
             batch = [train_set[j] for j in order[i * s.batch_size : (i + 1) * s.batch_size]]
-            loss, part = head_step(head, embed, lm_head, batch, s.noise, s)
-            opt.zero_grad()
+            loss, part = head_step(self.head, embed, lm_head, batch, s.noise, s)
+            self.opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
-            opt.step()
-            sched.step()
+            torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5)
+            self.opt.step()
+            self.sched.step()
             running = part["loss"] if i == 0 else 0.9 * running + 0.1 * part["loss"]
-            progress(f"epoch {epoch + 1}/{s.epochs}", i + 1, steps_per_epoch, f"loss {running:.4f}")
-        held_out = evaluate(head, embed, lm_head, held, s)
+            progress(f"epoch {epoch + 1}/{s.epochs}", i + 1, self.steps_per_epoch, f"loss {running:.4f}")
+        return running
+
+    def save(self, ckpt_file: Path, s: TrainSettings, epoch: int, history: list) -> None:
+        save_atomic({"settings": asdict(s), "head": self.head.state_dict(), "opt": self.opt.state_dict(),
+                     "sched": self.sched.state_dict(), "rng": torch.get_rng_state(), "epoch": epoch,
+                     "history": history}, ckpt_file)
+
+
+def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) a head; returns the summary also written to ``OUT/training.json``."""
+    if not 0 < s.holdout < 1:
+        raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
+    out = Path(s.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(s.seed)
+    target = TargetModel.load(s.target)
+    model = target.model
+    for p in model.parameters():
+        p.requires_grad_(False)
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    seqs = _training_data(target, s, out, progress, log)
+    n_hold = max(1, round(len(seqs) * s.holdout))
+    held, train_set = seqs[:n_hold], seqs[n_hold:]
+
+    run = _Run.new(EagleHead(head_config_for(model.config, layers=s.layers)), s, len(train_set))
+    ckpt_file = out / "checkpoint.pt"
+    start, history = run.resume(ckpt_file, s, log)
+    before = evaluate(run.head, embed, lm_head, held, s) if start == 0 else history[0]["held_out_before"]
+    for epoch in range(start, s.epochs):
+        running = run.epoch(epoch, train_set, embed, lm_head, s, progress)
+        held_out = evaluate(run.head, embed, lm_head, held, s)
         history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out, "held_out_before": before})
         log(f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
             f"top-1 agreement {held_out['top1']:.3f}")
-        save_atomic({"settings": asdict(s), "head": head.state_dict(), "opt": opt.state_dict(),
-                     "sched": sched.state_dict(), "rng": torch.get_rng_state(), "epoch": epoch + 1,
-                     "history": history}, ckpt_file)
+        run.save(ckpt_file, s, epoch + 1, history)
+    return _finish(run.head, embed, lm_head, held, len(train_set), history, before, s, out, log)
 
+
+def _finish(head: EagleHead, embed: Any, lm_head: Any, held: list, n_train: int, history: list, before: dict,
+            s: TrainSettings, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Calibrate, save the head in the published layout and write ``training.json``."""
     final = history[-1]["held_out"] if history else before
     temperature = fit_temperature(head, embed, lm_head, held, s)
     log(f"calibration temperature {temperature:.3f} (the head's q for tree builders: softmax(logits / T))")
-    summary = {"settings": asdict(s), "train_sequences": len(train_set), "held_out_sequences": len(held),
+    summary = {"settings": asdict(s), "train_sequences": n_train, "held_out_sequences": len(held),
                "held_out_positions": final.get("positions"), "top1_before": before["top1"],
                "top1": final["top1"], "held_out_loss": final["loss"], "history": history,
                "calibration_temperature": temperature, "parameters": sum(p.numel() for p in head.parameters())}

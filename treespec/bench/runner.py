@@ -106,7 +106,13 @@ class Bench:
         self.target = TargetModel.load(target, device=device, dtype=dtype)
         self.target_name = target
         self.configs: list[Config] = [Config(self.reference, "hf-greedy", run=self._hf_runner({}))]
-        hf_drafts = []  # ((model, layers), drafter label, HF model) for assisted generation
+        hf_drafts = self._add_treespec(drafters, builders)
+        self._add_baselines(baselines, hf_drafts)
+
+    def _add_treespec(self, drafters: list[str], builders: list[str]) -> list[tuple[Any, str, Any]]:
+        """One configuration per (builder variant, drafter variant); returns the draft models seen,
+        ``((model, layers), drafter label, HF model)``, for the assisted-generation baseline."""
+        hf_drafts: list[tuple[Any, str, Any]] = []
         builder_variants = [v for spec in builders for v in parse_spec(spec)]
         for spec in drafters:
             for d_name, d_opts in parse_spec(spec):
@@ -126,6 +132,10 @@ class Bench:
                         d_label, {k: v for k, v in dict(drafter.config).items() if v is not None},
                         run=self._treespec_runner(drafter, builder),
                     ))
+        return hf_drafts
+
+    def _add_baselines(self, baselines: list[str], hf_drafts: list[tuple[Any, str, Any]]) -> None:
+        """Hugging Face's own speculative decoding: assisted generation (per draft model), prompt lookup."""
         for spec in baselines:
             for b_name, b_opts in parse_spec(spec):
                 if b_name not in BASELINES:

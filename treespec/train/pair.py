@@ -168,100 +168,131 @@ class RunState:
     held_out: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
 
 
+class _Trainer:
+    """One model's training run: the model, its optimiser and schedule, the data streams, the state."""
+
+    def __init__(self, s: PairSettings, which: str, data: PairData, log: Callable[[str], None]):
+        import numpy as np
+        import torch
+        from transformers import LlamaForCausalLM
+
+        self.s, self.which, self.log = s, which, log
+        self.out, self.total = Path(s.out), s.steps_of(which)
+        self.ckpt_file = self.out / f"checkpoint-{which}.pt"
+        self.train_stream = torch.from_numpy(data.train.astype(np.int64))  # [N]
+        self.held_stream = torch.from_numpy(data.held_out.astype(np.int64))  # [M]
+        self.length = min(s.context, self.train_stream.numel() - 1)
+        torch.manual_seed(s.seed + (0 if which == "target" else 1))
+        self.model = LlamaForCausalLM(llama_config(s, which)).float().train()
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        rest = [p for p in self.model.parameters() if p.dim() < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                                      {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule(s, self.total))
+        self.state = RunState()
+        self.call_start, self.seconds_before = time.perf_counter(), 0.0
+
+    def resume(self) -> None:
+        """Continue from the checkpoint, if there is one written with the same settings."""
+        import torch
+
+        if not self.ckpt_file.is_file():
+            return
+        ckpt = load_data(self.ckpt_file)
+        old, new = ckpt["key"], self.s.key(self.which)
+        if old != new:
+            diff = ", ".join(f"{k} {old.get(k)} → {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
+            raise ConfigError(
+                f"{self.ckpt_file} was written with other settings ({diff}); pass the same options to resume, or another --out"
+            )
+        self.model.load_state_dict(ckpt["model"])
+        self.opt.load_state_dict(ckpt["opt"])
+        self.sched.load_state_dict(ckpt["sched"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        self.state = RunState(**ckpt["state"])
+        if self.state.step < self.total:
+            self.log(f"{self.which}: resuming from {self.ckpt_file} at step {self.state.step}/{self.total}")
+
+    def start_clock(self) -> None:
+        self.call_start, self.seconds_before = time.perf_counter(), self.state.seconds
+
+    def clock(self) -> None:
+        self.state.seconds = self.seconds_before + time.perf_counter() - self.call_start
+
+    def checkpoint(self) -> None:
+        import torch
+
+        self.clock()
+        save_atomic({"key": self.s.key(self.which), "model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                     "sched": self.sched.state_dict(), "rng": {"torch": torch.get_rng_state()},
+                     "state": asdict(self.state)}, self.ckpt_file)
+
+    def evaluate(self) -> None:
+        """Held-out loss now, appended to the state and to ``OUT/log.jsonl``."""
+        s, state = self.s, self.state
+        loss = held_out_loss(self.model, self.held_stream, s)
+        self.clock()
+        state.held_out.append((state.step, loss))
+        entry = {"which": self.which, "step": state.step, "train_loss": state.train_loss, "held_out_loss": loss,
+                 "lr": self.sched.get_last_lr()[0], "tokens": state.step * s.batch_size * self.length,
+                 "seconds": round(state.seconds, 1)}
+        with open(self.out / "log.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        trained = "" if state.step == 0 else f"train loss {state.train_loss:.4f} · "
+        self.log(f"{self.which} step {state.step}/{self.total}: {trained}held-out loss {loss:.4f}")
+
+    def step(self) -> None:
+        """One optimiser step on a batch of windows drawn by a generator seeded by the step number
+        (a resumed run draws the same batches)."""
+        import torch
+
+        s, state = self.s, self.state
+        g = torch.Generator().manual_seed(s.seed * 1_000_003 + WHICH.index(self.which) * 100_003 + state.step)
+        starts = torch.randint(0, self.train_stream.numel() - self.length, (s.batch_size,), generator=g)  # [B]
+        loss = lm_loss(self.model, windows(self.train_stream, starts, self.length))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        state.step += 1
+        value = float(loss.detach())
+        state.train_loss = value if math.isnan(state.train_loss) else 0.95 * state.train_loss + 0.05 * value
+        if state.step % s.eval_every == 0 or state.step == self.total:
+            self.evaluate()
+        if state.step % s.checkpoint_every == 0 or state.step == self.total:
+            self.checkpoint()
+
+
 def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None = None, deadline: float = math.inf,
                 progress: Progress | None = None, log: Callable[[str], None] = print) -> RunState:
     """Train (or resume) one model until its last step, step ``stop_at`` or ``time.monotonic()`` passing
     ``deadline`` (then checkpointed); write ``OUT/<which>/`` when its last step is done."""
-    import numpy as np
-    import torch
-    from transformers import LlamaForCausalLM
-
-    out, total = Path(s.out), s.steps_of(which)
-    ckpt_file = out / f"checkpoint-{which}.pt"
-    train_stream = torch.from_numpy(data.train.astype(np.int64))  # [N]
-    held_stream = torch.from_numpy(data.held_out.astype(np.int64))  # [M]
-    length = min(s.context, train_stream.numel() - 1)
-
-    torch.manual_seed(s.seed + (0 if which == "target" else 1))
-    model = LlamaForCausalLM(llama_config(s, which)).float().train()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=s.lr, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(s, total))
-    state = RunState()
-    if ckpt_file.is_file():
-        ckpt = load_data(ckpt_file)
-        if ckpt["key"] != s.key(which):
-            old, new = ckpt["key"], s.key(which)
-            diff = ", ".join(f"{k} {old.get(k)} → {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
-            raise ConfigError(
-                f"{ckpt_file} was written with other settings ({diff}); pass the same options to resume, or another --out"
-            )
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["opt"])
-        sched.load_state_dict(ckpt["sched"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        state = RunState(**ckpt["state"])
-        if state.step < total:
-            log(f"{which}: resuming from {ckpt_file} at step {state.step}/{total}")
+    run = _Trainer(s, which, data, log)
+    run.resume()
+    state, total, out = run.state, run.total, run.out
     if state.step >= total and any((out / which).glob("model*.safetensors")):
         log(f"{which}: done already ({total} steps) → {out / which}")
         return state
-
-    call_start, seconds_before = time.perf_counter(), state.seconds
-
-    def clock() -> None:
-        state.seconds = seconds_before + time.perf_counter() - call_start
-
-    def checkpoint() -> None:
-        clock()
-        save_atomic({"key": s.key(which), "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                     "rng": {"torch": torch.get_rng_state()}, "state": asdict(state)}, ckpt_file)
-
-    def evaluate() -> None:
-        loss = held_out_loss(model, held_stream, s)
-        clock()
-        state.held_out.append((state.step, loss))
-        entry = {"which": which, "step": state.step, "train_loss": state.train_loss, "held_out_loss": loss,
-                 "lr": sched.get_last_lr()[0], "tokens": state.step * s.batch_size * length, "seconds": round(state.seconds, 1)}
-        with open(out / "log.jsonl", "a") as f:
-            f.write(json.dumps(entry) + "\n")
-        trained = "" if state.step == 0 else f"train loss {state.train_loss:.4f} · "
-        log(f"{which} step {state.step}/{total}: {trained}held-out loss {loss:.4f}")
-
+    run.start_clock()
     if time.monotonic() >= deadline:
         log(f"{which}: no time left in --minutes; run the same command to continue")
         return state
     if state.step == 0 and not state.held_out:
-        evaluate()  # the untrained model, for comparison
+        run.evaluate()  # the untrained model, for comparison
     end = min(total, stop_at) if stop_at is not None else total
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in run.model.parameters())
     while state.step < end and time.monotonic() < deadline:
-        g = torch.Generator().manual_seed(s.seed * 1_000_003 + WHICH.index(which) * 100_003 + state.step)
-        starts = torch.randint(0, train_stream.numel() - length, (s.batch_size,), generator=g)  # [B]
-        loss = lm_loss(model, windows(train_stream, starts, length))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        opt.step()
-        sched.step()
-        state.step += 1
-        value = float(loss.detach())
-        state.train_loss = value if math.isnan(state.train_loss) else 0.95 * state.train_loss + 0.05 * value
-        if state.step % s.eval_every == 0 or state.step == total:
-            evaluate()
-        if state.step % s.checkpoint_every == 0 or state.step == total:
-            checkpoint()
+        run.step()
         if progress:
             progress(f"{which} ({n_params / 1e6:.2f}M)", state.step, total,
-                     f"loss {state.train_loss:.3f} · held-out {state.held_out[-1][1]:.3f} · lr {sched.get_last_lr()[0]:.1e}")
+                     f"loss {state.train_loss:.3f} · held-out {state.held_out[-1][1]:.3f} · lr {run.sched.get_last_lr()[0]:.1e}")
     if state.step < total:
-        checkpoint()
-        log(f"{which}: stopped at step {state.step}/{total} (checkpoint {ckpt_file}); run the same command to continue")
+        run.checkpoint()
+        log(f"{which}: stopped at step {state.step}/{total} (checkpoint {run.ckpt_file}); run the same command to continue")
         return state
-    export(model, data.tokenizer, out / which)
-    clock()
+    export(run.model, data.tokenizer, out / which)
+    run.clock()
     return state
 
 
