@@ -12,7 +12,7 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, DTYPE_HELP, read_prompt
+from treespec.cli.common import B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, DTYPE_HELP, pair_options, read_prompt
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -88,16 +88,8 @@ def _decoder(target: str | None, drafter: str | None, builder: str, builder_opti
              drafter_option: list[str] | None, device: str | None, dtype: str | None, threads: int | None,
              trust_remote_code: bool, seed: int) -> Any:
     """The Decoder the options describe (the default pair without --target); one line on any error."""
-    from treespec.options import parse_pairs
-
     try:
-        b_opts = parse_pairs(builder_option, "builder")
-        d_opts = parse_pairs(drafter_option, "drafter")
-        target, drafter = defaults.apply(target, drafter, builder, b_opts)
-        if drafter is None:
-            fail("no drafter: pass --drafter NAME, a draft model (alias, hub id or directory), or -D model=PATH")
-        if drafter == "model" and "model" not in d_opts:
-            fail("drafter 'model' needs a draft model: --drafter MODEL (alias, hub id or directory) or -D model=PATH")
+        target, drafter, b_opts, d_opts = pair_options(target, drafter, builder, builder_option, drafter_option)
         if threads is not None and threads <= 0:
             fail(f"--threads must be > 0, got {threads}")
 

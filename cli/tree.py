@@ -9,7 +9,7 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, writable_file
+from treespec.cli.common import B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, pair_options, writable_file
 from treespec.errors import TreespecError
 
 tree_app = typer.Typer(help="Look at draft trees.", no_args_is_help=True, rich_markup_mode=None)
@@ -46,17 +46,11 @@ def tree_show(
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
 ) -> None:
     """Build one tree for a prompt, verify it with the target, and draw it (accepted path highlighted)."""
-    from treespec.options import parse_pairs
-
     for path, flag in ((dot, "--dot"), (png, "--png")):
         if path is not None:
             writable_file(path, flag)
     try:
-        b_opts = parse_pairs(builder_option, "builder")
-        d_opts = parse_pairs(drafter_option, "drafter")
-        target, drafter = defaults.apply(target, drafter, builder, b_opts)
-        if drafter is None:
-            fail("no drafter: pass --drafter NAME or a draft model")
+        target, drafter, b_opts, d_opts = pair_options(target, drafter, builder, builder_option, drafter_option)
         from treespec.decoder import Decoder
 
         dec = Decoder(target, drafter, builder, d_opts, b_opts, device=device)

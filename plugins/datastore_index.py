@@ -22,7 +22,6 @@ documents). Torch-free: ``treespec datastore build`` and the drafter share it.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -36,6 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from treespec.errors import ConfigError
+from treespec.inputs import json_lines
 
 FORMAT_VERSION = 1
 SENTINEL = -1  # ends every document; no query token is negative
@@ -112,23 +112,15 @@ def _documents(path: Path) -> Iterator[str]:
         return
     if not name.endswith((".jsonl", ".jsonl.gz")):
         raise ConfigError(f"corpus {path}: unknown format; use {CORPUS_FORMATS}, or an index .npz")
-    opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for n, line in enumerate(fh):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise ConfigError(f"corpus {path} line {n + 1} is not JSON ({exc}); give one JSON object per line") from None
-            if isinstance(row, dict) and "text" in row:
-                text = str(row["text"])
-            elif isinstance(row, dict) and isinstance(row.get("turns"), list):
-                text = "\n\n".join(str(t) for t in row["turns"])
-            else:
-                raise ConfigError(f"corpus {path} line {n + 1}: no 'text' field or 'turns' list; give each line one")
-            if text.strip():
-                yield text
+    for n, row in json_lines(path, "corpus"):
+        if "text" in row:
+            text = str(row["text"])
+        elif isinstance(row.get("turns"), list):
+            text = "\n\n".join(str(t) for t in row["turns"])
+        else:
+            raise ConfigError(f"corpus {path} line {n}: no 'text' field or 'turns' list; give each line one")
+        if text.strip():
+            yield text
 
 
 # ---------------------------------------------------------------------- the index

@@ -95,3 +95,20 @@ def greedy_reference(target64):
     from treespec.testing import GreedyReference
 
     return GreedyReference(target64)
+
+
+def ship_own_code(path: Path) -> None:
+    """Make the model folder ``path`` map AutoModelForCausalLM to a Python file of its own, as hub
+    repositories with custom code do; the class marks that its code ran (``RAN_CUSTOM_CODE``)."""
+    import json
+
+    (path / "configuration_custom.py").write_text(
+        "from transformers import LlamaConfig\nclass CustomConfig(LlamaConfig):\n    model_type = 'custom-llama'\n")
+    (path / "modeling_custom.py").write_text(
+        "from transformers import LlamaForCausalLM\nfrom .configuration_custom import CustomConfig\n"
+        "class CustomForCausalLM(LlamaForCausalLM):\n    config_class = CustomConfig\n    RAN_CUSTOM_CODE = True\n")
+    config = json.loads((path / "config.json").read_text())
+    config["model_type"] = "custom-llama"
+    config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig",
+                          "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import treespec
-from conftest import STORIES260K, TINYSTORIES
+from conftest import STORIES260K, ship_own_code
 from treespec.cli.app import app
 
 S260 = str(STORIES260K)
@@ -43,7 +43,7 @@ def bad(tmp_path_factory) -> dict[str, str]:
     (model_copy("bad-config") / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
     (model_copy("bad-tokenizer") / "tokenizer.json").write_text("{ not json")
     (model_copy("no-weights") / "model.safetensors").unlink()
-    _ship_own_code(model_copy("custom-code"))
+    ship_own_code(model_copy("custom-code"))
     _shrink_vocabulary(model_copy("small-vocab"), 256)
 
     head = Path(treespec.__file__).parent / "default_pair" / "eagle"
@@ -87,20 +87,6 @@ def _pickle_bomb(marker: Path) -> bytes:
             return (Path.touch, (marker,))
 
     return pickle.dumps({"fc.weight": Bomb()})
-
-
-def _ship_own_code(path: Path) -> None:
-    """Map AutoModelForCausalLM to a Python file in the folder, as hub repos with custom code do."""
-    (path / "configuration_custom.py").write_text(
-        "from transformers import LlamaConfig\nclass CustomConfig(LlamaConfig):\n    model_type = 'custom-llama'\n")
-    (path / "modeling_custom.py").write_text(
-        "from transformers import LlamaForCausalLM\nfrom .configuration_custom import CustomConfig\n"
-        "class CustomForCausalLM(LlamaForCausalLM):\n    config_class = CustomConfig\n")
-    config = json.loads((path / "config.json").read_text())
-    config["model_type"] = "custom-llama"
-    config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig",
-                          "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
-    (path / "config.json").write_text(json.dumps(config))
 
 
 def _shrink_vocabulary(path: Path, rows: int) -> None:

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import treespec
-from conftest import STORIES260K
+from conftest import STORIES260K, ship_own_code
 from treespec import models
 
 
@@ -70,22 +70,11 @@ def test_treespec_own_aliases_are_package_folders():
 
 def _custom_code_model(path):
     """A local model whose config maps AutoModelForCausalLM to its own Python file."""
-    import json
-
     from transformers import LlamaConfig, LlamaForCausalLM
 
     LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                  num_attention_heads=2)).save_pretrained(path)
-    (path / "configuration_custom.py").write_text(
-        "from transformers import LlamaConfig\nclass CustomConfig(LlamaConfig):\n    model_type = 'custom-llama'\n")
-    (path / "modeling_custom.py").write_text(
-        "from transformers import LlamaForCausalLM\nfrom .configuration_custom import CustomConfig\n"
-        "class CustomForCausalLM(LlamaForCausalLM):\n    config_class = CustomConfig\n    RAN_CUSTOM_CODE = True\n")
-    config = json.loads((path / "config.json").read_text())
-    config["model_type"] = "custom-llama"
-    config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig",
-                          "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
-    (path / "config.json").write_text(json.dumps(config))
+    ship_own_code(path)
 
 
 def test_remote_code_runs_only_when_allowed(tmp_path):

@@ -1,4 +1,5 @@
-"""Checks at the API boundary: what ``Decoder.generate`` accepts, refused in one line otherwise.
+"""Checks at the API boundary: what ``Decoder.generate`` accepts, and the JSON-lines files users
+hand over (datasets, datastore corpora), refused in one line otherwise.
 
 Each function raises ``ConfigError`` naming the problem and the fix, before anything runs, so a
 misuse never fails half-way through a decode (or, worse, silently decodes something else: a ``[B, L]``
@@ -7,8 +8,11 @@ tensor flattened into one prompt, float ids truncated to integers).
 
 from __future__ import annotations
 
+import gzip
+import json
 from numbers import Integral
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 from treespec.errors import ConfigError
 
@@ -62,3 +66,20 @@ def positive_int(name: str, value: Any) -> int:
     if value <= 0:
         raise ConfigError(f"{name} must be > 0, got {value}")
     return int(value)
+
+
+def json_lines(path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-blank line of a ``.jsonl`` (or ``.jsonl.gz``) file; a line
+    that is not a JSON object is one ``ConfigError`` naming ``what``, the file and the line."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ConfigError(f"{what} {path} line {n} is not JSON ({exc}): give one JSON object per line") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{what} {path} line {n} is not a JSON object: give one JSON object per line")
+            yield n, row

@@ -6,14 +6,13 @@ into token ids for a target: its chat template when the tokenizer has one, plain
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from treespec.errors import ConfigError
+from treespec.inputs import json_lines
 
 #: dataset name -> (file name, format)
 DATASETS: dict[str, tuple[str, str]] = {
@@ -91,20 +90,7 @@ def _parse(path: Path, fmt: str) -> list[PromptItem]:
         if fmt == "story":
             return [PromptItem(f"story-{i}", [" ".join(b.split()[:STORY_PROMPT_WORDS])], raw=True) for i, b in enumerate(blocks)]
         return [PromptItem(f"{path.stem}-{i}", [b], raw=True) for i, b in enumerate(blocks)]
-    opener = gzip.open if path.suffix == ".gz" else open
-    items = []
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for n, line in enumerate(fh):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise ConfigError(f"dataset file {path} line {n + 1} is not JSON ({exc}): one JSON object per line") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"dataset file {path} line {n + 1} is not a JSON object")
-            items.append(_record(row, n, path))
-    return items
+    return [_record(row, n - 1, path) for n, row in json_lines(path, "dataset file")]
 
 
 def _record(row: dict[str, Any], n: int, path: Path) -> PromptItem:
