@@ -197,6 +197,9 @@ def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     assert res.exit_code == 0, res.output
     text = md.read_text()
     assert result["command"] in text and "| chain k=3 \\| stories260K layers=4 |" in text and "Targets:" in text
+    import os
+
+    assert f"--out {os.path.relpath(md)}`" in text and "--out docs/benchmarks.md" not in text  # the hint names its own --out
 
 
 def test_bench_bad_input(tmp_path):
