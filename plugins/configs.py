@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -25,9 +25,20 @@ def sample_field() -> Any:
 
 
 class OptTreeConfig(PluginConfig):
-    nodes: int = Field(50, gt=0, description="node budget n: drafted nodes per tree (root excluded)")
-    threshold: float = Field(0.5, ge=0.0, description="δ: keep adding layers while E(A) grows by more than this")
+    nodes: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        "auto", description="node budget n: drafted nodes per tree (root excluded), or auto: each step's budget "
+        "and depth maximise expected tokens per second under the measured cost model (docs/cost-aware.md)")
+    threshold: float = Field(0.5, ge=0.0, description="δ (fixed nodes): keep adding layers while E(A) grows by more than this")
     max_depth: int = Field(10, gt=0, description="deepest layer of the tree")
+    cap: int = Field(64, gt=0, description="auto: the most drafted nodes one tree may have")
+    calibrate: bool | None = Field(
+        None, description="rank by calibrated p̂ (an online map from draft confidence to observed acceptance); "
+        "default: on with nodes=auto, off with a fixed budget")
+    profile: str | None = Field(
+        None, description="auto: a cost profile JSON (`treespec profile`) to start from; default: the saved "
+        "profile of this target, drafter, device, dtype and thread count if there is one; none: start empty")
+    refine: bool = Field(True, description="auto: refine the cost model from every step's timings (off + a "
+                         "profile: the same decisions on every run)")
 
 
 class ChainConfig(PluginConfig):

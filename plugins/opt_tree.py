@@ -23,35 +23,77 @@ from __future__ import annotations
 
 import torch
 
+from typing import Any
+
+from treespec.acceptance_map import AcceptanceMap
 from treespec.interfaces import Drafter, TreeBuilder
+from treespec.plugins.cost_aware import AutoPlanner, top_by
 from treespec.plugins.configs import OptTreeConfig
 from treespec.tree import DraftTree
 
 
 def top_n_by_phat(tree: DraftTree, n: int) -> torch.Tensor:
     """Ids of the root plus the n drafted nodes with the largest p̂ (ties: shallower, then older)."""
-    ids = torch.arange(1, len(tree))  # [N-1] drafted nodes, oldest first
-    ids = ids[torch.argsort(tree.depths[ids], stable=True)]  # shallower first
-    ids = ids[torch.argsort(tree.phat[ids], descending=True, stable=True)]  # then by p̂
-    return torch.cat([torch.zeros(1, dtype=torch.long), ids[:n]])
+    return top_by(tree.phat, tree.depths, n)
 
 
 class OptTreeBuilder(TreeBuilder):
+    """Fixed budget (``nodes=N``): the OPT-Tree search above, exactly. ``nodes=auto``: the budget and
+    depth of every step chosen for tokens per second (``treespec.plugins.cost_aware``)."""
+
     Config = OptTreeConfig
     config: OptTreeConfig
 
+    def __init__(self, config: OptTreeConfig):
+        super().__init__(config)
+        self.planner: AutoPlanner | None = None
+        self.calibration: AcceptanceMap | None = None
+        if config.nodes == "auto":
+            self.planner = AutoPlanner(config.cap, config.max_depth, config.calibrate is not False, config.refine,
+                                       config.profile)
+        elif config.calibrate:
+            self.calibration = AcceptanceMap()
+
     @property
     def max_nodes(self) -> int:
-        return self.config.nodes
+        return self.config.cap if self.planner is not None else int(self.config.nodes)
+
+    def attach(self, target: Any, drafter: Drafter) -> None:
+        if self.planner is not None:
+            self.planner.attach(target, drafter)
+
+    def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
+        if self.planner is not None:
+            self.planner.verified(tree, path)
+        elif self.calibration is not None and len(tree) > 1:
+            self.calibration.learn(tree, path)
+
+    def observe(self, stats: Any) -> None:
+        if self.planner is not None:
+            self.planner.observe(stats)
+
+    def start(self, sampling: Any) -> None:
+        super().start(sampling)
+        if self.planner is not None:
+            self.planner.start()
 
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
-        n, delta = self.config.nodes, self.config.threshold
+        if self.planner is not None:
+            return self.planner.build(drafter, root_token, max_depth)
+        return self._fixed(drafter, root_token, max_depth)
+
+    def _fixed(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
+        n, delta, calib = int(self.config.nodes), self.config.threshold, self.calibration
         tree = DraftTree(root_token)
+        scores = tree.phat  # [N] p̂ the search ranks by: the raw product of q, or calibrated (calibrate=true)
         frontier = torch.zeros(1, dtype=torch.long)  # [M] the last layer's node ids
         best = 0.0  # E(A) of the best n-node tree so far
-        for _ in range(min(self.config.max_depth, max_depth)):
+        for depth in range(1, min(self.config.max_depth, max_depth) + 1):
             prop = drafter.expand(tree, frontier, n)  # tokens, q: [M, n]
-            phat = tree.phat[frontier][:, None] * prop.q.to(tree.phat)  # [M, n] p̂ of every candidate
+            q = prop.q.to(scores)  # [M, n]
+            if calib is not None:
+                q = torch.where(q > 0, calib(q.flatten(), torch.full((q.numel(),), depth)).view_as(q).to(q), q)
+            phat = scores[frontier][:, None] * q  # [M, n] p̂ of every candidate
             order = torch.argsort(phat.flatten(), descending=True, stable=True)  # [M*n]
             order = order[: min(n, int((phat > 0).sum()))]  # this layer: the n best
             if order.numel() == 0:
@@ -60,9 +102,10 @@ class OptTreeBuilder(TreeBuilder):
             frontier = tree.add_children(
                 frontier[order // cols], prop.tokens.flatten()[order], prop.q.flatten()[order]
             )
-            drafted = tree.phat[1:]  # [N-1]
+            scores = tree.phat if calib is None else torch.cat([scores, phat.flatten()[order]])
+            drafted = scores[1:]  # [N-1]
             e = float(drafted.topk(min(n, drafted.numel())).values.sum())  # E(A) of the best n-node tree
             gain, best = e - best, e
             if gain <= delta:
                 break
-        return tree.select(top_n_by_phat(tree, n))
+        return tree.select(top_by(scores, tree.depths, n))

@@ -57,6 +57,7 @@ class Decoder:
         self.target = target
         self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)
+        self.builder.attach(self.target, self.drafter)
 
     def _check_budget(self) -> None:
         """Refuse a builder whose trees the target cannot verify in one forward (issue: a budget of

@@ -157,6 +157,15 @@ class TreeBuilder(ABC):
     def observe(self, stats: "StepStats") -> None:
         """Feedback after each step (adaptive builders override it)."""
 
+    def verified(self, tree: "DraftTree", path: "torch.Tensor") -> None:
+        """Called by ``treespec.step`` right after the target verified the tree ``build`` returned:
+        ``path`` [m+1] holds the accepted node ids, root first. Builders that learn how often the
+        target accepts (calibrated p̂) override it; the default ignores it."""
+
+    def attach(self, target: "TargetModel", drafter: Drafter) -> None:
+        """Called once by the ``Decoder`` that will run this builder, with its target and drafter
+        (cost-aware builders look up a saved cost profile for them). The default does nothing."""
+
     def start(self, sampling: "DraftSampling | None") -> None:
         """Called by the Decoder at the start of every ``generate``: None for greedy decoding, else the
         draft-side settings (draft temperature, the run's ``torch.Generator``). Builders that can draw

@@ -148,6 +148,8 @@ def step(
     with clock("draft"):
         tree = draft(drafter, builder, root, max_depth)
     verdict = verify(target, tree, accept, drafter.needs_target_hidden, clock)
+    with clock("bookkeeping"):
+        builder.verified(tree, verdict.acceptance.nodes)
     tokens: list[int] = []
     if keep:
         with clock("bookkeeping"):

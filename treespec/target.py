@@ -131,10 +131,14 @@ class TargetModel:
     def forward_tree(self, tt: TreeTensors, want_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward over every tree node. Returns logits [N, V] (row i: the target's next-token
         logits after node i's path) and, if asked, last-layer hidden states [N, H]."""
-        mask = tt.attention_mask.to(self.device, self.dtype)  # [1, 1, N, P+N]
-        past = mask.shape[-1] - tt.position_ids.shape[0]
-        kv_pos = torch.cat([torch.arange(past), tt.position_ids.cpu()])  # [P+N] position of every key
-        mask = window_mask(mask, tt.position_ids, kv_pos, self.window)
+        n = int(tt.input_ids.shape[0])
+        past = tt.attention_mask.shape[-1] - n
+        if n == 1 and (self.window is None or past < self.window):
+            mask = None  # the root alone sees every cached token: the model's own causal path (a plain step)
+        else:
+            mask = tt.attention_mask.to(self.device, self.dtype)  # [1, 1, N, P+N]
+            kv_pos = torch.cat([torch.arange(past), tt.position_ids.cpu()])  # [P+N] position of every key
+            mask = window_mask(mask, tt.position_ids, kv_pos, self.window)
         out = self._forward(
             input_ids=tt.input_ids.to(self.device)[None],  # [1, N]
             position_ids=tt.position_ids.to(self.device)[None],  # [1, N]

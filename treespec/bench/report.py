@@ -41,9 +41,9 @@ def environment() -> dict[str, Any]:
 
 def budget(row: dict[str, Any]) -> float | None:
     """A builder row's node budget: its nodes / total_tokens / k option, the size of a static shape,
-    else the measured mean tree size."""
+    else (no fixed budget, e.g. ``nodes=auto``) the measured mean tree size."""
     for key in BUDGET_KEYS:
-        if key in (row.get("options") or {}):
+        if key in (row.get("options") or {}) and str(row["options"][key]) != "auto":
             return float(row["options"][key])
     if row.get("builder") == "static" and "shape" in (row.get("options") or {}):
         try:
@@ -193,7 +193,8 @@ def targets(result: dict[str, Any]) -> list[str]:
     rows = result["rows"]
     for drafter in sorted({r["drafter"] for r in rows if r["builder"]}):
         mine = [r for r in rows if r["drafter"] == drafter]
-        opt = [r for r in mine if r["builder"] == "opt-tree" and budget(r) is not None]
+        opt = [r for r in mine if r["builder"] == "opt-tree" and (r.get("options") or {}).get("nodes") != "auto"
+               and budget(r) is not None]
         for other in (r for r in mine if r["builder"] not in (None, "opt-tree") and budget(r) is not None):
             same = [r for r in opt if budget(r) <= budget(other)]
             if not same:

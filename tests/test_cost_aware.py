@@ -1,0 +1,210 @@
+"""Cost-aware speculation (issue 17): the cost model, the calibrated p̂ map, the `opt-tree nodes=auto`
+decisions under injected cost models, and losslessness on real prompts.
+
+No timing is asserted: decisions are tested with cost curves set by hand (a flat T(n) must choose the
+largest useful tree, a steep one a chain or nothing), and the real-model test compares tokens only.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import treespec
+from conftest import STORIES260K, tinystories_prompts
+from treespec.acceptance_map import AcceptanceMap
+from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel, Curve, load_profile, profile_path
+from treespec.interfaces import Drafter, Proposals
+from treespec.plugins.cost_aware import AutoPlanner
+from treespec.stats import StepStats
+from treespec.tree import DraftTree
+
+
+# ---------------------------------------------------------------------------------------------------
+# the cost model
+def test_curve_interpolates_extrapolates_and_starts_empty():
+    curve = Curve([0, 4, 16])
+    assert curve.predict(8) == 0.0 and not curve.known
+    curve.observe(4, 2.0)
+    assert curve.predict(0) == curve.predict(100) == 2.0  # one point: flat
+    curve.observe(16, 5.0)
+    assert curve.predict(10) == pytest.approx(3.5) and curve.predict(28) == pytest.approx(8.0)  # linear beyond
+    assert curve.table(30) == pytest.approx([curve.predict(x) for x in range(31)])
+
+
+def test_curve_refinement_is_robust_to_one_outlier():
+    curve = Curve([0, 8], rate=0.2)
+    for _ in range(10):
+        curve.observe(8, 1.0)
+    curve.observe(8, 1000.0)  # a hiccup: at most a factor 2 of the estimate, at learning rate 0.2
+    assert curve.predict(8) == pytest.approx(1.2)
+    for _ in range(60):
+        curve.observe(8, 3.0)  # a lasting change of the machine is followed
+    assert curve.predict(8) == pytest.approx(3.0, rel=1e-3)
+
+
+def test_cost_model_round_trips_and_profiles_are_found_by_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREESPEC_PROFILE_DIR", str(tmp_path))
+    model = CostModel(key={"target": "t", "drafter": "d", "threads": 2})
+    for n in VERIFY_GRID:
+        model.verify.observe(n, 0.01 + 0.001 * n)
+    model.expand.observe(EXPAND_GRID[0], 0.002)
+    path = profile_path(model.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(model.to_json())
+    again = load_profile({"target": "t", "drafter": "d", "threads": 2})
+    assert again is not None and again.verify.predict(10) == pytest.approx(model.verify.predict(10))
+    assert load_profile({"target": "t", "drafter": "d", "threads": 1}) is None  # another thread count
+    path.write_text("{ broken")
+    assert load_profile(model.key) is None  # unreadable: start empty, never fail
+
+
+# ---------------------------------------------------------------------------------------------------
+# calibrated p̂
+def test_acceptance_map_starts_as_identity_and_learns_an_overconfident_draft():
+    amap = AcceptanceMap()
+    q = torch.tensor([0.05, 0.45, 0.95])
+    assert torch.allclose(amap(q, torch.ones(3, dtype=torch.long)), q.double(), atol=1e-6)  # no data: the raw q
+    gen = torch.Generator().manual_seed(0)
+    qs = torch.rand(20000, generator=gen, dtype=torch.float64)
+    truth = qs / 2  # the draft is twice as confident as it should be
+    amap.update(qs, torch.ones_like(qs, dtype=torch.long), torch.rand(20000, generator=gen, dtype=torch.float64) < truth)
+    got = amap(q, torch.ones(3, dtype=torch.long))
+    assert torch.allclose(got, q.double() / 2, atol=0.04), got
+    table = amap.table[0]
+    assert bool((table[1:] >= table[:-1]).all())  # monotone in q
+
+
+def test_acceptance_map_counts_only_nodes_whose_parent_was_accepted():
+    tree = DraftTree(7)
+    a, b = tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.tensor([0.9, 0.05])).tolist()
+    (c,) = tree.add_children(torch.tensor([b]), torch.tensor([3]), torch.tensor([0.9])).tolist()  # parent rejected
+    amap = AcceptanceMap()
+    amap.learn(tree, torch.tensor([0, a]))
+    assert amap.observed == 2  # a (accepted) and b (rejected); c was never tested
+
+
+# ---------------------------------------------------------------------------------------------------
+# decisions under injected cost models
+class ConfidentDrafter(Drafter):
+    """Proposes children k·i + j with q = 0.8, 0.1, 0.05, ... at every node: a long likely chain."""
+
+    def __init__(self):
+        self.needs_target_hidden = False
+
+    def prefill(self, context):  # pragma: no cover - the planner never calls it
+        pass
+
+    def commit(self, commit):  # pragma: no cover
+        pass
+
+    def expand(self, tree, nodes, k):
+        q = torch.tensor([0.8, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001][:k]).repeat(nodes.numel(), 1)  # [M, k]
+        tokens = (nodes[:, None] * 8 + torch.arange(k)[None, :]) % 500 + 3  # [M, k]
+        return Proposals(tokens=tokens, q=q)
+
+
+def planner_with(verify_per_node: float, expand_seconds: float, fixed: float = 0.01) -> AutoPlanner:
+    planner = AutoPlanner(cap=32, max_depth=8, calibrate=False, refine=False, profile="none")
+    for n in VERIFY_GRID:
+        planner.cost.verify.observe(n, fixed + verify_per_node * n)
+        planner.cost.bookkeeping.observe(n, 0.0)
+    for m in EXPAND_GRID:
+        planner.cost.expand.observe(m, expand_seconds)
+    return planner
+
+
+def _build(planner: AutoPlanner) -> DraftTree:
+    import time
+
+    real = time.perf_counter
+    try:  # the draft time the planner measures is what the cost model says, not this machine's
+        seconds = iter(x * planner.cost.expand.predict(1) for x in range(0, 1000))
+        time.perf_counter = lambda: next(seconds)
+        return planner.build(ConfidentDrafter(), 1, 20)
+    finally:
+        time.perf_counter = real
+
+
+def test_flat_verification_cost_chooses_the_largest_useful_tree():
+    tree = _build(planner_with(verify_per_node=0.0, expand_seconds=1e-6))
+    assert tree.size == 32 and tree.depth == 8  # the cap, and every layer
+
+
+def test_steep_verification_cost_chooses_a_chain_or_nothing():
+    tree = _build(planner_with(verify_per_node=0.05, expand_seconds=1e-6))  # each node costs 5× a plain step
+    assert tree.size <= 1
+
+
+def test_expensive_drafting_stops_the_layers_early():
+    cheap = _build(planner_with(verify_per_node=1e-4, expand_seconds=1e-5))
+    dear = _build(planner_with(verify_per_node=1e-4, expand_seconds=0.02))  # one layer costs two plain steps
+    assert dear.depth < cheap.depth
+
+
+def _stats(tree_size: int, accepted: int, seconds: float) -> StepStats:
+    return StepStats(tree_size=tree_size, depth=min(tree_size, 1), accepted=accepted, emitted=accepted + 1,
+                     expected_accepted=0.0, t_draft=seconds / 2, t_verify=seconds / 2, t_bookkeeping=0.0)
+
+
+def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
+    planner = planner_with(verify_per_node=1e-4, expand_seconds=1e-5)  # plain step: 10 ms
+    now = [0.0]
+    planner.clock = lambda: now[0]
+
+    def step(tree_size: int, accepted: int, seconds: float) -> None:
+        now[0] += seconds  # the wall time of the step
+        planner.observe(_stats(tree_size, accepted, seconds))
+
+    for _ in range(8):  # speculative steps that accept nothing and take 30 ms: 33 tokens/s < 100
+        planner.build(ConfidentDrafter(), 1, 20)
+        step(4, 0, 0.03)
+    assert planner.off
+    sizes = []
+    for _ in range(4):
+        sizes.append(planner.build(ConfidentDrafter(), 1, 20).size)
+        step(0, 0, 0.01)
+    assert sizes == [0, 0, 0, 0]  # plain steps
+    assert planner.build(ConfidentDrafter(), 1, 20).size > 0 and not planner.off  # the probe speculates
+    for _ in range(8):  # and wins: 4 tokens in 20 ms beat 100 tokens/s
+        step(6, 3, 0.02)
+        planner.build(ConfidentDrafter(), 1, 20)
+    assert not planner.off and planner.probe_gap == 4
+
+
+# ---------------------------------------------------------------------------------------------------
+# lossless on real prompts
+@pytest.fixture(scope="module")
+def prompts(target64):
+    return [target64.tokenizer(p).input_ids for p in tinystories_prompts(3)]
+
+
+@pytest.mark.parametrize("drafter, options", [("self", {"layers": 3}), (str(STORIES260K), {"layers": 4})])
+def test_auto_is_lossless(target64, greedy_reference, prompts, drafter, options):
+    dec = treespec.Decoder(target64, drafter=drafter, drafter_options=options, builder="opt-tree",
+                           builder_options={"nodes": "auto", "profile": "none"})
+    for ids in prompts:
+        out = dec.generate(ids, max_new_tokens=48)
+        want = greedy_reference(ids, 48)
+        assert out.token_ids == want, greedy_reference.explain(ids, out.token_ids, want)
+    sizes = {d["n"] for d in dec.builder.planner.decisions}
+    assert len(sizes) > 1  # the budget changed from step to step
+
+
+def test_fixed_budget_with_calibration_is_lossless(target64, greedy_reference, prompts):
+    dec = treespec.Decoder(target64, drafter="self", drafter_options={"layers": 3}, builder="opt-tree",
+                           builder_options={"nodes": 10, "calibrate": True})
+    for ids in prompts:
+        assert dec.generate(ids, max_new_tokens=32).token_ids == greedy_reference(ids, 32)
+    assert dec.builder.calibration.observed > 0
+
+
+def test_options_are_checked():
+    with pytest.raises(treespec.ConfigError, match="nodes"):
+        treespec.factory.make_builder("opt-tree", {"nodes": "many"})
+    with pytest.raises(treespec.ConfigError, match="nodes"):
+        treespec.factory.make_builder("opt-tree", {"nodes": 0})
+    assert treespec.factory.make_builder("opt-tree", {"nodes": "7"}).config.nodes == 7
+    assert json.loads(CostModel().to_json())["format"] == "treespec-cost-model/1"

@@ -1,0 +1,99 @@
+"""Calibrated p̂: an online map from the draft's confidence q to how often the target accepts.
+
+A node's raw p̂ is the product of the draft's q along its path; builders rank nodes by it and OPT-Tree
+sums it into E(A). That is right only if q is calibrated: P(node accepted | parent accepted) = q.
+Real drafts are not (an under-trained draft is over-confident, a strong one under-confident), so the
+map learns, from every verified tree, the acceptance rate per confidence bucket:
+
+    for every drafted node whose parent was accepted:   outcome = 1 if the node was accepted, else 0
+    cell (depth group g, q bucket b):  Beta(a, b) counts, prior a0 = w q_b, b0 = w (1 - q_b)
+    f(q, depth) = isotonic (non-decreasing in q) fit of a / (a + b) over the buckets of the group,
+                  read linearly between bucket centres (f(0) = 0, flat above the last centre)
+    calibrated p̂(v) = Π_{u on root→v} f(q(u), depth(u))
+
+Why Beta counts + isotonic: counts are exact and cheap to update (one add per node), the prior makes
+an unseen bucket answer the raw q (so the map starts as the identity and never does worse than no
+map until data says so), and the isotonic pass (pool adjacent violators, weighted by counts) keeps the
+map monotone, so ranking nodes by calibrated p̂ still prefers the draft's more confident children.
+A temperature fit (``treespec calibrate``) is a one-parameter version of the same; the map starts
+from whatever q the drafter reports, so an offline fit is its starting point. Depth groups (1, 2, 3+)
+let deeper nodes, whose draft context holds more drafted tokens, be calibrated apart.
+
+Only the parent-accepted nodes count: a node whose parent was rejected was never tested.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BUCKETS = 20
+DEPTH_GROUPS = 3  # depth 1, 2, >= 3
+PRIOR_WEIGHT = 4.0
+
+
+def _isotonic(values: list[float], weights: list[float]) -> list[float]:
+    """Pool adjacent violators: the non-decreasing sequence closest to ``values`` (weighted L2)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    out: list[float] = []
+    for mean, _, n in blocks:
+        out += [mean] * int(n)
+    return out
+
+
+class AcceptanceMap:
+    """f(q, depth): calibrated conditional acceptance (see the module docstring)."""
+
+    def __init__(self) -> None:
+        mids = (torch.arange(BUCKETS, dtype=torch.float64) + 0.5) / BUCKETS  # [B] bucket centres
+        self.accepted = (PRIOR_WEIGHT * mids).repeat(DEPTH_GROUPS, 1)  # [G, B] a
+        self.tried = torch.full((DEPTH_GROUPS, BUCKETS), PRIOR_WEIGHT, dtype=torch.float64)  # [G, B] a + b
+        self.observed = 0  # nodes seen
+        self.table = self._fit()  # [G, B]
+
+    def _fit(self) -> torch.Tensor:
+        rates = (self.accepted / self.tried).tolist()
+        weights = self.tried.tolist()
+        return torch.tensor([_isotonic(r, w) for r, w in zip(rates, weights)], dtype=torch.float64)
+
+    @staticmethod
+    def _cells(q: torch.Tensor, depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        buckets = (q.double().clamp(0, 1) * BUCKETS).long().clamp(max=BUCKETS - 1)  # [N]
+        groups = (depths.long() - 1).clamp(0, DEPTH_GROUPS - 1)  # [N]
+        return groups, buckets
+
+    def __call__(self, q: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """Calibrated conditional acceptance of nodes with draft confidence ``q`` [N] at ``depths`` [N]."""
+        groups, _ = self._cells(q, depths)
+        x = q.double().clamp(0, 1) * BUCKETS - 0.5  # [N] position in bucket-centre units
+        left = x.floor().long().clamp(-1, BUCKETS - 1)  # [N] centre at or below x (-1: the anchor f(0) = 0)
+        right = (left + 1).clamp(max=BUCKETS - 1)
+        frac = (x - left).clamp(0, 1)
+        y_left = torch.where(left >= 0, self.table[groups, left.clamp(min=0)], torch.zeros_like(x))
+        y_right = self.table[groups, right]
+        return y_left + frac * (y_right - y_left)  # [N] float64
+
+    def update(self, q: torch.Tensor, depths: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Count outcomes of tested nodes: ``accepted`` [N] bool, for nodes whose parent was accepted."""
+        if q.numel() == 0:
+            return
+        groups, buckets = self._cells(q, depths)
+        flat = groups * BUCKETS + buckets  # [N]
+        self.tried.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
+        self.accepted.view(-1).index_add_(0, flat, accepted.to(torch.float64))
+        self.observed += int(q.numel())
+        self.table = self._fit()
+
+    def learn(self, tree: "object", path: torch.Tensor) -> None:
+        """Learn from one verified tree: ``path`` [m+1] = the accepted node ids, root first."""
+        parents = tree.parents  # type: ignore[attr-defined]
+        on_path = torch.zeros(len(parents), dtype=torch.bool)  # [N]
+        on_path[path.cpu()] = True
+        tested = on_path[parents.clamp(min=0)]  # [N] the parent was accepted
+        tested[0] = False  # the root is no draft
+        self.update(tree.q[tested], tree.depths[tested], on_path[tested])  # type: ignore[attr-defined]

@@ -1,0 +1,158 @@
+"""What one step costs on this machine, measured: the cost model cost-aware builders plan with.
+
+    T(step) = T_draft + T_verify(n) + T_bookkeeping(n)
+    T_draft = Σ over the step's expand calls of T_expand(m)        (m = nodes expanded in one call)
+
+Each term is a ``Curve``: seconds at a few sizes (a grid), linear between grid points, and linear
+beyond the measured ones. A curve starts from a profile (``treespec profile`` measures the grid for a
+target, drafter, device, dtype and thread count, and saves it as JSON) or empty, and is refined
+online from every step the Decoder times: an observation moves its two neighbouring grid points
+toward it (least-mean-squares on the interpolation weights, learning rate ``rate``), clipped to a
+factor of 2 of the current prediction once the point has been seen a few times, so one slow step
+(another process, a page fault) cannot wreck it. Memory is bounded: the grid never grows.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: verification sizes (drafted nodes, root excluded) a profile measures and a curve keeps
+VERIFY_GRID = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+#: expand sizes (nodes expanded in one call)
+EXPAND_GRID = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class Curve:
+    """Seconds as a function of a size; ``counts[i]`` = observations that moved point ``i``."""
+
+    xs: list[int]
+    ys: list[float] = field(default_factory=list)
+    counts: list[float] = field(default_factory=list)
+    rate: float = 0.2  # learning rate of the online refinement
+
+    def __post_init__(self) -> None:
+        if not self.ys:
+            self.ys = [0.0] * len(self.xs)
+        if not self.counts:
+            self.counts = [0.0] * len(self.xs)
+
+    @property
+    def known(self) -> bool:
+        return any(c > 0 for c in self.counts)
+
+    def _seen(self) -> list[int]:
+        return [i for i, c in enumerate(self.counts) if c > 0]
+
+    def predict(self, x: float) -> float:
+        """Seconds at size ``x``: interpolated between measured points, extrapolated linearly beyond
+        them (flat if only one is measured); 0.0 if nothing is measured yet."""
+        seen = self._seen()
+        if not seen:
+            return 0.0
+        xs, ys = [self.xs[i] for i in seen], [self.ys[i] for i in seen]
+        if len(xs) == 1:
+            return ys[0]
+        j = min(max(bisect.bisect_right(xs, x), 1), len(xs) - 1)  # segment [j-1, j] (the edge ones extrapolate)
+        x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
+        return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+    def table(self, n: int) -> list[float]:
+        """``[predict(0), predict(1), ..., predict(n)]`` in one pass (what a planner reads per step)."""
+        import numpy as np
+
+        seen = self._seen()
+        if not seen:
+            return [0.0] * (n + 1)
+        xs = np.array([self.xs[i] for i in seen], dtype=float)
+        ys = np.array([self.ys[i] for i in seen], dtype=float)
+        grid = np.arange(n + 1, dtype=float)
+        if len(xs) == 1:
+            return [float(ys[0])] * (n + 1)
+        out = np.interp(grid, xs, ys)
+        lo, hi = grid < xs[0], grid > xs[-1]  # np.interp is flat outside: extrapolate the edge segments
+        out[lo] = ys[0] + (ys[1] - ys[0]) * (grid[lo] - xs[0]) / (xs[1] - xs[0])
+        out[hi] = ys[-2] + (ys[-1] - ys[-2]) * (grid[hi] - xs[-2]) / (xs[-1] - xs[-2])
+        return np.maximum(out, 0.0).tolist()
+
+    def observe(self, x: float, seconds: float) -> None:
+        """Refine the curve with one measurement of ``seconds`` at size ``x``."""
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            return
+        x = min(max(x, self.xs[0]), self.xs[-1])
+        j = min(max(bisect.bisect_right(self.xs, x), 1), len(self.xs) - 1)
+        w1 = (x - self.xs[j - 1]) / (self.xs[j] - self.xs[j - 1])  # interpolation weights of points j-1, j
+        for i, w in ((j - 1, 1.0 - w1), (j, w1)):
+            if w <= 0:
+                continue
+            if self.counts[i] == 0:  # first sight: take it as is
+                self.ys[i], self.counts[i] = seconds, w
+                continue
+            here = self.ys[i]
+            target = min(max(seconds, here / 2), here * 2) if self.counts[i] >= 3 else seconds  # robust
+            self.ys[i] += self.rate * w * (target - here)
+            self.counts[i] += w
+
+
+@dataclass
+class CostModel:
+    """The three curves of a step (see the module docstring) and what they were measured for."""
+
+    verify: Curve = field(default_factory=lambda: Curve(list(VERIFY_GRID)))
+    bookkeeping: Curve = field(default_factory=lambda: Curve(list(VERIFY_GRID)))
+    expand: Curve = field(default_factory=lambda: Curve(list(EXPAND_GRID)))
+    key: dict[str, Any] = field(default_factory=dict)  # target, drafter, device, dtype, threads, versions
+
+    def step_seconds(self, n: int, draft_seconds: float) -> float:
+        """A step that drafted for ``draft_seconds`` and verifies ``n`` drafted nodes."""
+        return draft_seconds + self.verify.predict(n) + self.bookkeeping.predict(n)
+
+    def plain_seconds(self) -> float:
+        """A step without speculation: the root alone (plain decoding's one token)."""
+        return self.step_seconds(0, 0.0)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": "treespec-cost-model/1", **asdict(self)}, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostModel":
+        raw = json.loads(text)
+        if raw.get("format") != "treespec-cost-model/1":
+            raise ValueError(f"not a treespec cost model (format {raw.get('format')!r})")
+        return cls(
+            verify=Curve(**raw["verify"]), bookkeeping=Curve(**raw["bookkeeping"]), expand=Curve(**raw["expand"]),
+            key=raw.get("key", {}),
+        )
+
+
+def profile_dir() -> Path:
+    """Where profiles are saved and found: ``$TREESPEC_PROFILE_DIR``, else ``$XDG_CACHE_HOME/treespec/profiles``."""
+    if os.environ.get("TREESPEC_PROFILE_DIR"):
+        return Path(os.environ["TREESPEC_PROFILE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "treespec" / "profiles"
+
+
+def profile_path(key: dict[str, Any]) -> Path:
+    """The file of the profile measured for ``key`` (a readable stem plus a hash of the whole key)."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    stem = "-".join(str(key.get(k, "")).replace("/", "_")[-24:] for k in ("target", "drafter")).strip("-")
+    return profile_dir() / f"{stem or 'profile'}-{digest}.json"
+
+
+def load_profile(key: dict[str, Any]) -> CostModel | None:
+    """The saved profile for ``key``, or None (none saved, or unreadable: then the model starts empty)."""
+    path = profile_path(key)
+    try:
+        model = CostModel.from_json(path.read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return model if model.key == key else None
