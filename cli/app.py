@@ -4,6 +4,7 @@
     bench           cli/bench.py      measure configurations; bench-report regenerates docs/benchmarks.md
     tree            cli/tree.py       tree show (one tree, drawn), tree presets
     plugins         cli/plugins.py    the installed builders and drafters
+    profile         cli/profile.py    measure the step costs `opt-tree nodes=auto` plans with
     sequoia-measure cli/sequoia.py    a draft's per-rank acceptance vector
     calibrate       cli/calibrate.py  a draft model's temperature
     datastore       cli/datastore.py  corpora indexed for the datastore drafter
@@ -23,6 +24,7 @@ from treespec.cli.bench import EPILOG as BENCH_EPILOG, bench, bench_report
 from treespec.cli.calibrate import EPILOG as CALIBRATE_EPILOG, calibrate
 from treespec.cli.datastore import datastore_app
 from treespec.cli.plugins import plugins
+from treespec.cli.profile import EPILOG as PROFILE_EPILOG, profile
 from treespec.cli.run import EPILOG as RUN_EPILOG, run
 from treespec.cli.sequoia import EPILOG as SEQUOIA_EPILOG, sequoia_measure
 from treespec.cli.train import train_app
@@ -39,6 +41,7 @@ app.command("run", epilog=RUN_EPILOG)(run)
 app.command("bench", epilog=BENCH_EPILOG)(bench)
 app.command("bench-report")(bench_report)
 app.command("plugins")(plugins)
+app.command("profile", epilog=PROFILE_EPILOG)(profile)
 app.command("sequoia-measure", epilog=SEQUOIA_EPILOG)(sequoia_measure)
 app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate)
 app.add_typer(tree_app, name="tree")

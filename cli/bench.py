@@ -30,7 +30,7 @@ DATA_DIR_HELP = "folder of the dataset files [default: $TREESPEC_DATA_DIR or ../
 DRAFTER_HELP = ('drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep) '
                 "[default with the default target: treespec-py-draft, eagle]")
 BUILDER_HELP = ('builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4; '
-                "with the default target: opt-tree nodes=6, chain k=8]")
+                "with the default target: opt-tree nodes=auto,6, chain k=8]")
 BASELINE_HELP = (
     'Hugging Face baselines besides hf-greedy: "hf-assisted [num_assistant_tokens=..] '
     '[num_assistant_tokens_schedule=..] [assistant_confidence_threshold=..]", "hf-lookup '

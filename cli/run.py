@@ -26,7 +26,7 @@ Examples:
 TARGET_HELP = f"target model: hub id, alias or local directory [default: {defaults.TARGET}]"
 DRAFTER_HELP = (
     "drafter name, or a draft model (alias, hub id, directory); a+b composes drafters, e.g. self+ngram with "
-    "-D ngram.max_ngram=4 [default with the default target: its EAGLE head, and -B nodes=6 for opt-tree]"
+    "-D ngram.max_ngram=4 [default with the default target: its EAGLE head]"
 )
 TEMPERATURE_HELP = "0 = greedy (lossless token for token); > 0 = exact speculative sampling"
 TOP_P_HELP = "nucleus sampling: keep the smallest set of tokens with probability >= top_p (1 = off)"

@@ -19,7 +19,9 @@ Layer by layer, as OPT-Tree:
 - **off**: when speculative steps have been slower than plain steps (measured tokens per second of
   wall time, moving averages, after 8 speculative steps), the builder verifies the root alone (plain
   decoding) for 4 steps, then probes: it speculates again for 8 steps and measures. A probe that
-  loses doubles the plain stretch (up to 64 steps); one that wins keeps speculation on.
+  loses doubles the plain stretch (up to 64 steps); one that wins keeps speculation on. The 8 trial
+  steps after (re)turning on always verify a tree (n* ≥ 1), so the cost curves of tree sizes are
+  re-measured and a transient slowdown cannot lock speculation out.
 
 Until the cost curves hold measurements (no saved profile), the first steps explore: their cuts
 are forced to a few sizes so that T_verify is measured across the range. Decisions change shapes
@@ -31,6 +33,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from treespec.acceptance_map import AcceptanceMap
@@ -100,45 +103,57 @@ class AutoPlanner:
         return self._grow(drafter, tree, min(max_depth, self.max_depth))
 
     def _grow(self, drafter: "Drafter", tree: DraftTree, depth_cap: int) -> DraftTree:
+        # The planner's own arithmetic runs on small numpy arrays: per layer it is a handful of
+        # vector operations, which torch would dispatch at ~10 µs each (its cost is reported per step).
+        began, expanding = time.perf_counter(), 0.0
         cost, calib = self.cost, self.calibration
-        self._fixed = (torch.tensor(cost.verify.table(self.cap + 1), dtype=torch.float64)
-                       + torch.tensor(cost.bookkeeping.table(self.cap + 1), dtype=torch.float64))  # [cap+2] T(n), no drafting
-        phat = torch.ones(1, dtype=torch.float64)  # [N] calibrated p̂ of every node
-        frontier = torch.zeros(1, dtype=torch.long)  # [M]
+        self._fixed = np.add(cost.verify.table(self.cap + 1), cost.bookkeeping.table(self.cap + 1))  # [cap+2] T(n)
+        self._expand = cost.expand.table(self.cap + 1)  # [cap+2] T_expand(m) as a list
+        phat = np.ones(1)  # [N] calibrated p̂ of every node
+        frontier = np.zeros(1, dtype=np.int64)  # [M]
         spent, n_best, rate, gain_ratio = 0.0, 0, self._rate_root(0.0), 1.0
         for depth in range(1, depth_cap + 1):
-            m = int(frontier.numel())
+            m = int(frontier.size)
             if depth > 1 and not self._layer_pays(phat, frontier, n_best, rate, spent, gain_ratio):
                 break
             start = time.perf_counter()
-            prop = drafter.expand(tree, frontier, min(CHILDREN, self.cap))  # tokens, q: [M, k]
+            prop = drafter.expand(tree, torch.from_numpy(frontier), min(CHILDREN, self.cap))  # tokens, q: [M, k]
             took = time.perf_counter() - start
-            spent += took
+            expanding += took
             if self.refine:
                 cost.expand.observe(m, took)
-            q = prop.q.double()  # [M, k]
-            f = calib(q.flatten(), torch.full((q.numel(),), depth)).view_as(q) if calib is not None else q
-            cand = (phat[frontier][:, None] * f).flatten()  # [M*k] p̂ of every candidate
-            floor = self._floor(rate, len(tree) - 1)  # a node must pay for its share of the verification
-            order = torch.argsort(cand, descending=True, stable=True)[: self.cap]  # a layer: at most cap nodes
-            order = order[(cand[order] > floor) & (prop.q.flatten()[order] > 0)]
-            if order.numel() == 0:
-                break
+                spent += took
+            else:  # reproducible: plan with the profile's times, never this run's clock
+                spent += cost.expand.predict(m)
+            q = prop.q.double().numpy()  # [M, k]
             k = q.shape[1]
-            new = tree.add_children(frontier[order // k], prop.tokens.flatten()[order], prop.q.flatten()[order])
+            f = calib.lookup(q, depth) if calib is not None else q  # [M, k] calibrated conditional acceptance
+            cand = (phat[frontier][:, None] * f).ravel()  # [M*k] p̂ of every candidate
+            floor = self._floor(rate, len(tree) - 1)  # a node must pay for its share of the verification
+            order = np.argsort(-cand, kind="stable")[: self.cap]  # a layer: at most cap nodes
+            order = order[(cand[order] > floor) & (q.ravel()[order] > 0)]
+            if order.size == 0:
+                break
+            index = torch.from_numpy(order)
+            new = tree.add_children(torch.from_numpy(frontier[order // k]), prop.tokens.flatten()[index],
+                                    prop.q.flatten()[index]).numpy()
             mass_before = float(phat[frontier].sum())
-            phat = torch.cat([phat, cand[order]])
+            phat = np.concatenate([phat, cand[order]])
             gain_ratio = float(cand[order].sum()) / mass_before if mass_before > 0 else 0.0
             n_best, rate = self._best_cut(phat, spent)
-            frontier = new[phat[new] > self._floor(rate, n_best)]
-            if frontier.numel() == 0:
+            frontier = self._frontier(new, phat, rate, n_best, gain_ratio)
+            if frontier.size == 0:
                 break
+        if n_best == 0 and len(tree) > 1 and self.spec_steps < MIN_STEPS_OFF:
+            n_best = max(1, self._best_cut(phat, spent, at_least=1)[0])  # trial steps verify a tree: curves stay fresh
         n_best = self._explore(n_best, len(tree) - 1)
-        keep = top_by(phat, tree.depths, n_best)
-        self.decisions.append({"n": n_best, "depth": int(tree.depths[keep].max()), "off": False,
+        keep = top_by(torch.from_numpy(phat), tree.depths, n_best)
+        chosen = tree.select(keep)
+        self.decisions.append({"n": n_best, "depth": chosen.depth, "off": False,
                                "predicted_seconds": cost.step_seconds(n_best, spent),
-                               "expected": float(phat[keep[1:]].sum())})
-        return tree.select(keep)
+                               "expected": float(phat[keep[1:].numpy()].sum()),
+                               "own_seconds": time.perf_counter() - began - expanding})
+        return chosen
 
     # ------------------------------------------------------------------ the rules
     def _rate_root(self, spent: float) -> float:
@@ -155,24 +170,41 @@ class AutoPlanner:
         marginal = self._marginal(n)
         return rate * marginal if marginal > 0 and rate < float("inf") else 0.0
 
-    def _best_cut(self, phat: torch.Tensor, spent: float) -> tuple[int, float]:
-        """(n*, R(n*)): the cut of the drafted nodes (p̂ sorted) with the highest expected rate."""
-        values = phat[1:].sort(descending=True).values[: self.cap]  # [min(N-1, cap)]
-        tokens = torch.cat([torch.ones(1, dtype=torch.float64), 1.0 + torch.cumsum(values, 0)])  # [N] E_n + 1
-        seconds = spent + self._fixed[: tokens.numel()]  # [N]
-        if float(seconds[0]) <= 0:  # nothing measured yet: more nodes are free
-            return int(values.numel()), float("inf")
-        rates = tokens / seconds.clamp(min=1e-9)  # [N]
-        best = int(torch.argmax(rates))
+    def _best_cut(self, phat: np.ndarray, spent: float, at_least: int = 0) -> tuple[int, float]:
+        """(n*, R(n*)): the cut of the drafted nodes (p̂ sorted) with the highest expected rate, n* ≥ at_least."""
+        values = -np.sort(-phat[1:])[: self.cap]  # [min(N-1, cap)] descending
+        tokens = np.concatenate([[1.0], 1.0 + np.cumsum(values)])  # [N] E_n + 1
+        seconds = spent + self._fixed[: tokens.size]  # [N]
+        if seconds[0] <= 0:  # nothing measured yet: more nodes are free
+            return int(values.size), float("inf")
+        rates = tokens / np.maximum(seconds, 1e-9)  # [N]
+        rates[:at_least] = -1.0
+        best = int(np.argmax(rates))
         return best, float(rates[best])
 
-    def _layer_pays(self, phat: torch.Tensor, frontier: torch.Tensor, n_best: int, rate: float, spent: float,
+    def _frontier(self, new: np.ndarray, phat: np.ndarray, rate: float, n_best: int, ratio: float) -> np.ndarray:
+        """The new nodes worth expanding, best first: the i-th is kept while its children's expected
+        mass (p̂ times the ratio the last layer kept) pays, at the current rate, for what expanding one
+        more node adds to the expand call and for verifying a child: T_expand(i+1) - T_expand(i) + ΔT."""
+        order = new[np.argsort(-phat[new], kind="stable")][: self.cap]
+        if rate == float("inf"):
+            return order
+        expand, verify_one, ratio = self._expand, self._marginal(n_best), min(1.0, ratio)
+        keep = 0
+        for i, value in enumerate(phat[order].tolist()):
+            extra = max(0.0, expand[i + 1] - expand[i]) if i > 0 else 0.0
+            if value * ratio <= rate * (extra + verify_one):
+                break
+            keep = i + 1
+        return order[:keep]
+
+    def _layer_pays(self, phat: np.ndarray, frontier: np.ndarray, n_best: int, rate: float, spent: float,
                     gain_ratio: float) -> bool:
         """Draft the next layer only if its expected gain pays for drafting it (module docstring)."""
-        m = int(frontier.numel())
+        m = int(frontier.size)
         gain = float(phat[frontier].sum()) * min(1.0, gain_ratio)
-        expected = float(phat[1:].sort(descending=True).values[:n_best].sum())
-        seconds = spent + self.cost.expand.predict(m) + float(self._fixed[min(n_best + m, self.cap + 1)])
+        expected = float(-np.sort(-phat[1:])[:n_best].sum())
+        seconds = spent + self._expand[min(m, self.cap + 1)] + float(self._fixed[min(n_best + m, self.cap + 1)])
         return seconds <= 0 or (expected + gain + 1.0) / seconds > rate
 
     def _explore(self, n_best: int, drafted: int) -> int:
@@ -207,6 +239,9 @@ class AutoPlanner:
         phases = stats.t_draft + stats.t_verify + stats.t_bookkeeping
         wall = now - self.last_wall if self.last_wall is not None else phases
         self.last_wall = now
+        if not self.refine:  # reproducible: judge steps by the profile's times
+            last = self.decisions[-1] if self.decisions else {}
+            wall = last.get("predicted_seconds") or self.cost.plain_seconds()
         if self.refine:
             self.cost.verify.observe(stats.tree_size, stats.t_verify)
             self.cost.bookkeeping.observe(stats.tree_size, stats.t_bookkeeping + max(0.0, wall - phases))

@@ -24,11 +24,17 @@ Only the parent-accepted nodes count: a node whose parent was rejected was never
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 BUCKETS = 20
 DEPTH_GROUPS = 3  # depth 1, 2, >= 3
 PRIOR_WEIGHT = 4.0
+LUT = 1024  # f is read from a table of LUT + 1 points per depth group (one index per node)
 
 
 def _isotonic(values: list[float], weights: list[float]) -> list[float]:
@@ -59,7 +65,21 @@ class AcceptanceMap:
     def _fit(self) -> torch.Tensor:
         rates = (self.accepted / self.tried).tolist()
         weights = self.tried.tolist()
-        return torch.tensor([_isotonic(r, w) for r, w in zip(rates, weights)], dtype=torch.float64)
+        table = torch.tensor([_isotonic(r, w) for r, w in zip(rates, weights)], dtype=torch.float64)  # [G, B]
+        self.lut = self._interpolate(table, torch.linspace(0, 1, LUT + 1, dtype=torch.float64))  # [G, LUT+1]
+        self._lut_np = self.lut.numpy()
+        return table
+
+    @staticmethod
+    def _interpolate(table: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """f at ``q`` [Q] for every group: linear between bucket centres, f(0) = 0. Returns [G, Q]."""
+        x = q * BUCKETS - 0.5  # [Q] position in bucket-centre units
+        left = x.floor().long().clamp(-1, BUCKETS - 1)  # [Q] centre at or below x (-1: the anchor f(0) = 0)
+        right = (left + 1).clamp(max=BUCKETS - 1)
+        frac = (x - left).clamp(0, 1)
+        padded = torch.cat([torch.zeros(table.shape[0], 1, dtype=table.dtype), table], dim=1)  # [G, B+1]
+        y_left, y_right = padded[:, left + 1], table[:, right]
+        return y_left + frac * (y_right - y_left)
 
     @staticmethod
     def _cells(q: torch.Tensor, depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,14 +89,16 @@ class AcceptanceMap:
 
     def __call__(self, q: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
         """Calibrated conditional acceptance of nodes with draft confidence ``q`` [N] at ``depths`` [N]."""
-        groups, _ = self._cells(q, depths)
-        x = q.double().clamp(0, 1) * BUCKETS - 0.5  # [N] position in bucket-centre units
-        left = x.floor().long().clamp(-1, BUCKETS - 1)  # [N] centre at or below x (-1: the anchor f(0) = 0)
-        right = (left + 1).clamp(max=BUCKETS - 1)
-        frac = (x - left).clamp(0, 1)
-        y_left = torch.where(left >= 0, self.table[groups, left.clamp(min=0)], torch.zeros_like(x))
-        y_right = self.table[groups, right]
-        return y_left + frac * (y_right - y_left)  # [N] float64
+        groups = (depths.long() - 1).clamp(0, DEPTH_GROUPS - 1)  # [N]
+        index = (q.double().clamp(0, 1) * LUT).round().long()  # [N] a 1/LUT grid: the lookup table of _fit
+        return self.lut[groups, index]  # [N] float64
+
+    def lookup(self, q: "np.ndarray", depth: int) -> "np.ndarray":
+        """``f`` for an array of confidences ``q`` at one ``depth`` (numpy, for planners' inner loops)."""
+        import numpy as np
+
+        table = self._lut_np[min(max(depth, 1), DEPTH_GROUPS) - 1]  # [LUT+1]
+        return table[np.rint(np.clip(q, 0.0, 1.0) * LUT).astype(np.int64)]
 
     def update(self, q: torch.Tensor, depths: torch.Tensor, accepted: torch.Tensor) -> None:
         """Count outcomes of tested nodes: ``accepted`` [N] bool, for nodes whose parent was accepted."""

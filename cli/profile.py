@@ -1,0 +1,92 @@
+"""`treespec profile`: measure the cost model `opt-tree nodes=auto` plans with (treespec/bench/profile.py).
+
+Registered in ``cli/app.py`` with ``app.command("profile", epilog=EPILOG)(profile)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from treespec import defaults
+from treespec.cli import fail
+from treespec.cli.common import D_OPTION_HELP, DEVICE_HELP, DTYPE_HELP, pair_options, writable_file
+from treespec.errors import TreespecError
+
+EPILOG = """\
+Examples:
+
+  treespec profile                                   # the default pair (treespec-py + its EAGLE head)
+
+  treespec profile --target ../shared/models/stories260K --drafter self -D layers=4 --threads 1
+
+It times a verification of n drafted nodes for n on a grid (0 ... 128, within the context), a draft
+expansion of m nodes at once (1 ... 64), and each step's bookkeeping, on this machine, and saves the
+result where `opt-tree nodes=auto` finds it for the same target, drafter, device, dtype and thread
+count (docs/cost-aware.md). Runs refine it online anyway; a saved profile spares them the exploration.
+"""
+
+
+def profile(
+    target: Annotated[Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]",
+                                                  show_default=False)] = None,
+    drafter: Annotated[Optional[str], typer.Option(help="drafter name or draft model [default with the default target: "
+                                                   f"{defaults.DRAFTER}]", show_default=False)] = None,
+    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
+    prompt: Annotated[str, typer.Option(help="the prompt the measurements run on [default: a Python class opening]",
+                                        show_default=False)] = defaults.PROMPT,
+    repeats: Annotated[int, typer.Option(help="measurements per point (the median is kept)")] = 5,
+    device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch [default: torch's]",
+                                                   show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write the profile here instead of where runs look for it",
+                                                show_default=False)] = None,
+) -> None:
+    """Measure what drafting and verifying cost on this machine, for `opt-tree nodes=auto`."""
+    if repeats <= 0:
+        fail(f"--repeats must be > 0, got {repeats}")
+    if threads is not None and threads <= 0:
+        fail(f"--threads must be > 0, got {threads}")
+    if out is not None:
+        writable_file(out, "--out")
+    try:
+        target, drafter, _, d_opts = pair_options(target, drafter, "chain", None, drafter_option)
+        import torch
+
+        from treespec.decoder import Decoder
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        dec = Decoder(target, drafter, "chain", d_opts, None, device=device, dtype=dtype)
+        model = _measure(dec, prompt, repeats)
+    except TreespecError as exc:
+        fail(str(exc))
+    from treespec.bench.report import write_text_atomic
+    from treespec.cost import profile_path
+
+    path = out if out is not None else profile_path(model.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, model.to_json())
+    plain = model.plain_seconds()
+    typer.echo(f"plain step {1000 * plain:.2f} ms · verify 16 nodes {1000 * model.verify.predict(16):.2f} ms · "
+               f"expand 1 node {1000 * model.expand.predict(1):.2f} ms · wrote {path}")
+
+
+def _measure(dec, prompt: str, repeats: int):
+    from rich.progress import Progress
+
+    from treespec.bench.profile import measure
+    from treespec.plugins.cost_aware import profile_key
+
+    ids = dec.encode(prompt)
+    key = profile_key(dec.target, dec.drafter)
+    with Progress(transient=True) as bar:
+        task = bar.add_task("profile", total=1)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=what)
+
+        return measure(dec.target, dec.drafter, ids, key, repeats, progress)

@@ -1,0 +1,95 @@
+"""`treespec profile`: measure what a step costs for one target, drafter, device, dtype and thread count.
+
+For every size of the grids in ``treespec.cost`` it times, on a real prompt:
+
+- a verification of n drafted nodes (``treespec.step.verify``: the target's tree forward, split into
+  the forward and the bookkeeping around it: tree tensors, acceptance), plus the commit;
+- a draft expansion of m nodes at once (``drafter.expand`` on a fresh step's tree of m leaves).
+
+Each point is the median of ``repeats`` measurements after one warm-up. The result is a
+``CostModel`` saved as JSON under ``treespec.cost.profile_path(key)`` (or ``--out``), where
+``opt-tree nodes=auto`` finds it for the same key.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from treespec import step
+from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel
+from treespec.tree import DraftTree
+
+Progress = Callable[[str, int, int], None]
+
+
+def random_tree(root: int, n: int, vocab: int, gen: torch.Generator) -> DraftTree:
+    """A tree of n drafted nodes with random parents among the earlier nodes (bushy and deep)."""
+    tree = DraftTree(root)
+    for i in range(1, n + 1):
+        parent = int(torch.randint(0, i, (1,), generator=gen))
+        token = int(torch.randint(3, vocab, (1,), generator=gen))
+        tree.add_children(torch.tensor([parent]), torch.tensor([token]), torch.tensor([0.5]))
+    return tree
+
+
+def _median(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float, float]:
+    fn()  # warm-up
+    runs = [fn() for _ in range(repeats)]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], repeats: int = 5,
+            progress: Progress | None = None) -> CostModel:
+    """The cost model of ``target`` + ``drafter`` measured on ``prompt`` (see the module docstring)."""
+    model = CostModel(key=key)
+    gen = torch.Generator().manual_seed(0)
+    sizes = [n for n in VERIFY_GRID if n < target.max_tree_nodes and len(prompt) + n + 8 * repeats < (target.max_positions or 1 << 30)]
+    total, done = len(sizes) + len(EXPAND_GRID), 0
+    step.prefill(target, drafter, prompt)
+
+    def verify_once(n: int) -> tuple[float, float]:
+        tree = random_tree(prompt[-1], n, target.vocab_size, gen)
+        clock = step.Clock()
+        verdict = step.verify(target, tree, step.greedy, drafter.needs_target_hidden, clock)
+        start = time.perf_counter()
+        target.commit(verdict.acceptance.nodes[:1])  # keep the root only: the prefix grows by one token
+        return clock.seconds["verify"], clock.seconds["bookkeeping"] + time.perf_counter() - start
+
+    for n in sizes:
+        forward, rest = _median(lambda: verify_once(n), repeats)
+        model.verify.observe(n, forward)
+        model.bookkeeping.observe(n, rest)
+        done += 1
+        if progress:
+            progress(f"verify n={n}", done, total)
+
+    def expand_once(m: int) -> tuple[float, float]:
+        drafter.begin_step(prompt[-1])
+        tree = DraftTree(prompt[-1])
+        first = drafter.expand(tree, torch.zeros(1, dtype=torch.long), max(m, 1))  # the root's children
+        leaves = tree.add_children(torch.zeros(m, dtype=torch.long), _distinct(first, m, target.vocab_size),
+                                   torch.full((m,), 0.5))
+        start = time.perf_counter()
+        drafter.expand(tree, leaves, 8)
+        return time.perf_counter() - start, 0.0
+
+    for m in EXPAND_GRID:
+        seconds, _ = _median(lambda: expand_once(m), repeats)
+        model.expand.observe(m, seconds)
+        done += 1
+        if progress:
+            progress(f"expand m={m}", done, total)
+    return model
+
+
+def _distinct(first: Any, m: int, vocab: int) -> torch.Tensor:
+    """m distinct child tokens: the drafter's own proposals first, then others."""
+    tokens = [int(t) for t, q in zip(first.tokens[0].tolist(), first.q[0].tolist()) if q > 0]
+    extra = (t for t in range(3, vocab) if t not in set(tokens))
+    while len(tokens) < m:
+        tokens.append(next(extra))
+    return torch.tensor(tokens[:m])
