@@ -26,8 +26,27 @@ CASES = [  # (builder, builder options, drafter args): every builder, every draf
 ]
 
 
+@pytest.fixture(scope="module")
+def pinned_profile(tmp_path_factory):
+    """A cost profile written by hand: with it and refine=false, opt-tree nodes=auto plans without
+    reading the clock, so a seeded sampling run reproduces (docs/cost-aware.md)."""
+    from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel
+
+    model = CostModel()
+    for n in VERIFY_GRID:
+        model.verify.observe(n, 0.006 + 0.0001 * n)
+        model.bookkeeping.observe(n, 0.001)
+    for m in EXPAND_GRID:
+        model.expand.observe(m, 0.0008 + 0.0001 * m)
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    path.write_text(model.to_json())
+    return path
+
+
 @pytest.mark.parametrize("builder,b_opts,d_args", CASES)
-def test_run_samples_with_every_builder_and_drafter(builder, b_opts, d_args):
+def test_run_samples_with_every_builder_and_drafter(builder, b_opts, d_args, pinned_profile):
+    if builder == "opt-tree":  # nodes=auto: reproducible with a pinned profile and no refinement
+        b_opts = [*b_opts, "-B", f"profile={pinned_profile},refine=false"]
     args = ["run", "--builder", builder, *b_opts, *d_args, *SAMPLE]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
