@@ -131,7 +131,10 @@ class AutoPlanner:
             cand = (phat[frontier][:, None] * f).ravel()  # [M*k] p̂ of every candidate
             floor = self._floor(rate, len(tree) - 1)  # a node must pay for its share of the verification
             order = np.argsort(-cand, kind="stable")[: self.cap]  # a layer: at most cap nodes
+            best = order[:1]
             order = order[(cand[order] > floor) & (q.ravel()[order] > 0)]
+            if order.size == 0 and depth == 1 and self.spec_steps < MIN_STEPS_OFF and q.ravel()[best].sum() > 0:
+                order = best  # a trial step tests speculation: at least the draft's best child
             if order.size == 0:
                 break
             index = torch.from_numpy(order)
