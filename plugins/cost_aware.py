@@ -61,10 +61,12 @@ def top_by(values: torch.Tensor, depths: torch.Tensor, n: int) -> torch.Tensor:
 class AutoPlanner:
     """The state of one auto builder: cost model, acceptance map, on/off, and what it decided."""
 
-    def __init__(self, cap: int, max_depth: int, calibrate: bool, refine: bool, profile: str | None):
+    def __init__(self, cap: int, max_depth: int, calibration: AcceptanceMap | None, refine: bool, profile: str | None):
+        """``calibration``: the builder's acceptance map (it learns in ``TreeBuilder.verified``), or None
+        to rank by the raw p̂."""
         self.cap, self.max_depth, self.refine, self.profile = cap, max_depth, refine, profile
         self.cost = CostModel()
-        self.calibration = AcceptanceMap() if calibrate else None
+        self.calibration = calibration
         self.off, self.probe_in, self.probe_gap = False, 0, 4
         self.spec_rate: float | None = None  # moving averages of measured tokens/s: speculative steps,
         self.plain_rate: float | None = None  # and plain (root-only) steps
@@ -224,10 +226,6 @@ class AutoPlanner:
         return n_best
 
     # ------------------------------------------------------------------ feedback
-    def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
-        if self.calibration is not None and len(tree) > 1:
-            self.calibration.learn(tree, path)
-
     def start(self) -> None:
         """A new generate: the wall clock between steps starts over."""
         self.last_wall = None

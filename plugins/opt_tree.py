@@ -21,9 +21,9 @@ scores it one draft forward later, then throws that forward away) and the tree c
 
 from __future__ import annotations
 
-import torch
-
 from typing import Any
+
+import torch
 
 from treespec.acceptance_map import AcceptanceMap
 from treespec.interfaces import Drafter, TreeBuilder
@@ -46,13 +46,11 @@ class OptTreeBuilder(TreeBuilder):
 
     def __init__(self, config: OptTreeConfig):
         super().__init__(config)
-        self.planner: AutoPlanner | None = None
-        self.calibration: AcceptanceMap | None = None
-        if config.nodes == "auto":
-            self.planner = AutoPlanner(config.cap, config.max_depth, config.calibrate is not False, config.refine,
-                                       config.profile)
-        elif config.calibrate:
-            self.calibration = AcceptanceMap()
+        auto = config.nodes == "auto"
+        calibrate = config.calibrate if config.calibrate is not None else auto  # default: on with auto only
+        self.calibration = AcceptanceMap() if calibrate else None
+        self.planner = AutoPlanner(config.cap, config.max_depth, self.calibration, config.refine, config.profile) \
+            if auto else None
 
     @property
     def max_nodes(self) -> int:
@@ -63,9 +61,7 @@ class OptTreeBuilder(TreeBuilder):
             self.planner.attach(target, drafter)
 
     def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
-        if self.planner is not None:
-            self.planner.verified(tree, path)
-        elif self.calibration is not None and len(tree) > 1:
+        if self.calibration is not None:
             self.calibration.learn(tree, path)
 
     def observe(self, stats: Any) -> None:

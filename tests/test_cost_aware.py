@@ -107,7 +107,7 @@ class ConfidentDrafter(Drafter):
 
 
 def planner_with(verify_per_node: float, expand_seconds: float, fixed: float = 0.01) -> AutoPlanner:
-    planner = AutoPlanner(cap=32, max_depth=8, calibrate=False, refine=False, profile="none")
+    planner = AutoPlanner(cap=32, max_depth=8, calibration=None, refine=False, profile="none")
     for n in VERIFY_GRID:
         planner.cost.verify.observe(n, fixed + verify_per_node * n)
         planner.cost.bookkeeping.observe(n, 0.0)

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 #: verification sizes (drafted nodes, root excluded) a profile measures and a curve keeps
 VERIFY_GRID = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 #: expand sizes (nodes expanded in one call)
@@ -45,41 +47,30 @@ class Curve:
 
     @property
     def known(self) -> bool:
+        """Whether any point has been measured."""
         return any(c > 0 for c in self.counts)
 
-    def _seen(self) -> list[int]:
-        return [i for i, c in enumerate(self.counts) if c > 0]
+    def _at(self, x: "np.ndarray") -> "np.ndarray":
+        """Seconds at sizes ``x``: interpolated between measured points, extrapolated linearly beyond
+        them (flat if only one is measured), never negative; 0.0 if nothing is measured yet."""
+        seen = [i for i, c in enumerate(self.counts) if c > 0]
+        if len(seen) < 2:
+            return np.full(x.shape, self.ys[seen[0]] if seen else 0.0)
+        xs = np.array([self.xs[i] for i in seen], dtype=float)
+        ys = np.array([self.ys[i] for i in seen], dtype=float)
+        out = np.interp(x, xs, ys)
+        lo, hi = x < xs[0], x > xs[-1]  # np.interp is flat outside: extrapolate the edge segments
+        out[lo] = ys[0] + (ys[1] - ys[0]) * (x[lo] - xs[0]) / (xs[1] - xs[0])
+        out[hi] = ys[-2] + (ys[-1] - ys[-2]) * (x[hi] - xs[-2]) / (xs[-1] - xs[-2])
+        return np.maximum(out, 0.0)
 
     def predict(self, x: float) -> float:
-        """Seconds at size ``x``: interpolated between measured points, extrapolated linearly beyond
-        them (flat if only one is measured); 0.0 if nothing is measured yet."""
-        seen = self._seen()
-        if not seen:
-            return 0.0
-        xs, ys = [self.xs[i] for i in seen], [self.ys[i] for i in seen]
-        if len(xs) == 1:
-            return ys[0]
-        j = min(max(bisect.bisect_right(xs, x), 1), len(xs) - 1)  # segment [j-1, j] (the edge ones extrapolate)
-        x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
-        return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+        """Seconds at size ``x`` (see ``_at``)."""
+        return float(self._at(np.array([x], dtype=float))[0])
 
     def table(self, n: int) -> list[float]:
         """``[predict(0), predict(1), ..., predict(n)]`` in one pass (what a planner reads per step)."""
-        import numpy as np
-
-        seen = self._seen()
-        if not seen:
-            return [0.0] * (n + 1)
-        xs = np.array([self.xs[i] for i in seen], dtype=float)
-        ys = np.array([self.ys[i] for i in seen], dtype=float)
-        grid = np.arange(n + 1, dtype=float)
-        if len(xs) == 1:
-            return [float(ys[0])] * (n + 1)
-        out = np.interp(grid, xs, ys)
-        lo, hi = grid < xs[0], grid > xs[-1]  # np.interp is flat outside: extrapolate the edge segments
-        out[lo] = ys[0] + (ys[1] - ys[0]) * (grid[lo] - xs[0]) / (xs[1] - xs[0])
-        out[hi] = ys[-2] + (ys[-1] - ys[-2]) * (grid[hi] - xs[-2]) / (xs[-1] - xs[-2])
-        return np.maximum(out, 0.0).tolist()
+        return self._at(np.arange(n + 1, dtype=float)).tolist()
 
     def observe(self, x: float, seconds: float) -> None:
         """Refine the curve with one measurement of ``seconds`` at size ``x``."""

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.errors import TreespecError
-from treespec.kv import attention_window, crop_cache, keep_rows, max_positions, window_mask, cache_keyword
+from treespec.kv import attention_window, cache_keyword, crop_cache, keep_rows, max_positions, window_mask
 from treespec.tree import TreeTensors
 
 
@@ -36,9 +36,9 @@ class TargetModel:
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.config = model.config
         self.cache: DynamicCache | None = None
-        self.cache_keyword = cache_keyword(model)
+        self.cache_keyword = cache_keyword(model)  # `cache` (transformers ≥ 5.2x) or `past_key_values`
         self.lock = threading.Lock()  # one sequence at a time: Decoder.generate holds it (thread safety)
-        self.decoding_thread: int | None = None  # `cache` (transformers ≥ 5.2x) or `past_key_values`
+        self.decoding_thread: int | None = None
         self.past_len = 0
         self._tree_len: int | None = None
         params = inspect.signature(model.forward).parameters

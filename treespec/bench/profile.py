@@ -89,7 +89,8 @@ def measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], r
 def _distinct(first: Any, m: int, vocab: int) -> torch.Tensor:
     """m distinct child tokens: the drafter's own proposals first, then others."""
     tokens = [int(t) for t, q in zip(first.tokens[0].tolist(), first.q[0].tolist()) if q > 0]
-    extra = (t for t in range(3, vocab) if t not in set(tokens))
+    proposed = set(tokens)
+    extra = (t for t in range(3, vocab) if t not in proposed)
     while len(tokens) < m:
         tokens.append(next(extra))
     return torch.tensor(tokens[:m])
