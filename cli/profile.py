@@ -1,4 +1,4 @@
-"""`treespec profile`: measure the cost model `opt-tree nodes=auto` plans with (treespec/bench/profile.py).
+"""`treespec profile`: measure the cost model `opt-tree nodes=auto` plans with (treespec/cost_measure.py).
 
 Registered in ``cli/app.py`` with ``app.command("profile", epilog=EPILOG)(profile)``.
 """
@@ -25,7 +25,8 @@ Examples:
 It times a verification of n drafted nodes for n on a grid (0 ... 128, within the context), a draft
 expansion of m nodes at once (1 ... 64), and each step's bookkeeping, on this machine, and saves the
 result where `opt-tree nodes=auto` finds it for the same target, drafter, device, dtype and thread
-count (docs/cost-aware.md). Runs refine it online anyway; a saved profile spares them the exploration.
+count (docs/cost-aware.md). Runs refine it online anyway; without a saved profile, each run takes a
+quick measurement of a few sizes when it starts.
 """
 
 
@@ -78,7 +79,7 @@ def profile(
 def _measure(dec, prompt: str, repeats: int):
     from rich.progress import Progress
 
-    from treespec.bench.profile import measure
+    from treespec.cost_measure import measure
     from treespec.plugins.cost_aware import profile_key
 
     ids = dec.encode(prompt)

@@ -29,7 +29,8 @@ class OptTreeConfig(PluginConfig):
         "auto", description="node budget n: drafted nodes per tree (root excluded), or auto: each step's budget "
         "and depth maximise expected tokens per second under the measured cost model (docs/cost-aware.md)")
     threshold: float = Field(0.5, ge=0.0, description="δ (fixed nodes): keep adding layers while E(A) grows by more than this")
-    max_depth: int = Field(10, gt=0, description="deepest layer of the tree")
+    max_depth: int | None = Field(None, gt=0, description="deepest layer of the tree (default: 10 with a fixed "
+                                  "budget, as in the paper; 32 with auto, whose layers stop when they no longer pay)")
     cap: int = Field(64, gt=0, description="auto: the most drafted nodes one tree may have")
     calibrate: bool | None = Field(
         None, description="rank by calibrated p̂ (an online map from draft confidence to observed acceptance); "

@@ -1,31 +1,40 @@
 """`opt-tree nodes=auto`: each step's tree sized by what drafting and verifying cost, measured.
 
-The objective is tokens per second, not tokens per step. A step that drafted for ``T_d`` seconds and
-verifies the n nodes of largest calibrated p̂ emits, in expectation,
+The objective is tokens per second over the whole run, not tokens per step. Renewal-reward theory
+turns that ratio into a per-step sum: a policy has the best long-run rate λ* exactly when every step
+maximises
 
-    E_n + 1 tokens  in  T_d + T_verify(n) + T_book(n) seconds,     E_n = Σ of the n largest p̂ (calibrated)
+    expected tokens − λ* · expected seconds          (Dinkelbach's parametric form of a ratio)
 
-so its rate is R(n) = (E_n + 1) / (T_d + T_verify(n) + T_book(n)) (``treespec.cost``, ``treespec.acceptance_map``).
-Layer by layer, as OPT-Tree:
+so time has a price, λ tokens per second, and every piece of work is done only if it returns more
+tokens than it costs at that price. λ is the run's measured rate (tokens / wall seconds, a slow
+moving average over steps; until there is one, the plain rate of the cost model). Dinkelbach's
+iteration — plan at λ, measure the rate, plan at that — climbs to λ*: a plan that is best at λ has a
+rate of at least λ. With the cost curves of ``treespec.cost`` (T_first, T_expand(m), T(n) = verify +
+bookkeeping of n drafted nodes) and calibrated p̂ (``treespec.acceptance_map``), layer by layer:
 
-- **cut**: after each layer, n* = argmax_n R(n), n = 0 (the root alone) included. Because the p̂ are
-  sorted, R(n) grows while the next node's p̂ exceeds R(n) · ΔT(n), the rate times its share of the
-  verification: the top-n is cut where a node no longer pays for itself.
-- **prune**: a candidate is added, and a node expanded, only if its p̂ exceeds R(n*) · ΔT (its
-  children's p̂ are no larger, so below that line no descendant can pay either).
-- **depth**: the next layer is drafted only if its expected gain pays for its draft time at the
-  current rate: (E* + g + 1) / (T_d + T_expand(m) + T(n* + m)) > R(n*), where g, the next layer's
-  expected extra accepted tokens, is the frontier's p̂ mass times the ratio the last layer achieved.
-- **off**: when speculative steps have been slower than plain steps (measured tokens per second of
-  wall time, moving averages, after 8 speculative steps), the builder verifies the root alone (plain
-  decoding) for 4 steps, then probes: it speculates again for 8 steps and measures. A probe that
-  loses doubles the plain stretch (up to 64 steps); one that wins keeps speculation on. The 8 trial
-  steps after (re)turning on always verify a tree (n* ≥ 1), so the cost curves of tree sizes are
-  re-measured and a transient slowdown cannot lock speculation out.
+- **keep** a drafted node iff its p̂ exceeds λ · ΔT, the price of its share of the verification (ΔT is
+  the slope of T beyond the first node: the jump T(1) − T(0) of speculating at all is paid at the cut);
+- **expand** the j best new nodes (p̂ descending), j maximising  r · Σ p̂ − λ · (T_expand(j) + j · ΔT):
+  their children's expected mass (r = the share of its parents' mass the last layer kept) against the
+  expansion and the children's verification; no j > 0 pays: the tree stops growing;
+- **cut**: the drafting is spent, so the tree verified is the top-n by p̂ with n maximising
+  E_n − λ · T(n), n = 0 (the root alone: a plain step) included.
 
-Until the cost curves hold measurements (no saved profile), the first steps explore: their cuts
-are forced to a few sizes so that T_verify is measured across the range. Decisions change shapes
-from run to run, never tokens: whatever tree is drafted, verification keeps the output lossless.
+**Off.** Speculation is judged by what it measures: after 8 speculative steps, if their rate (moving
+average) is below the plain steps' (or below the cost model's plain rate), the builder stops
+drafting and verifies the root alone (plain decoding: the drafter is not called, and catches up in
+one forward when drafting resumes). It probes every ``gap`` steps: the probe drafts and verifies a
+tree (at least the draft's best child, so the calibration keeps learning), and speculation resumes
+only if the probe's own plan — made with everything calibrated so far — expected to beat a plain
+step and the probe itself beat the plain rate. Every probe that does not turn it back on, and every
+on-phase that loses again, doubles the gap (4 … 256 steps); 64 winning steps in a row reset it.
+Probes cost one small tree per gap, so a draft that never pays costs well under 1% of plain decoding.
+
+Decisions change tree shapes from run to run, never tokens: whatever tree is drafted, verification
+keeps the output lossless. The planner's own arithmetic is a few numpy operations per layer on
+arrays of at most ``cap`` entries; cost tables and the calibration map are refreshed every few steps,
+not every step.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import torch
 
 from treespec.acceptance_map import AcceptanceMap
 from treespec.cost import CostModel, load_profile
+from treespec.interfaces import PlanNote
 from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -45,9 +55,15 @@ if TYPE_CHECKING:
     from treespec.stats import StepStats
     from treespec.target import TargetModel
 
-EXPLORE = (1, 4, 16, 48)  # cut sizes forced while T_verify has no measurement there
+EXPLORE = (1, 4, 16, 48)  # cut sizes forced while T(n) has no measurement there (profile=none)
+EXPLORE_DEPTH = 4  # layers a step drafts while no expansion has been measured (profile=none)
 CHILDREN = 8  # children asked per expanded node
-MIN_STEPS_OFF = 8  # speculative steps seen before speculation may be turned off
+MIN_STEPS_OFF = 8  # speculative steps measured before speculation may be judged a loss
+WIN_STEPS = 64  # winning speculative steps in a row that reset the probe gap
+GAP_START, GAP_MAX = 4, 256  # plain steps between probes
+REFRESH = 8  # steps between refreshes of the cost tables
+RATE_EMA = 0.05  # λ: moving averages of tokens and seconds (about the last 20 steps)
+JUDGE_EMA = 0.2  # the on/off judgement: faster moving averages of speculative and plain steps
 
 
 def top_by(values: torch.Tensor, depths: torch.Tensor, n: int) -> torch.Tensor:
@@ -58,8 +74,33 @@ def top_by(values: torch.Tensor, depths: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.long), ids[:n]])
 
 
+def _top_np(values: np.ndarray, depths: np.ndarray, n: int) -> np.ndarray:
+    """``top_by`` on numpy arrays: the root plus the n drafted nodes of largest value (ties: shallower, older)."""
+    ids = np.arange(1, values.size)
+    order = np.lexsort((ids, depths[1:], -values[1:]))  # last key first: value desc, then depth, then id
+    return np.concatenate([[0], ids[order[:n]]])
+
+
+class _Average:
+    """A ratio of exponential moving averages (tokens / seconds): a rate that one slow step cannot swing."""
+
+    def __init__(self, alpha: float):
+        self.alpha, self.tokens, self.seconds = alpha, 0.0, 0.0
+        self.count = 0
+
+    def add(self, tokens: float, seconds: float) -> None:
+        a = self.alpha if self.count else 1.0
+        self.tokens += a * (tokens - self.tokens)
+        self.seconds += a * (seconds - self.seconds)
+        self.count += 1
+
+    @property
+    def rate(self) -> float | None:
+        return self.tokens / self.seconds if self.count and self.seconds > 0 else None
+
+
 class AutoPlanner:
-    """The state of one auto builder: cost model, acceptance map, on/off, and what it decided."""
+    """The state of one auto builder: cost model, price, on/off, and what it decided."""
 
     def __init__(self, cap: int, max_depth: int, calibration: AcceptanceMap | None, refine: bool, profile: str | None):
         """``calibration``: the builder's acceptance map (it learns in ``TreeBuilder.verified``), or None
@@ -67,17 +108,23 @@ class AutoPlanner:
         self.cap, self.max_depth, self.refine, self.profile = cap, max_depth, refine, profile
         self.cost = CostModel()
         self.calibration = calibration
-        self.off, self.probe_in, self.probe_gap = False, 0, 4
-        self.spec_rate: float | None = None  # moving averages of measured tokens/s: speculative steps,
-        self.plain_rate: float | None = None  # and plain (root-only) steps
+        self.run_rate = _Average(RATE_EMA)  # every step: λ
+        self.spec = _Average(JUDGE_EMA)  # speculative steps of the current on-phase
+        self.plain = _Average(JUDGE_EMA)  # plain (root-only) steps
+        self.off, self.probe_in, self.gap = False, 0, GAP_START
         self.spec_steps = 0  # speculative steps since speculation was (re)turned on
-        self.last_wall: float | None = None
-        self.clock = time.perf_counter  # the wall clock between steps (tests inject their own)
-        self.decisions: list[dict[str, Any]] = []  # per step: n, depth, predicted seconds, calibrated E
+        self.probing = False  # the current step is a probe
+        self.wanted = False  # the last plan's own verdict: a tree beats the root alone
+        self._tables_age = REFRESH  # steps since the tables were read from the curves (REFRESH: stale)
+        self._seen = -1  # measured points of the curves when the tables were read
+        self.decisions: list[dict[str, Any]] = []  # per step: n, depth, off, predicted seconds, calibrated E
+        self.note: PlanNote | None = None
 
     # ------------------------------------------------------------------ setup
     def attach(self, target: "TargetModel", drafter: "Drafter") -> None:
-        """Cap trees at what the target verifies; start from a saved profile when there is one."""
+        """Cap trees at what the target verifies; start from a saved profile when there is one, else
+        from a quick measurement of a few sizes (``treespec.cost_measure.quick``: a fraction of a
+        second, once per Decoder). ``profile=none``: start empty and learn online only."""
         self.cap = min(self.cap, target.max_tree_nodes)
         if self.profile == "none":
             return
@@ -85,137 +132,139 @@ class AutoPlanner:
             from pathlib import Path
 
             self.cost = CostModel.from_json(Path(self.profile).read_text())
-            return
-        saved = load_profile(profile_key(target, drafter))
-        if saved is not None:
+        else:
+            key = profile_key(target, drafter)
+            saved = load_profile(key)
+            if saved is None:
+                from treespec.cost_measure import quick
+
+                saved = quick(target, drafter, key)
             self.cost = saved
+        self._tables_age = REFRESH
+
+    def _tables(self) -> None:
+        """T(n) (verify + bookkeeping) and T_expand(m) as arrays, read from the curves every REFRESH
+        steps, and at once when a size is measured for the first time."""
+        cost, size = self.cost, self.cap + 1
+        seen = cost.verify.seen + cost.bookkeeping.seen + cost.expand.seen + cost.first.seen
+        if self._tables_age < REFRESH and seen == self._seen:
+            self._tables_age += 1
+            return
+        self._seen = seen
+        self._t = np.add(cost.verify.table(size), cost.bookkeeping.table(size))  # [cap+2] T(n)
+        self._x = np.asarray(cost.expand.table(size))  # [cap+2] T_expand(m)
+        self._first = cost.first.predict(1)
+        self._known = cost.verify.known and cost.bookkeeping.known
+        self._slope = max(0.0, float(self._t[min(2, size)] - self._t[1])) if size >= 2 else 0.0
+        self._tables_age = 0
+
+    @property
+    def price(self) -> float:
+        """λ, tokens per second: the run's measured rate, and never less than plain decoding's (a rate
+        any run can have: the root alone every step); 0 while nothing is known (every node is free,
+        and the first steps explore)."""
+        plain = float(self._t[0]) if self._known else 0.0
+        floor = 1.0 / plain if plain > 0 else 0.0
+        rate = self.run_rate.rate
+        return max(rate, floor) if rate is not None else floor
 
     # ------------------------------------------------------------------ one step
     def build(self, drafter: "Drafter", root: int, max_depth: int) -> DraftTree:
-        tree = DraftTree(root)
-        if max_depth <= 0:
-            self.decisions.append({"n": 0, "depth": 0, "off": True})
-            return tree
-        if self.off:
-            if self.probe_in > 0:  # plain decoding: the root alone
+        began = time.perf_counter()
+        self._tables()
+        self.probing = False
+        if max_depth > 0 and self.off:
+            if self.probe_in > 0:
                 self.probe_in -= 1
-                self.decisions.append({"n": 0, "depth": 0, "off": True})
-                return tree
-            self.off, self.spec_steps, self.spec_rate = False, 0, None  # a probe: speculate for a few steps again
-        return self._grow(drafter, tree, min(max_depth, self.max_depth))
+            else:
+                self.probing = True
+        if max_depth <= 0 or (self.off and not self.probing) or not self._known:  # plain decoding: the root alone
+            # (with nothing measured yet, the first step is plain: it measures the rate to beat)
+            seconds = float(self._t[0]) if self._known else 0.0
+            self._decide(n=0, depth=0, off=True, predicted=seconds, expected=0.0, own=time.perf_counter() - began)
+            return DraftTree(root, capacity=1)
+        depth_cap = min(max_depth, self.max_depth if self.cost.expand.known else EXPLORE_DEPTH)
+        return self._grow(drafter, DraftTree(root), depth_cap, began)
 
-    def _grow(self, drafter: "Drafter", tree: DraftTree, depth_cap: int) -> DraftTree:
-        # The planner's own arithmetic runs on small numpy arrays: per layer it is a handful of
-        # vector operations, which torch would dispatch at ~10 µs each (its cost is reported per step).
-        began, expanding = time.perf_counter(), 0.0
-        cost, calib = self.cost, self.calibration
-        self._fixed = np.add(cost.verify.table(self.cap + 1), cost.bookkeeping.table(self.cap + 1))  # [cap+2] T(n)
-        self._expand = cost.expand.table(self.cap + 1)  # [cap+2] T_expand(m) as a list
-        phat = np.ones(1)  # [N] calibrated p̂ of every node
-        frontier = np.zeros(1, dtype=np.int64)  # [M]
-        spent, n_best, rate, gain_ratio = 0.0, 0, self._rate_root(0.0), 1.0
+    def _grow(self, drafter: "Drafter", tree: DraftTree, depth_cap: int, began: float) -> DraftTree:
+        lam, cap, calib, slope = self.price, self.cap, self.calibration, self._slope
+        floor = lam * slope  # the p̂ a node needs to pay for its verification
+        # what expanding the j best frontier nodes costs, in tokens: λ · (T_expand(j) + j · ΔT), j = 1..cap
+        layer_cost = lam * (self._x[1:] + slope * np.arange(1, self._x.size))  # [cap+1]
+        phat = np.zeros(cap * depth_cap + 1)  # calibrated p̂ of the drafted nodes, in tree order (root: 1)
+        phat[0] = 1.0
+        depths = np.zeros(phat.size, dtype=np.int64)
+        size, spent, drafting = 0, 0.0, 0.0
+        frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
+        start = time.perf_counter()
         for depth in range(1, depth_cap + 1):
             m = int(frontier.size)
-            if depth > 1 and not self._layer_pays(phat, frontier, n_best, rate, spent, gain_ratio):
-                break
-            start = time.perf_counter()
-            prop = drafter.expand(tree, torch.from_numpy(frontier), min(CHILDREN, self.cap))  # tokens, q: [M, k]
-            took = time.perf_counter() - start
-            expanding += took
+            prop = drafter.expand(tree, torch.from_numpy(frontier), CHILDREN)  # tokens, q: [M, k]
+            drafting += time.perf_counter() - start
+            q = prop.q.numpy()  # [M, k]
+            f = calib.lookup(q, depth) if calib is not None else q.astype(np.float64)  # calibrated acceptance
+            cand = (phat[frontier, None] * f).ravel()  # [M*k] p̂ of every candidate
+            # a candidate must pay for its verification and be able to make the final top-cap (its
+            # descendants' p̂ are no larger, so below the cap-th best no subtree can enter either)
+            bar = floor if size < cap else max(floor, float(np.partition(phat[1 : size + 1], size - cap)[size - cap]))
+            order = np.argsort(-cand, kind="stable")[:cap]  # a layer adds at most cap nodes
+            kept = cand[order]
+            order, kept = order[kept > bar], kept[kept > bar]  # q = 0 (padding) has p̂ 0: never kept
+            if order.size == 0 and depth == 1 and (self.probing or self.spec_steps < MIN_STEPS_OFF) and q.max() > 0:
+                order = np.argmax(q.ravel(), keepdims=True)  # a trial step tests speculation: the draft's best child
+                kept = cand[order]
+            if order.size:
+                k = q.shape[1]
+                new = tree.add_children(frontier[order // k], prop.tokens.numpy().ravel()[order], q.ravel()[order]).numpy()
+                phat[size + 1 : size + 1 + kept.size] = kept
+                depths[size + 1 : size + 1 + kept.size] = depth
+                size += kept.size
+                mass = float(phat[frontier].sum())
+                ratio = min(1.0, float(kept.sum()) / mass) if mass > 0 else 0.0  # share of the parents' mass kept
+                frontier = self._next_frontier(new, kept, ratio, lam, layer_cost)
+            took = time.perf_counter() - start  # the layer: drafting and this planner's own work on it
             if self.refine:
-                cost.expand.observe(m, took)
-                spent += took
-            else:  # reproducible: plan with the profile's times, never this run's clock
-                spent += cost.expand.predict(m)
-            q = prop.q.double().numpy()  # [M, k]
-            k = q.shape[1]
-            f = calib.lookup(q, depth) if calib is not None else q  # [M, k] calibrated conditional acceptance
-            cand = (phat[frontier][:, None] * f).ravel()  # [M*k] p̂ of every candidate
-            floor = self._floor(rate, len(tree) - 1)  # a node must pay for its share of the verification
-            order = np.argsort(-cand, kind="stable")[: self.cap]  # a layer: at most cap nodes
-            best = order[:1]
-            order = order[(cand[order] > floor) & (q.ravel()[order] > 0)]
-            if order.size == 0 and depth == 1 and self.spec_steps < MIN_STEPS_OFF and q.ravel()[best].sum() > 0:
-                order = best  # a trial step tests speculation: at least the draft's best child
-            if order.size == 0:
+                (self.cost.first.observe(1, took) if depth == 1 else self.cost.expand.observe(m, took))
+            spent += took if self.refine else (self._first if depth == 1 else float(self._x[min(m, cap + 1)]))
+            start += took
+            if order.size == 0 or frontier.size == 0:
                 break
-            index = torch.from_numpy(order)
-            new = tree.add_children(torch.from_numpy(frontier[order // k]), prop.tokens.flatten()[index],
-                                    prop.q.flatten()[index]).numpy()
-            mass_before = float(phat[frontier].sum())
-            phat = np.concatenate([phat, cand[order]])
-            gain_ratio = float(cand[order].sum()) / mass_before if mass_before > 0 else 0.0
-            n_best, rate = self._best_cut(phat, spent)
-            frontier = self._frontier(new, phat, rate, n_best, gain_ratio)
-            if frontier.size == 0:
-                break
-        if n_best == 0 and len(tree) > 1 and self.spec_steps < MIN_STEPS_OFF:
-            n_best = max(1, self._best_cut(phat, spent, at_least=1)[0])  # trial steps verify a tree: curves stay fresh
-        n_best = self._explore(n_best, len(tree) - 1)
-        keep = top_by(torch.from_numpy(phat), tree.depths, n_best)
-        chosen = tree.select(keep)
-        self.decisions.append({"n": n_best, "depth": chosen.depth, "off": False,
-                               "predicted_seconds": cost.step_seconds(n_best, spent),
-                               "expected": float(phat[keep[1:].numpy()].sum()),
-                               "own_seconds": time.perf_counter() - began - expanding})
+        n, expected, seconds = self._cut(phat[: size + 1], spent, lam)
+        keep = _top_np(phat[: size + 1], depths[: size + 1], n)
+        chosen = tree.select(torch.from_numpy(keep))
+        self._decide(n=n, depth=chosen.depth, off=False, predicted=seconds, expected=expected,
+                     own=time.perf_counter() - began - drafting)
         return chosen
 
-    # ------------------------------------------------------------------ the rules
-    def _rate_root(self, spent: float) -> float:
-        seconds = self.cost.step_seconds(0, spent)
-        return 1.0 / seconds if seconds > 0 else 0.0
+    @staticmethod
+    def _next_frontier(new: np.ndarray, kept: np.ndarray, ratio: float, lam: float, layer_cost: np.ndarray) -> np.ndarray:
+        """The j best new nodes whose expansion pays: j maximises r·Σp̂ − λ·(T_expand(j) + j·ΔT)."""
+        order = np.argsort(-kept, kind="stable")
+        if lam <= 0:
+            return new[order]
+        gain = ratio * np.cumsum(kept[order]) - layer_cost[: order.size]  # [j]
+        best = int(np.argmax(gain))
+        return new[order[: best + 1]] if gain[best] > 0 else new[:0]
 
-    def _marginal(self, n: int) -> float:
-        """Seconds one more verified node adds at size n (verification and bookkeeping)."""
-        n = min(n, self.cap)
-        return max(0.0, float(self._fixed[n + 1] - self._fixed[n]))
+    def _cut(self, phat: np.ndarray, spent: float, lam: float) -> tuple[int, float, float]:
+        """(n, E_n, predicted seconds): the top-n verified, n maximising E_n − λ·T(n) (drafting is spent)."""
+        drafted = min(phat.size - 1, self.cap)  # at most cap nodes are verified
+        values = -np.sort(-phat[1:])[:drafted]  # [N] descending
+        tokens = np.concatenate([[0.0], np.cumsum(values)])  # [N+1] E_n
+        t = self._t[: drafted + 1]  # [N+1] T(n)
+        value = tokens - lam * t
+        n = int(np.argmax(value))
+        self.wanted = n > 0  # what the plan itself says, before the rules below
+        if n == 0 and drafted and (self.probing or self.spec_steps < MIN_STEPS_OFF):
+            n = 1 + int(np.argmax(value[1:]))  # a trial or probe step verifies a tree: the map keeps learning
+        n = self._explore(n, drafted)
+        return n, float(tokens[n]), spent + float(t[n])
 
-    def _floor(self, rate: float, n: int) -> float:
-        """The p̂ a node needs to pay for its share of the verification at size n: R · ΔT(n)."""
-        marginal = self._marginal(n)
-        return rate * marginal if marginal > 0 and rate < float("inf") else 0.0
-
-    def _best_cut(self, phat: np.ndarray, spent: float, at_least: int = 0) -> tuple[int, float]:
-        """(n*, R(n*)): the cut of the drafted nodes (p̂ sorted) with the highest expected rate, n* ≥ at_least."""
-        values = -np.sort(-phat[1:])[: self.cap]  # [min(N-1, cap)] descending
-        tokens = np.concatenate([[1.0], 1.0 + np.cumsum(values)])  # [N] E_n + 1
-        seconds = spent + self._fixed[: tokens.size]  # [N]
-        if seconds[0] <= 0:  # nothing measured yet: more nodes are free
-            return int(values.size), float("inf")
-        rates = tokens / np.maximum(seconds, 1e-9)  # [N]
-        rates[:at_least] = -1.0
-        best = int(np.argmax(rates))
-        return best, float(rates[best])
-
-    def _frontier(self, new: np.ndarray, phat: np.ndarray, rate: float, n_best: int, ratio: float) -> np.ndarray:
-        """The new nodes worth expanding, best first: the i-th is kept while its children's expected
-        mass (p̂ times the ratio the last layer kept) pays, at the current rate, for what expanding one
-        more node adds to the expand call and for verifying a child: T_expand(i+1) - T_expand(i) + ΔT."""
-        order = new[np.argsort(-phat[new], kind="stable")][: self.cap]
-        if rate == float("inf"):
-            return order
-        expand, verify_one, ratio = self._expand, self._marginal(n_best), min(1.0, ratio)
-        keep = 0
-        for i, value in enumerate(phat[order].tolist()):
-            extra = max(0.0, expand[i + 1] - expand[i]) if i > 0 else 0.0
-            if value * ratio <= rate * (extra + verify_one):
-                break
-            keep = i + 1
-        return order[:keep]
-
-    def _layer_pays(self, phat: np.ndarray, frontier: np.ndarray, n_best: int, rate: float, spent: float,
-                    gain_ratio: float) -> bool:
-        """Draft the next layer only if its expected gain pays for drafting it (module docstring)."""
-        m = int(frontier.size)
-        gain = float(phat[frontier].sum()) * min(1.0, gain_ratio)
-        expected = float(-np.sort(-phat[1:])[:n_best].sum())
-        seconds = spent + self._expand[min(m, self.cap + 1)] + float(self._fixed[min(n_best + m, self.cap + 1)])
-        return seconds <= 0 or (expected + gain + 1.0) / seconds > rate
-
-    def _explore(self, n_best: int, drafted: int) -> int:
-        """While T_verify is unmeasured at a size of EXPLORE this tree can reach, cut there instead."""
+    def _explore(self, n: int, drafted: int) -> int:
+        """While T(n) has no measurement at an EXPLORE size this tree reaches (no profile, first steps),
+        cut there instead, so that the curve is measured across the range."""
         if not self.refine:
-            return n_best
+            return n
         grid, counts = self.cost.verify.xs, self.cost.verify.counts
         for size in EXPLORE:
             if size > drafted:
@@ -223,43 +272,58 @@ class AutoPlanner:
             i = min(range(len(grid)), key=lambda j: abs(grid[j] - size))
             if counts[i] == 0:
                 return size
-        return n_best
+        return n
+
+    def _decide(self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float) -> None:
+        self.decisions.append({"n": n, "depth": depth, "off": off, "probe": self.probing,
+                               "predicted_seconds": predicted, "expected": expected, "own_seconds": own})
+        self.note = PlanNote(predicted_seconds=predicted, expected=expected, own_seconds=own)
 
     # ------------------------------------------------------------------ feedback
     def start(self) -> None:
-        """A new generate: the wall clock between steps starts over."""
-        self.last_wall = None
+        """A new generate (nothing to reset: prices and curves carry over between prompts)."""
 
     def observe(self, stats: "StepStats") -> None:
-        """Refine the cost curves with the step's measured times, then decide speculation on or off.
+        """Refine the cost curves with the step's measured times, update λ, then judge speculation.
 
-        A step's real cost is the wall time since the previous step ended: it includes the Decoder's
-        own per-step work, which the step's phase timings do not; that remainder is booked as
-        bookkeeping, so plain and speculative steps are charged alike."""
-        now = self.clock()
+        A step's real cost is its wall time (``StepStats.t_wall``): it includes the Decoder's own
+        per-step work, which the phase timings do not; that remainder is booked as bookkeeping, so
+        plain and speculative steps are charged alike."""
         phases = stats.t_draft + stats.t_verify + stats.t_bookkeeping
-        wall = now - self.last_wall if self.last_wall is not None else phases
-        self.last_wall = now
-        if not self.refine:  # reproducible: judge steps by the profile's times
-            last = self.decisions[-1] if self.decisions else {}
-            wall = last.get("predicted_seconds") or self.cost.plain_seconds()
+        wall = stats.t_wall if stats.t_wall > 0 else phases
         if self.refine:
             self.cost.verify.observe(stats.tree_size, stats.t_verify)
             self.cost.bookkeeping.observe(stats.tree_size, stats.t_bookkeeping + max(0.0, wall - phases))
-        measured = stats.emitted / wall if wall > 0 else 0.0
-        if self.decisions and self.decisions[-1].get("off"):  # a plain step
-            self.plain_rate = measured if self.plain_rate is None else 0.8 * self.plain_rate + 0.2 * measured
+        else:  # reproducible: judge steps by the profile's times, never this run's clock
+            wall = (self.decisions[-1]["predicted_seconds"] if self.decisions else 0.0) or wall
+        self.run_rate.add(stats.emitted, wall)
+        last = self.decisions[-1] if self.decisions else {"off": False, "probe": False}
+        if last["off"]:
+            self.plain.add(stats.emitted, wall)
+            return
+        plain = self.plain.rate if self.plain.rate is not None else (1.0 / self._t[0] if self._known and self._t[0] > 0 else 0.0)
+        if last["probe"]:
+            self._after_probe(stats.emitted / wall if wall > 0 else 0.0, plain)
             return
         self.spec_steps += 1
-        self.spec_rate = measured if self.spec_rate is None else 0.8 * self.spec_rate + 0.2 * measured
+        self.spec.add(stats.emitted, wall)
         if self.spec_steps < MIN_STEPS_OFF:
             return
-        plain = self.plain_rate if self.plain_rate is not None else self._rate_root(0.0)
-        if plain > 0 and self.spec_rate < plain:  # speculation loses: off until the next probe
-            self.off, self.probe_in = True, self.probe_gap
-            self.probe_gap = min(2 * self.probe_gap, 64)
+        if self.spec.rate is not None and self.spec.rate < plain:  # speculation loses: off until a probe says otherwise
+            self.off, self.probe_in = True, self.gap
+            self.gap = min(2 * self.gap, GAP_MAX)
+        elif self.spec_steps >= WIN_STEPS:
+            self.gap = GAP_START
+
+    def _after_probe(self, measured: float, plain: float) -> None:
+        """Speculation resumes if the probe's own plan, made with everything calibrated so far, expected
+        a tree to beat the root alone, and the probe itself did beat plain decoding's rate."""
+        if self.wanted and measured >= plain:
+            self.off, self.spec_steps, self.spec = False, 0, _Average(JUDGE_EMA)
         else:
-            self.probe_gap = 4
+            self.probe_in = self.gap
+            self.gap = min(2 * self.gap, GAP_MAX)
+
 
 def profile_key(target: "TargetModel", drafter: "Drafter") -> dict[str, Any]:
     """What a cost profile was measured for: target, drafter and its options, device, dtype, threads."""
@@ -272,3 +336,4 @@ def profile_key(target: "TargetModel", drafter: "Drafter") -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
+

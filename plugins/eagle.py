@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
 from treespec.errors import ConfigError
@@ -59,7 +60,8 @@ class EagleDrafter(Drafter):
         self.head, self.meta = load_head(head, hidden, vocab, target_name=f"target {target.name!r}")
         if config.attn_implementation:
             self.head.config._attn_implementation = config.attn_implementation
-        self.head.to(device=target.device, dtype=target.dtype)
+        self.device, self.dtype = target.device, target.dtype
+        self.head.to(device=self.device, dtype=self.dtype)
         # the head's forward: treespec.lean unless switched off (same math, less per-call overhead)
         self.forward = self.head.lean() if config.lean else self.head
         self.embed = target.model.get_input_embeddings()  # shared with the target: no copy
@@ -71,6 +73,7 @@ class EagleDrafter(Drafter):
         self.cache: DynamicCache | None = None
         self.stable = 0  # committed items in the cache: item j at row j, position j
         self.root_feature: torch.Tensor | None = None  # [H] f̂ at the root (None: one-token prompt)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # committed items not fed yet: (features, tokens)
         self._clear_tree()
 
     # ------------------------------------------------------------------ lifecycle
@@ -79,11 +82,12 @@ class EagleDrafter(Drafter):
         self.cache = DynamicCache()
         self.stable = 0
         self.root_feature = None
+        self.pending = []
         ids = context.input_ids
         if ids.shape[0] > 1:
             if context.hidden is None:
                 raise ValueError("drafter 'eagle' needs the target's hidden states (PrefillContext.hidden)")
-            self._feed_committed(context.hidden, ids[1:])
+            self.pending.append((context.hidden, ids[1:]))
         self._clear_tree()
 
     def begin_step(self, root_token: int) -> None:
@@ -92,58 +96,88 @@ class EagleDrafter(Drafter):
         self._clear_tree()
 
     def _clear_tree(self) -> None:
-        self.feature: dict[int, torch.Tensor] = {}  # tree node -> its predicted feature f̂ [H]
-        if self.root_feature is not None:
-            self.feature[0] = self.root_feature
+        # predicted features f̂ of the step's fed nodes: row 0 = the root's, then one row per tree item
+        self.feats = self.root_feature[None] if self.root_feature is not None else None  # [1 + R, H]
+        self.node_row: list[int] = [0 if self.root_feature is not None else -1]  # tree node -> row of feats (-1: not fed)
         self.row_nodes: list[int] = []  # tree node of each tree item, in cache order after the stable rows
 
     @torch.inference_mode()
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         k = min(k, self.vocab)
         m = int(nodes.shape[0])
-        if m == 0 or 0 not in self.feature:  # a one-token prompt: no feature before the root yet
+        if m == 0 or (self.feats is None and not self.pending):  # a one-token prompt: no feature before the root yet
             return Proposals(torch.zeros(m, k, dtype=torch.long), torch.zeros(m, k))
-        need = tree.ancestors[nodes].any(dim=0)  # [N] nodes on the requested paths
-        need[torch.tensor(list(self.feature))] = False
-        new = need.nonzero().flatten()  # [F] ascending: parents first
-        for depth in tree.depths[new].unique().tolist():  # one forward per level: a child needs f̂_parent
-            self._feed_tree(tree, new[tree.depths[new] == depth])
-        feats = torch.stack([self.feature[int(n)] for n in nodes])  # [M, H]
-        probs = self._q(feats)  # [M, V]
-        q, tokens = probs.topk(k, dim=-1)  # [M, k]
+        wanted = nodes.tolist()
+        if self.pending:  # the step's first expand: feed what was committed since the last one
+            self._flush()
+        self._feed_missing(tree, wanted)
+        rows = self.feats[torch.tensor([self.node_row[n] for n in wanted])]  # [M, H]
+        q, tokens = self._q(rows).topk(k, dim=-1)  # [M, k]
         return Proposals(tokens=tokens.cpu(), q=q.cpu())
+
+    def _feed_missing(self, tree: DraftTree, wanted: list[int]) -> None:
+        """Feed the requested nodes that have no feature yet, and their unfed ancestors, one tree level
+        per forward (a child needs f̂ of its parent)."""
+        rows = self.node_row
+        rows += [-1] * (len(tree) - len(rows))
+        missing = [n for n in wanted if rows[n] < 0]
+        if not missing:
+            return
+        parents = tree.parents[missing].tolist()
+        if all(rows[p] >= 0 for p in parents):  # the usual case: one level whose parents are fed
+            self._feed_tree(tree, sorted(missing))
+            return
+        need = tree.ancestors[torch.tensor(missing)].any(dim=0)  # [N] nodes on the requested paths
+        need[torch.tensor([n for n, r in enumerate(rows) if r >= 0])] = False
+        new = need.nonzero().flatten()  # [F] ascending: parents first
+        depths = tree.depths[new]
+        for depth in depths.unique().tolist():
+            self._feed_tree(tree, new[depths == depth].tolist())
 
     @torch.inference_mode()
     def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """The head's softmax [M, V] after each of ``nodes`` (fed by this step's ``expand`` calls);
         zeros where there is no feature (a one-token prompt's first step)."""
-        out = torch.zeros(int(nodes.shape[0]), self.vocab, device=self.target.device)
-        have = [i for i, n in enumerate(nodes.tolist()) if n in self.feature]
+        out = torch.zeros(int(nodes.shape[0]), self.vocab, device=self.device)
+        rows = self.node_row
+        have = [i for i, n in enumerate(nodes.tolist()) if n < len(rows) and rows[n] >= 0]
         if have:
-            feats = torch.stack([self.feature[int(nodes[i])] for i in have])  # [M', H]
-            out[have] = self._q(feats)
+            index = torch.tensor([rows[int(nodes[i])] for i in have])
+            out[have] = self._q(self.feats[index])  # [M', V]
         return out
 
     def _q(self, feats: torch.Tensor) -> torch.Tensor:
         """The draft distribution [M, V] from predicted features [M, H]."""
-        return torch.softmax(self.lm_head(feats)[:, : self.vocab].float() / self.temperature, dim=-1)
+        logits = F.linear(feats, self.lm_head.weight, self.lm_head.bias)[:, : self.vocab]  # [M, V]
+        return torch.softmax(logits.float() / self.temperature, dim=-1)
 
     @torch.inference_mode()
     def commit(self, commit: Commit) -> None:
         if commit.hidden is None:
             raise ValueError("drafter 'eagle' needs the target's hidden states (Commit.hidden)")
-        crop_cache(self.cache, self.stable)  # drop every tree item: they were built on predictions
+        if self.row_nodes:
+            crop_cache(self.cache, self.stable)  # drop every tree item: they were built on predictions
         tokens = torch.tensor(commit.tokens, dtype=torch.long)  # [m+1] accepted + bonus
-        self._feed_committed(commit.hidden, tokens)  # items (f(root), a1), (f(a1), a2), ..., (f(am), bonus)
+        self.pending.append((commit.hidden, tokens))  # items (f(root), a1), (f(a1), a2), ..., (f(am), bonus)
+        self.root_feature = None
         self._clear_tree()
 
     # ------------------------------------------------------------------ forwards
+    def _flush(self) -> None:
+        """Feed the pending committed items in one forward (lazily: a step that drafts nothing, e.g. a
+        plain step of `opt-tree nodes=auto`, costs the head nothing), then start the tree from f̂_root."""
+        features = torch.cat([f for f, _ in self.pending])  # [n, H]
+        tokens = torch.cat([t for _, t in self.pending])  # [n]
+        self.pending = []
+        self._feed_committed(features, tokens)
+        self._clear_tree()
+
     def _feed_committed(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Append stable items (features[i], next_tokens[i]) at positions stable, stable+1, ..."""
-        n, dev, dtype = int(next_tokens.shape[0]), self.target.device, self.target.dtype
+        n, dev, dtype = int(next_tokens.shape[0]), self.device, self.dtype
         out = self.forward(
             features.to(dev, dtype)[None],  # [1, n, H]
-            self.embed(next_tokens.to(dev))[None],  # [1, n, H]
+            F.embedding(next_tokens.to(dev), self.embed.weight)[None],  # [1, n, H]
             torch.arange(self.stable, self.stable + n, device=dev)[None],  # [1, n]
             causal_mask(self.stable, n, dtype)[None, None].to(dev),  # [1, 1, n, stable + n]
             self.cache,
@@ -151,21 +185,27 @@ class EagleDrafter(Drafter):
         self.stable += n
         self.root_feature = out[-1]
 
-    def _feed_tree(self, tree: DraftTree, level: torch.Tensor) -> None:
+    def _feed_tree(self, tree: DraftTree, level: list[int]) -> None:
         """Feed one tree level: items (f̂_parent, token) at position stable − 1 + depth."""
-        f, dev, dtype = int(level.shape[0]), self.target.device, self.target.dtype
-        parents = tree.parents[level].tolist()
-        feats = torch.stack([self.feature[p] for p in parents])  # [F, H]
-        row_nodes = torch.tensor(self.row_nodes + level.tolist(), dtype=torch.long)  # [R + F]
-        mask = tree_mask(self.stable, tree.ancestors[level][:, row_nodes], dtype)  # [F, S+R+F]: all committed, own ancestors
-        pos = self.stable - 1 + tree.depths[level]  # [F]
+        dev, dtype = self.device, self.dtype
+        index = torch.tensor(level)  # [F]
+        parents = tree.parents[index].tolist()
+        feats = self.feats[torch.tensor([self.node_row[p] for p in parents])]  # [F, H]
+        depths = tree.depths[index]  # [F]
+        if len(level) == 1 and len(self.row_nodes) == int(depths[0]) - 1:
+            mask = None  # a chain: the tree items fed so far are exactly this node's ancestors
+        else:
+            rows = torch.tensor(self.row_nodes + level, dtype=torch.long)  # [R + F]
+            mask = tree_mask(self.stable, tree.ancestors[index][:, rows], dtype)[None, None].to(dev)  # [1, 1, F, S+R+F]
         out = self.forward(
             feats[None],  # [1, F, H]
-            self.embed(tree.tokens[level].to(dev))[None],  # [1, F, H]
-            pos.to(dev)[None],  # [1, F]
-            mask[None, None].to(dev),  # [1, 1, F, S+R+F]
+            F.embedding(tree.tokens[index].to(dev), self.embed.weight)[None],  # [1, F, H]
+            (self.stable - 1 + depths).to(dev)[None],  # [1, F]
+            mask,
             self.cache,
         )[0]  # [F, H]
-        for i, node in enumerate(level.tolist()):
-            self.feature[node] = out[i]
-        self.row_nodes += level.tolist()
+        first = self.feats.shape[0]
+        self.feats = torch.cat([self.feats, out])
+        for i, node in enumerate(level):
+            self.node_row[node] = first + i
+        self.row_nodes += level

@@ -81,7 +81,7 @@ class EagleHead(nn.Module):
         features: torch.Tensor,  # [B, T, H] the target's (or the head's own predicted) features f_j
         embeds: torch.Tensor,  # [B, T, H] embeddings of x_{j+1}
         position_ids: torch.Tensor,  # [B, T]
-        mask: torch.Tensor,  # [B, 1, T, S] float: 0 = attend, finfo.min = blocked (S = cached + T)
+        mask: torch.Tensor | None,  # [B, 1, T, S] float: 0 = attend, finfo.min = blocked (S = cached + T); None: all
         cache: Any = None,
     ) -> torch.Tensor:  # [B, T, H] predicted features f̂_{j+1}
         x = self.fc(torch.cat([embeds, features], dim=-1))  # [B, T, H]
@@ -122,9 +122,10 @@ class LeanEagleHead:
     """``EagleHead.forward`` for inference without per-module overhead; same arguments, same result."""
 
     def __init__(self, head: EagleHead):
-        from treespec.lean import lean_layers, layer_shape
+        from treespec.lean import RopeTable, lean_layers, layer_shape
 
         self.head = head
+        self.rotary = RopeTable(head.rotary)
         self.layers = lean_layers(head.layers)
         self.shape = layer_shape(head.layers, head.config.rms_norm_eps)
 
@@ -133,7 +134,7 @@ class LeanEagleHead:
         from treespec.lean import run_layers
 
         x = torch.nn.functional.linear(torch.cat([embeds, features], dim=-1), self.head.fc.weight, self.head.fc.bias)
-        pos = self.head.rotary(x, position_ids)  # (cos, sin) [B, T, D]
+        pos = self.rotary(x, position_ids)  # (cos, sin) [B, T, D]
         return run_layers(x, self.layers, pos, mask, cache, self.shape, skip_first_norm=True)  # [B, T, H]
 
 

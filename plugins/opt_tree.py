@@ -32,6 +32,10 @@ from treespec.plugins.configs import OptTreeConfig
 from treespec.tree import DraftTree
 
 
+FIXED_MAX_DEPTH = 10  # a fixed budget: the paper's setting
+AUTO_MAX_DEPTH = 32  # auto: layers stop when they no longer pay; this only bounds a step
+
+
 def top_n_by_phat(tree: DraftTree, n: int) -> torch.Tensor:
     """Ids of the root plus the n drafted nodes with the largest p̂ (ties: shallower, then older)."""
     return top_by(tree.phat, tree.depths, n)
@@ -49,7 +53,8 @@ class OptTreeBuilder(TreeBuilder):
         auto = config.nodes == "auto"
         calibrate = config.calibrate if config.calibrate is not None else auto  # default: on with auto only
         self.calibration = AcceptanceMap() if calibrate else None
-        self.planner = AutoPlanner(config.cap, config.max_depth, self.calibration, config.refine, config.profile) \
+        self.max_depth = config.max_depth or (AUTO_MAX_DEPTH if auto else FIXED_MAX_DEPTH)
+        self.planner = AutoPlanner(config.cap, self.max_depth, self.calibration, config.refine, config.profile) \
             if auto else None
 
     @property
@@ -63,6 +68,9 @@ class OptTreeBuilder(TreeBuilder):
     def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
         if self.calibration is not None:
             self.calibration.learn(tree, path)
+
+    def plan_note(self) -> Any:
+        return self.planner.note if self.planner is not None else None
 
     def observe(self, stats: Any) -> None:
         if self.planner is not None:
@@ -84,7 +92,7 @@ class OptTreeBuilder(TreeBuilder):
         scores = tree.phat  # [N] p̂ the search ranks by: the raw product of q, or calibrated (calibrate=true)
         frontier = torch.zeros(1, dtype=torch.long)  # [M] the last layer's node ids
         best = 0.0  # E(A) of the best n-node tree so far
-        for depth in range(1, min(self.config.max_depth, max_depth) + 1):
+        for depth in range(1, min(self.max_depth, max_depth) + 1):
             prop = drafter.expand(tree, frontier, n)  # tokens, q: [M, n]
             q = prop.q.to(scores)  # [M, n]
             if calib is not None:

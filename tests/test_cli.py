@@ -91,7 +91,7 @@ def test_plugins_lists_builtins_without_torch():
     names = {(p["kind"], p["name"]): p for p in data["plugins"]}
     assert {("builder", "opt-tree"), ("builder", "chain"), ("drafter", "model")} <= set(names)
     opt = {o["name"]: o["default"] for o in names[("builder", "opt-tree")]["options"]}
-    assert opt == {"nodes": "auto", "threshold": 0.5, "max_depth": 10, "cap": 64, "calibrate": None, "profile": None,
+    assert opt == {"nodes": "auto", "threshold": 0.5, "max_depth": None, "cap": 64, "calibrate": None, "profile": None,
                    "refine": True}
     assert names[("builder", "opt-tree")]["package"] == "treespec"
 

@@ -146,32 +146,58 @@ def test_expensive_drafting_stops_the_layers_early():
 
 def _stats(tree_size: int, accepted: int, seconds: float) -> StepStats:
     return StepStats(tree_size=tree_size, depth=min(tree_size, 1), accepted=accepted, emitted=accepted + 1,
-                     expected_accepted=0.0, t_draft=seconds / 2, t_verify=seconds / 2, t_bookkeeping=0.0)
+                     expected_accepted=0.0, t_draft=seconds / 2, t_verify=seconds / 2, t_bookkeeping=0.0,
+                     t_wall=seconds)
 
 
 def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
     planner = planner_with(verify_per_node=1e-4, expand_seconds=1e-5)  # plain step: 10 ms
-    now = [0.0]
-    planner.clock = lambda: now[0]
 
     def step(tree_size: int, accepted: int, seconds: float) -> None:
-        now[0] += seconds  # the wall time of the step
         planner.observe(_stats(tree_size, accepted, seconds))
 
     for _ in range(8):  # speculative steps that accept nothing and take 30 ms: 33 tokens/s < 100
         planner.build(ConfidentDrafter(), 1, 20)
         step(4, 0, 0.03)
-    assert planner.off
+    assert planner.off and planner.gap == 8  # off, and the next loss waits twice as long
     sizes = []
     for _ in range(4):
         sizes.append(planner.build(ConfidentDrafter(), 1, 20).size)
         step(0, 0, 0.01)
     assert sizes == [0, 0, 0, 0]  # plain steps
-    assert planner.build(ConfidentDrafter(), 1, 20).size > 0 and not planner.off  # the probe speculates
-    for _ in range(8):  # and wins: 4 tokens in 20 ms beat 100 tokens/s
-        step(6, 3, 0.02)
+    assert planner.build(ConfidentDrafter(), 1, 20).size > 0 and planner.probing  # the probe drafts a tree
+    step(6, 3, 0.02)
+    assert not planner.off  # its plan (a confident draft, cheap nodes) expects to beat a plain step
+    for _ in range(70):  # and speculation wins: 4 tokens in 20 ms beat 100 tokens/s
         planner.build(ConfidentDrafter(), 1, 20)
-    assert not planner.off and planner.probe_gap == 4
+        step(6, 3, 0.02)
+    assert not planner.off and planner.gap == 4  # a long winning stretch resets the probe gap
+
+
+class DoubtfulDrafter(ConfidentDrafter):
+    """Proposes children with q = 0.02: no tree is worth verifying."""
+
+    def expand(self, tree, nodes, k):
+        prop = super().expand(tree, nodes, k)
+        return Proposals(tokens=prop.tokens, q=torch.full(prop.q.shape, 0.02))
+
+
+def test_a_probe_whose_plan_expects_no_gain_keeps_speculation_off_and_backs_off():
+    planner = planner_with(verify_per_node=1e-3, expand_seconds=2e-3)
+    for _ in range(8):
+        planner.build(DoubtfulDrafter(), 1, 20)
+        planner.observe(_stats(1, 0, 0.03))
+    assert planner.off
+    probes = []
+    for _ in range(200):
+        tree = planner.build(DoubtfulDrafter(), 1, 20)
+        probes.append(planner.probing)
+        assert tree.size <= 1  # plain steps, and probes that verify the draft's best child only
+        planner.observe(_stats(tree.size, 0, 0.012 if tree.size else 0.01))
+    assert planner.off
+    gaps = [i for i, p in enumerate(probes) if p]
+    assert len(gaps) >= 3
+    assert [b - a for a, b in zip(gaps, gaps[1:])] == sorted(b - a for a, b in zip(gaps, gaps[1:]))  # gaps grow
 
 
 # ---------------------------------------------------------------------------------------------------

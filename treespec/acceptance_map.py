@@ -28,28 +28,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from treespec.isotonic import isotonic
+
 if TYPE_CHECKING:
     import numpy as np
 
 BUCKETS = 20
 DEPTH_GROUPS = 3  # depth 1, 2, >= 3
 PRIOR_WEIGHT = 4.0
+REFIT_MIN, REFIT_SHARE = 32, 0.05  # refit after 32 new nodes or 5% more evidence, whichever is more
 LUT = 1024  # f is read from a table of LUT + 1 points per depth group (one index per node)
-
-
-def _isotonic(values: list[float], weights: list[float]) -> list[float]:
-    """Pool adjacent violators: the non-decreasing sequence closest to ``values`` (weighted L2)."""
-    blocks: list[list[float]] = []  # [mean, weight, length]
-    for v, w in zip(values, weights):
-        blocks.append([v, w, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            v2, w2, n2 = blocks.pop()
-            v1, w1, n1 = blocks.pop()
-            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    out: list[float] = []
-    for mean, _, n in blocks:
-        out += [mean] * int(n)
-    return out
 
 
 class AcceptanceMap:
@@ -60,12 +48,13 @@ class AcceptanceMap:
         self.accepted = (PRIOR_WEIGHT * mids).repeat(DEPTH_GROUPS, 1)  # [G, B] a
         self.tried = torch.full((DEPTH_GROUPS, BUCKETS), PRIOR_WEIGHT, dtype=torch.float64)  # [G, B] a + b
         self.observed = 0  # nodes seen
+        self.unfitted = 0  # nodes seen since the last fit
         self.table = self._fit()  # [G, B]
 
     def _fit(self) -> torch.Tensor:
         rates = (self.accepted / self.tried).tolist()
         weights = self.tried.tolist()
-        table = torch.tensor([_isotonic(r, w) for r, w in zip(rates, weights)], dtype=torch.float64)  # [G, B]
+        table = torch.tensor([isotonic(r, w) for r, w in zip(rates, weights)], dtype=torch.float64)  # [G, B]
         self.lut = self._interpolate(table, torch.linspace(0, 1, LUT + 1, dtype=torch.float64))  # [G, LUT+1]
         self._lut_np = self.lut.numpy()
         return table
@@ -98,7 +87,7 @@ class AcceptanceMap:
         import numpy as np
 
         table = self._lut_np[min(max(depth, 1), DEPTH_GROUPS) - 1]  # [LUT+1]
-        return table[np.rint(np.clip(q, 0.0, 1.0) * LUT).astype(np.int64)]
+        return table[np.minimum((q * LUT + 0.5).astype(np.int64), LUT)]  # q >= 0: a probability
 
     def update(self, q: torch.Tensor, depths: torch.Tensor, accepted: torch.Tensor) -> None:
         """Count outcomes of tested nodes: ``accepted`` [N] bool, for nodes whose parent was accepted."""
@@ -109,10 +98,15 @@ class AcceptanceMap:
         self.tried.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
         self.accepted.view(-1).index_add_(0, flat, accepted.to(torch.float64))
         self.observed += int(q.numel())
-        self.table = self._fit()
+        self.unfitted += int(q.numel())
+        if self.unfitted >= max(REFIT_MIN, REFIT_SHARE * self.observed):  # refit as often as new evidence matters
+            self.table = self._fit()
+            self.unfitted = 0
 
     def learn(self, tree: "object", path: torch.Tensor) -> None:
         """Learn from one verified tree: ``path`` [m+1] = the accepted node ids, root first."""
+        if len(tree) == 1:  # type: ignore[arg-type]  # the root alone: nothing was tested
+            return
         parents = tree.parents  # type: ignore[attr-defined]
         on_path = torch.zeros(len(parents), dtype=torch.bool)  # [N]
         on_path[path.cpu()] = True

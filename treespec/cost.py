@@ -1,7 +1,11 @@
 """What one step costs on this machine, measured: the cost model cost-aware builders plan with.
 
     T(step) = T_draft + T_verify(n) + T_bookkeeping(n)
-    T_draft = Σ over the step's expand calls of T_expand(m)        (m = nodes expanded in one call)
+    T_draft = T_first + Σ over the step's later expand calls of T_expand(m)   (m = nodes expanded in one call)
+
+``T_first`` is the step's first expansion (the root's children): it also carries the drafter's
+catch-up on what was committed since it last drafted (an EAGLE head feeds the accepted tokens, a
+draft model its pending ones), so it is a fixed cost of speculating at all, kept apart from T_expand.
 
 Each term is a ``Curve``: seconds at a few sizes (a grid), linear between grid points, and linear
 beyond the measured ones. A curve starts from a profile (``treespec profile`` measures the grid for a
@@ -24,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from treespec.isotonic import isotonic
+
 #: verification sizes (drafted nodes, root excluded) a profile measures and a curve keeps
 VERIFY_GRID = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 #: expand sizes (nodes expanded in one call)
@@ -44,6 +50,7 @@ class Curve:
             self.ys = [0.0] * len(self.xs)
         if not self.counts:
             self.counts = [0.0] * len(self.xs)
+        self.seen = sum(c > 0 for c in self.counts)  # measured points (planners re-read a curve when it grows)
 
     @property
     def known(self) -> bool:
@@ -57,7 +64,8 @@ class Curve:
         if len(seen) < 2:
             return np.full(x.shape, self.ys[seen[0]] if seen else 0.0)
         xs = np.array([self.xs[i] for i in seen], dtype=float)
-        ys = np.array([self.ys[i] for i in seen], dtype=float)
+        # seconds never fall as the size grows: a few noisy points must not make a larger size look cheaper
+        ys = np.array(isotonic([self.ys[i] for i in seen], [self.counts[i] for i in seen]), dtype=float)
         out = np.interp(x, xs, ys)
         lo, hi = x < xs[0], x > xs[-1]  # np.interp is flat outside: extrapolate the edge segments
         out[lo] = ys[0] + (ys[1] - ys[0]) * (x[lo] - xs[0]) / (xs[1] - xs[0])
@@ -77,13 +85,18 @@ class Curve:
         if not (seconds >= 0 and math.isfinite(seconds)):
             return
         x = min(max(x, self.xs[0]), self.xs[-1])
-        j = min(max(bisect.bisect_right(self.xs, x), 1), len(self.xs) - 1)
-        w1 = (x - self.xs[j - 1]) / (self.xs[j] - self.xs[j - 1])  # interpolation weights of points j-1, j
-        for i, w in ((j - 1, 1.0 - w1), (j, w1)):
+        if len(self.xs) == 1:  # a single point (e.g. the step's first expansion)
+            weights = ((0, 1.0),)
+        else:
+            j = min(max(bisect.bisect_right(self.xs, x), 1), len(self.xs) - 1)
+            w1 = (x - self.xs[j - 1]) / (self.xs[j] - self.xs[j - 1])  # interpolation weights of points j-1, j
+            weights = ((j - 1, 1.0 - w1), (j, w1))
+        for i, w in weights:
             if w <= 0:
                 continue
             if self.counts[i] == 0:  # first sight: take it as is
                 self.ys[i], self.counts[i] = seconds, w
+                self.seen += 1
                 continue
             here = self.ys[i]
             target = min(max(seconds, here / 2), here * 2) if self.counts[i] >= 3 else seconds  # robust
@@ -98,6 +111,7 @@ class CostModel:
     verify: Curve = field(default_factory=lambda: Curve(list(VERIFY_GRID)))
     bookkeeping: Curve = field(default_factory=lambda: Curve(list(VERIFY_GRID)))
     expand: Curve = field(default_factory=lambda: Curve(list(EXPAND_GRID)))
+    first: Curve = field(default_factory=lambda: Curve([1]))  # the step's first expansion (one node: the root)
     key: dict[str, Any] = field(default_factory=dict)  # target, drafter, device, dtype, threads, versions
 
     def step_seconds(self, n: int, draft_seconds: float) -> float:
@@ -118,7 +132,7 @@ class CostModel:
             raise ValueError(f"not a treespec cost model (format {raw.get('format')!r})")
         return cls(
             verify=Curve(**raw["verify"]), bookkeeping=Curve(**raw["bookkeeping"]), expand=Curve(**raw["expand"]),
-            key=raw.get("key", {}),
+            first=Curve(**raw["first"]) if "first" in raw else Curve([1]), key=raw.get("key", {}),
         )
 
 

@@ -15,7 +15,7 @@ import torch
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
 from treespec import inputs, step
-from treespec.interfaces import Drafter, TreeBuilder
+from treespec.interfaces import Drafter, PlanNote, TreeBuilder
 from treespec.stats import RunStats, StepStats
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
@@ -223,7 +223,8 @@ class Decoder:
         try:
             step.prefill(target, drafter, ids)
             committed = list(ids)
-            stats.t_prefill = time.perf_counter() - t_start
+            last = time.perf_counter()
+            stats.t_prefill = last - t_start
             while (room := self._room(committed, max_new - len(out.token_ids))) > 0:
                 # one step emits at most depth + 1 tokens: the accepted path and the target's bonus
                 done = step.step(target, drafter, builder, committed[-1], room - 1, accept)
@@ -234,7 +235,9 @@ class Decoder:
                 committed += new
                 out.token_ids += new
                 stats.new_tokens = len(out.token_ids)
-                stats.steps.append(step_stats(done, emitted=len(new)))
+                now = time.perf_counter()
+                stats.steps.append(step_stats(done, emitted=len(new), wall=now - last, note=builder.plan_note()))
+                last = now
                 builder.observe(stats.steps[-1])
                 if stream is not None:
                     stream(new)
@@ -246,8 +249,9 @@ class Decoder:
             stats.t_total = time.perf_counter() - t_start  # also when a step fails: the partial output's speed
 
 
-def step_stats(done: step.Step, emitted: int) -> StepStats:
-    """The statistics of one finished step (``emitted``: tokens kept, after an EOS cut)."""
+def step_stats(done: step.Step, emitted: int, wall: float = 0.0, note: PlanNote | None = None) -> StepStats:
+    """The statistics of one finished step (``emitted``: tokens kept, after an EOS cut; ``wall``: seconds
+    since the previous step ended; ``note``: what a planning builder expected)."""
     tree, seconds = done.tree, done.seconds
     return StepStats(
         tree_size=tree.size,
@@ -258,4 +262,8 @@ def step_stats(done: step.Step, emitted: int) -> StepStats:
         t_draft=seconds["draft"],
         t_verify=seconds["verify"],
         t_bookkeeping=seconds["bookkeeping"],
+        t_wall=wall,
+        predicted_seconds=note.predicted_seconds if note else None,
+        planned_expected=note.expected if note else None,
+        plan_seconds=note.own_seconds if note else None,
     )

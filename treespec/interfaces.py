@@ -55,6 +55,16 @@ class Commit:
     hidden: "torch.Tensor | None" = None
 
 
+@dataclass(frozen=True)
+class PlanNote:
+    """What a planning builder expected of the tree it just built, reported with the step's statistics
+    so that plans can be checked against what happened (``TreeBuilder.plan_note``)."""
+
+    predicted_seconds: float  # the step's predicted wall time (drafting, verification, bookkeeping)
+    expected: float  # E(A) of the verified tree by the builder's own (e.g. calibrated) p̂
+    own_seconds: float  # the builder's own decision time in the step, drafting excluded
+
+
 class Drafter(ABC):
     """Proposes candidate next tokens for nodes of a draft tree.
 
@@ -161,6 +171,11 @@ class TreeBuilder(ABC):
         """Called by ``treespec.step`` right after the target verified the tree ``build`` returned:
         ``path`` [m+1] holds the accepted node ids, root first. Builders that learn how often the
         target accepts (calibrated p̂) override it; the default ignores it."""
+
+    def plan_note(self) -> PlanNote | None:
+        """What the builder expected of the tree its last ``build`` returned (cost-aware builders), or
+        None. The Decoder copies it into the step's ``StepStats``."""
+        return None
 
     def attach(self, target: "TargetModel", drafter: Drafter) -> None:
         """Called once by the ``Decoder`` that will run this builder, with its target and drafter

@@ -91,6 +91,34 @@ def lean_layers(layers: Any) -> list[_Layer]:
     return out
 
 
+#: RoPE types whose frequencies change with the sequence length: their tables cannot be cached
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+class RopeTable:
+    """The model's own rotary module, read from a table: (cos, sin) at ``position_ids``.
+
+    RoPE is a function of the position alone (except the length-dependent types, which call the
+    module every time), so the table holds the module's own output for positions 0..L-1 and grows by
+    doubling; a draft forward then indexes it instead of recomputing cos/sin (one op, not a dozen)."""
+
+    def __init__(self, rotary: Any):
+        self.rotary = rotary
+        self.cached = str(getattr(rotary, "rope_type", "default")) not in LENGTH_DEPENDENT_ROPE
+        self.cos: torch.Tensor | None = None  # [L, D]
+        self.sin: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.cached:
+            return self.rotary(x, position_ids)
+        top = int(position_ids.max()) + 1
+        if self.cos is None or top > self.cos.shape[0] or self.cos.dtype != x.dtype or self.cos.device != x.device:
+            length = max(256, 2 * top, self.cos.shape[0] if self.cos is not None else 0)
+            cos, sin = self.rotary(x, torch.arange(length, device=x.device)[None])  # [1, L, D]
+            self.cos, self.sin = cos[0], sin[0]
+        return self.cos[position_ids], self.sin[position_ids]  # [B, T, D]
+
+
 def rms_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm: in float32, back to the input's dtype, then the gain."""
     var = x.float().pow(2).mean(-1, keepdim=True)
@@ -107,7 +135,7 @@ def run_layers(
     x: torch.Tensor,  # [B, T, H]
     layers: list[_Layer],
     position_embeddings: tuple[torch.Tensor, torch.Tensor],  # (cos, sin) [B, T, D] from the rotary module
-    mask: torch.Tensor,  # [B, 1, T, S] float
+    mask: torch.Tensor | None,  # [B, 1, T, S] float; None: every row sees every cached row and itself
     cache: Any,  # a DynamicCache: layer i appends to slot i
     shape: tuple[int, int, int, float],  # (q heads, kv heads, head dim, RMSNorm eps)
     skip_first_norm: bool = False,  # EAGLE heads: layer 0 reads fc's output as is
@@ -115,7 +143,7 @@ def run_layers(
     b, t, _ = x.shape
     nq, nkv, d, eps = shape
     cos, sin = position_embeddings[0][:, None], position_embeddings[1][:, None]  # [B, 1, T, D]
-    mask = mask.to(x.dtype)
+    mask = mask.to(x.dtype) if mask is not None else None
     for i, L in enumerate(layers):
         n = x if (skip_first_norm and i == 0) else rms_norm(x, L.g_in, eps)
         qkv = F.linear(n, L.w_qkv, L.b_qkv)  # [B, T, (Hq + 2 Hkv) D]
@@ -148,7 +176,7 @@ class LeanCausalLM:
         cfg, inner = model.config, model.model
         self.model = model
         self.embed = inner.embed_tokens.weight  # [V, H]
-        self.rotary = inner.rotary_emb
+        self.rotary = RopeTable(inner.rotary_emb)
         self.g_final = inner.norm.weight  # [H]
         self.lm_head = model.get_output_embeddings().weight  # [V, H]
         self.layers = lean_layers(inner.layers)

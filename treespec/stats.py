@@ -15,6 +15,10 @@ class StepStats:
     t_draft: float  # seconds in builder.build (drafter forwards included)
     t_verify: float  # seconds in the target's tree forward
     t_bookkeeping: float  # seconds in tree tensors, verification, commits, statistics
+    t_wall: float = 0.0  # seconds since the previous step ended: the step and the Decoder's own work around it
+    predicted_seconds: float | None = None  # what a planning builder predicted t_wall would be (PlanNote)
+    planned_expected: float | None = None  # E(A) by the builder's own (calibrated) p̂ (PlanNote)
+    plan_seconds: float | None = None  # the builder's own decision time, drafting excluded (PlanNote)
 
 
 @dataclass

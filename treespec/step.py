@@ -21,9 +21,8 @@ the time of each phase goes to one small ``Clock``.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -54,19 +53,19 @@ def sampling_rule(params: "SamplingParams", generator: torch.Generator, rule: st
     return accept
 
 
-@dataclass
 class Clock:
-    """Seconds spent per phase of a step: ``with clock("verify"): ...`` adds to ``clock.seconds``."""
+    """Seconds spent per phase of a step: ``clock.lap("verify")`` books the time since the previous lap
+    (or since the clock started) to that phase. Laps, not context managers: a step has half a dozen
+    phases, and on a plain step each ``with`` block would cost more than the bookkeeping it times."""
 
-    seconds: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0})
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
+        self.last = time.perf_counter()
 
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
 
 
 @dataclass(frozen=True)
@@ -114,12 +113,14 @@ def draft(drafter: Drafter, builder: TreeBuilder, root: int, max_depth: int) -> 
 
 def verify(target: "TargetModel", tree: DraftTree, accept: AcceptRule, want_hidden: bool, clock: Clock) -> Verdict:
     """ONE target forward over every node of ``tree``, then ``accept`` decides."""
-    with clock("bookkeeping"):
-        tt = tree.tensors(target.past_len, dtype=target.dtype)
-    with clock("verify"):
-        logits, hidden = target.forward_tree(tt, want_hidden=want_hidden)  # [N, V], [N, H] or None
-    with clock("bookkeeping"):
-        return Verdict(tree=tree, acceptance=accept(tree, tt, logits), hidden=hidden)
+    clock.lap("bookkeeping")  # whatever came before, up to here
+    tt = tree.tensors(target.past_len, dtype=target.dtype)
+    clock.lap("bookkeeping")
+    logits, hidden = target.forward_tree(tt, want_hidden=want_hidden)  # [N, V], [N, H] or None
+    clock.lap("verify")
+    verdict = Verdict(tree=tree, acceptance=accept(tree, tt, logits), hidden=hidden)
+    clock.lap("bookkeeping")
+    return verdict
 
 
 def commit(target: "TargetModel", drafter: Drafter, verdict: Verdict) -> list[int]:
@@ -145,13 +146,10 @@ def step(
     """One decoding step from the last committed token ``root``; no node deeper than ``max_depth``.
     ``keep=False`` stops after verification (nothing committed: for inspection)."""
     clock = Clock()
-    with clock("draft"):
-        tree = draft(drafter, builder, root, max_depth)
+    tree = draft(drafter, builder, root, max_depth)
+    clock.lap("draft")
     verdict = verify(target, tree, accept, drafter.needs_target_hidden, clock)
-    with clock("bookkeeping"):
-        builder.verified(tree, verdict.acceptance.nodes)
-    tokens: list[int] = []
-    if keep:
-        with clock("bookkeeping"):
-            tokens = commit(target, drafter, verdict)
+    builder.verified(tree, verdict.acceptance.nodes)
+    tokens = commit(target, drafter, verdict) if keep else []
+    clock.lap("bookkeeping")
     return Step(verdict=verdict, tokens=tokens, seconds=clock.seconds)

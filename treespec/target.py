@@ -44,19 +44,27 @@ class TargetModel:
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
         self.window = attention_window(model.config)
+        self._max_positions = max_positions(model.config)  # read once: the Decoder asks every step
+        self._where()
 
     # ------------------------------------------------------------------ facts about the model
+    def _where(self) -> None:
+        """Read the model's device and dtype (from its first parameter) once: at construction and at
+        every new sequence, not on every step."""
+        first = next(self.model.parameters())
+        self._device, self._dtype = first.device, first.dtype
+
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self._device
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        return self._dtype
 
     @property
     def max_positions(self) -> int | None:
-        return max_positions(self.config)
+        return self._max_positions
 
     @property
     def max_tree_nodes(self) -> int:
@@ -101,6 +109,7 @@ class TargetModel:
 
     # ------------------------------------------------------------------ the three calls
     def reset(self) -> None:
+        self._where()  # the model may have been moved since the last sequence
         self.cache = DynamicCache()  # full layers: row i holds position i (see attention_window)
         self.past_len = 0
         self._tree_len: int | None = None  # nodes of the last forward_tree, until commit
@@ -157,7 +166,8 @@ class TargetModel:
         if self._tree_len is None:
             raise TreespecError("TargetModel.commit() needs a successful forward_tree() first")
         base = self.past_len - self._tree_len
-        keep_rows(self.cache, base, base + nodes.cpu())
+        if self._tree_len > 1:  # the root alone (a plain step) leaves nothing to drop
+            keep_rows(self.cache, base, base + nodes.cpu())
         self.past_len = base + int(nodes.shape[0])
         self._tree_len = None
 

@@ -32,6 +32,8 @@ def greedy_verify(tt: TreeTensors, logits: torch.Tensor) -> Acceptance:
 
     logits: [N, V], row i = the target's logits after node i's path.
     """
+    if logits.shape[0] == 1:  # the root alone (a plain step): the target's own next token
+        return Acceptance(nodes=torch.zeros(1, dtype=torch.long), tokens=[], bonus=int(logits[0].argmax()))
     best_next = logits.argmax(dim=-1)  # [N] the target's token after each node
     tokens = tt.input_ids.to(best_next.device)  # [N]
     parents = tt.parents.to(best_next.device).clamp(min=0)  # [N]

@@ -1,14 +1,16 @@
-"""`treespec profile`: measure what a step costs for one target, drafter, device, dtype and thread count.
+"""Measure what a step costs for one target, drafter, device, dtype and thread count.
 
-For every size of the grids in ``treespec.cost`` it times, on a real prompt:
+For every size of the grids in ``treespec.cost`` (or the sizes asked for) it times, on a prompt:
 
 - a verification of n drafted nodes (``treespec.step.verify``: the target's tree forward, split into
   the forward and the bookkeeping around it: tree tensors, acceptance), plus the commit;
+- a step's first expansion (the root's children, after a commit: the drafter's catch-up included);
 - a draft expansion of m nodes at once (``drafter.expand`` on a fresh step's tree of m leaves).
 
-Each point is the median of ``repeats`` measurements after one warm-up. The result is a
-``CostModel`` saved as JSON under ``treespec.cost.profile_path(key)`` (or ``--out``), where
-``opt-tree nodes=auto`` finds it for the same key.
+Each point is the median of ``repeats`` measurements after one warm-up. ``treespec profile`` runs
+the whole grid and saves the ``CostModel`` as JSON under ``treespec.cost.profile_path(key)``, where
+``opt-tree nodes=auto`` finds it for the same key; without a saved profile, the auto builder runs
+``quick`` (a few sizes, one measurement each: a fraction of a second) when it is attached.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import torch
 from treespec import step
 from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel
 from treespec.tree import DraftTree
+
+QUICK_VERIFY = (0, 1, 4, 16, 48)  # what ``quick`` measures: enough for the curves' shape
+QUICK_EXPAND = (1, 4, 16)
 
 Progress = Callable[[str, int, int], None]
 
@@ -43,12 +48,14 @@ def _median(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float,
 
 
 def measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], repeats: int = 5,
-            progress: Progress | None = None) -> CostModel:
+            progress: Progress | None = None, verify_sizes: tuple[int, ...] = VERIFY_GRID,
+            expand_sizes: tuple[int, ...] = EXPAND_GRID) -> CostModel:
     """The cost model of ``target`` + ``drafter`` measured on ``prompt`` (see the module docstring)."""
     model = CostModel(key=key)
     gen = torch.Generator().manual_seed(0)
-    sizes = [n for n in VERIFY_GRID if n < target.max_tree_nodes and len(prompt) + n + 8 * repeats < (target.max_positions or 1 << 30)]
-    total, done = len(sizes) + len(EXPAND_GRID), 0
+    room = (target.max_positions or 1 << 30) - len(prompt) - 16 * (repeats + 1)
+    sizes = [n for n in verify_sizes if n < target.max_tree_nodes and n < room]
+    total, done = len(sizes) + 1 + len(expand_sizes), 0
     step.prefill(target, drafter, prompt)
 
     def verify_once(n: int) -> tuple[float, float]:
@@ -77,7 +84,31 @@ def measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], r
         drafter.expand(tree, leaves, 8)
         return time.perf_counter() - start, 0.0
 
-    for m in EXPAND_GRID:
+    def first_once() -> tuple[float, float]:
+        """A step's first expansion after a commit: the drafter catches up on the accepted tokens."""
+        root = int(target_root[0])
+        drafter.begin_step(root)
+        tree = DraftTree(root)
+        node = torch.zeros(1, dtype=torch.long)
+        for _ in range(3):  # a short chain of the draft's best guesses, verified and committed
+            prop = drafter.expand(tree, node, 1)
+            node = tree.add_children(node, prop.tokens[:, 0], prop.q[:, 0].clamp(min=1e-6))
+        verdict = step.verify(target, tree, step.greedy, drafter.needs_target_hidden, step.Clock())
+        target_root[0] = step.commit(target, drafter, verdict)[-1]
+        drafter.begin_step(int(target_root[0]))
+        start = time.perf_counter()
+        drafter.expand(DraftTree(int(target_root[0])), torch.zeros(1, dtype=torch.long), 8)
+        return time.perf_counter() - start, 0.0
+
+    target_root = [prompt[-1]]
+    seconds, _ = _median(first_once, repeats)
+    model.first.observe(1, seconds)
+    done += 1
+    if progress:
+        progress("first expansion", done, total)
+    step.prefill(target, drafter, prompt)
+
+    for m in expand_sizes:
         seconds, _ = _median(lambda: expand_once(m), repeats)
         model.expand.observe(m, seconds)
         done += 1
@@ -94,3 +125,12 @@ def _distinct(first: Any, m: int, vocab: int) -> torch.Tensor:
     while len(tokens) < m:
         tokens.append(next(extra))
     return torch.tensor(tokens[:m])
+
+
+def quick(target: Any, drafter: Any, key: dict[str, Any]) -> CostModel:
+    """A rough cost model in a fraction of a second: a few sizes, one measurement each, on a prompt of
+    128 tokens (or a quarter of the context), for a run that has no saved profile."""
+    vocab = target.vocab_size
+    length = max(2, min(128, (target.max_positions or 512) // 4))
+    prompt = [(7 + 31 * i) % max(vocab - 3, 1) + 3 for i in range(length)]  # arbitrary tokens: only the time counts
+    return measure(target, drafter, prompt, key, repeats=1, verify_sizes=QUICK_VERIFY, expand_sizes=QUICK_EXPAND)
