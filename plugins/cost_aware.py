@@ -21,13 +21,14 @@ bookkeeping of n drafted nodes) and calibrated p̂ (``treespec.acceptance_map``)
 - **cut**: the drafting is spent, so the tree verified is the top-n by p̂ with n maximising
   E_n − λ · T(n), n = 0 (the root alone: a plain step) included.
 
-**Off.** Speculation is judged by what it measures: after 8 speculative steps, if their rate (moving
-average) is below the plain steps' (or below the cost model's plain rate), the builder stops
-drafting and verifies the root alone (plain decoding: the drafter is not called, and catches up in
-one forward when drafting resumes). It probes every ``gap`` steps: the probe drafts and verifies a
-tree (at least the draft's best child, so the calibration keeps learning), and speculation resumes
-only if the probe's own plan — made with everything calibrated so far — expected to beat a plain
-step and the probe itself beat the plain rate. Every probe that does not turn it back on, and every
+**Off.** Speculation is judged by what it measures: after 12 speculative steps, if their rate (a
+running mean, then a moving average of about 20 steps) is below the plain steps' (or below the cost
+model's plain rate), the builder stops drafting and verifies the root alone (plain decoding: the
+drafter is not called, and catches up in one forward when drafting resumes). It probes every
+``gap`` steps: the probe drafts and verifies a tree (at least the draft's best child, so the
+calibration keeps learning), and speculation resumes only if the probe's own plan — made with
+everything calibrated so far — expected its step, drafting included, to beat the root alone:
+(1 + E_n) / (T_draft + T(n)) > 1 / T(0). Every probe that does not turn it back on, and every
 on-phase that loses again, doubles the gap (4 … 256 steps); 64 winning steps in a row reset it.
 Probes cost one small tree per gap, so a draft that never pays costs well under 1% of plain decoding.
 
@@ -58,12 +59,13 @@ if TYPE_CHECKING:
 EXPLORE = (1, 4, 16, 48)  # cut sizes forced while T(n) has no measurement there (profile=none)
 EXPLORE_DEPTH = 4  # layers a step drafts while no expansion has been measured (profile=none)
 CHILDREN = 8  # children asked per expanded node
-MIN_STEPS_OFF = 8  # speculative steps measured before speculation may be judged a loss
+MIN_STEPS_OFF = 12  # speculative steps measured before speculation may be judged a loss
+TRIAL_STEPS = 4  # speculative steps after (re)turning on that verify a tree even if the plan says none
 WIN_STEPS = 64  # winning speculative steps in a row that reset the probe gap
 GAP_START, GAP_MAX = 4, 256  # plain steps between probes
 REFRESH = 8  # steps between refreshes of the cost tables
 RATE_EMA = 0.05  # λ: moving averages of tokens and seconds (about the last 20 steps)
-JUDGE_EMA = 0.2  # the on/off judgement: faster moving averages of speculative and plain steps
+JUDGE_EMA = 0.05  # the on/off judgement: running means, then moving averages of about 20 steps
 
 
 def top_by(values: torch.Tensor, depths: torch.Tensor, n: int) -> torch.Tensor:
@@ -81,6 +83,17 @@ def _top_np(values: np.ndarray, depths: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([[0], ids[order[:n]]])
 
 
+def _slope(t: np.ndarray, span: int = 32) -> float:
+    """ΔT: seconds one more verified node adds, the least-squares slope of T(n) over n = 1 … span.
+    (Not T(2) − T(1): one noisy point would price every node; the jump T(1) − T(0) of speculating at
+    all is the cut's business.)"""
+    n = np.arange(1, min(span, t.size - 1) + 1)
+    if n.size < 2:
+        return 0.0
+    y = t[n]
+    return max(0.0, float(np.polyfit(n, y, 1)[0]))
+
+
 class _Average:
     """A ratio of exponential moving averages (tokens / seconds): a rate that one slow step cannot swing."""
 
@@ -89,7 +102,7 @@ class _Average:
         self.count = 0
 
     def add(self, tokens: float, seconds: float) -> None:
-        a = self.alpha if self.count else 1.0
+        a = max(self.alpha, 1.0 / (self.count + 1))  # a running mean until it has 1/alpha steps
         self.tokens += a * (tokens - self.tokens)
         self.seconds += a * (seconds - self.seconds)
         self.count += 1
@@ -155,7 +168,7 @@ class AutoPlanner:
         self._x = np.asarray(cost.expand.table(size))  # [cap+2] T_expand(m)
         self._first = cost.first.predict(1)
         self._known = cost.verify.known and cost.bookkeeping.known
-        self._slope = max(0.0, float(self._t[min(2, size)] - self._t[1])) if size >= 2 else 0.0
+        self._slope = _slope(self._t)
         self._tables_age = 0
 
     @property
@@ -196,6 +209,7 @@ class AutoPlanner:
         depths = np.zeros(phat.size, dtype=np.int64)
         size, spent, drafting = 0, 0.0, 0.0
         frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
+        mass = 1.0  # Σ p̂ over the frontier
         start = time.perf_counter()
         for depth in range(1, depth_cap + 1):
             m = int(frontier.size)
@@ -207,27 +221,28 @@ class AutoPlanner:
             # a candidate must pay for its verification and be able to make the final top-cap (its
             # descendants' p̂ are no larger, so below the cap-th best no subtree can enter either)
             bar = floor if size < cap else max(floor, float(np.partition(phat[1 : size + 1], size - cap)[size - cap]))
-            order = np.argsort(-cand, kind="stable")[:cap]  # a layer adds at most cap nodes
-            kept = cand[order]
-            order, kept = order[kept > bar], kept[kept > bar]  # q = 0 (padding) has p̂ 0: never kept
-            if order.size == 0 and depth == 1 and (self.probing or self.spec_steps < MIN_STEPS_OFF) and q.max() > 0:
-                order = np.argmax(q.ravel(), keepdims=True)  # a trial step tests speculation: the draft's best child
-                kept = cand[order]
-            if order.size:
+            order = np.argsort(-cand, kind="stable")[:cap]  # best first; a layer adds at most cap nodes
+            kept = cand[order]  # [K] descending
+            count = int(np.searchsorted(-kept, -bar))  # those strictly above the bar (q = 0 padding: p̂ 0, never)
+            if count == 0 and depth == 1 and (self.probing or self.spec_steps < TRIAL_STEPS) and kept[0] > 0:
+                count = 1  # a trial step tests speculation: at least the draft's best child
+            order, kept = order[:count], kept[:count]
+            if count:
                 k = q.shape[1]
-                new = tree.add_children(frontier[order // k], prop.tokens.numpy().ravel()[order], q.ravel()[order]).numpy()
-                phat[size + 1 : size + 1 + kept.size] = kept
-                depths[size + 1 : size + 1 + kept.size] = depth
-                size += kept.size
-                mass = float(phat[frontier].sum())
-                ratio = min(1.0, float(kept.sum()) / mass) if mass > 0 else 0.0  # share of the parents' mass kept
-                frontier = self._next_frontier(new, kept, ratio, lam, layer_cost)
+                new = tree.append(frontier[order // k], prop.tokens.numpy().ravel()[order], q.ravel()[order])
+                phat[size + 1 : size + 1 + count] = kept
+                depths[size + 1 : size + 1 + count] = depth
+                size += count
+                total = np.cumsum(kept)  # [K]
+                ratio = min(1.0, float(total[-1]) / mass) if mass > 0 else 0.0  # share of the parents' mass kept
+                j = self._frontier_size(total, ratio, lam, layer_cost)
+                frontier, mass = new[:j], (float(total[j - 1]) if j else 0.0)
             took = time.perf_counter() - start  # the layer: drafting and this planner's own work on it
             if self.refine:
                 (self.cost.first.observe(1, took) if depth == 1 else self.cost.expand.observe(m, took))
             spent += took if self.refine else (self._first if depth == 1 else float(self._x[min(m, cap + 1)]))
             start += took
-            if order.size == 0 or frontier.size == 0:
+            if count == 0 or frontier.size == 0:
                 break
         n, expected, seconds = self._cut(phat[: size + 1], spent, lam)
         keep = _top_np(phat[: size + 1], depths[: size + 1], n)
@@ -237,14 +252,14 @@ class AutoPlanner:
         return chosen
 
     @staticmethod
-    def _next_frontier(new: np.ndarray, kept: np.ndarray, ratio: float, lam: float, layer_cost: np.ndarray) -> np.ndarray:
-        """The j best new nodes whose expansion pays: j maximises r·Σp̂ − λ·(T_expand(j) + j·ΔT)."""
-        order = np.argsort(-kept, kind="stable")
+    def _frontier_size(total: np.ndarray, ratio: float, lam: float, layer_cost: np.ndarray) -> int:
+        """How many of the new nodes (p̂ descending, ``total`` = their running Σ p̂) to expand: the j
+        maximising r·Σ_{i≤j} p̂ − λ·(T_expand(j) + j·ΔT), or 0 if no j pays."""
         if lam <= 0:
-            return new[order]
-        gain = ratio * np.cumsum(kept[order]) - layer_cost[: order.size]  # [j]
+            return int(total.size)
+        gain = ratio * total - layer_cost[: total.size]  # [K]
         best = int(np.argmax(gain))
-        return new[order[: best + 1]] if gain[best] > 0 else new[:0]
+        return best + 1 if gain[best] > 0 else 0
 
     def _cut(self, phat: np.ndarray, spent: float, lam: float) -> tuple[int, float, float]:
         """(n, E_n, predicted seconds): the top-n verified, n maximising E_n − λ·T(n) (drafting is spent)."""
@@ -254,8 +269,10 @@ class AutoPlanner:
         t = self._t[: drafted + 1]  # [N+1] T(n)
         value = tokens - lam * t
         n = int(np.argmax(value))
-        self.wanted = n > 0  # what the plan itself says, before the rules below
-        if n == 0 and drafted and (self.probing or self.spec_steps < MIN_STEPS_OFF):
+        # the plan's own verdict, before the rules below: would this step, drafting included, beat the
+        # root alone? (a probe turns speculation back on only if so)
+        self.wanted = n > 0 and (1.0 + tokens[n]) * t[0] > spent + t[n]
+        if n == 0 and drafted and (self.probing or self.spec_steps < TRIAL_STEPS):
             n = 1 + int(np.argmax(value[1:]))  # a trial or probe step verifies a tree: the map keeps learning
         n = self._explore(n, drafted)
         return n, float(tokens[n]), spent + float(t[n])
@@ -301,10 +318,10 @@ class AutoPlanner:
         if last["off"]:
             self.plain.add(stats.emitted, wall)
             return
-        plain = self.plain.rate if self.plain.rate is not None else (1.0 / self._t[0] if self._known and self._t[0] > 0 else 0.0)
         if last["probe"]:
-            self._after_probe(stats.emitted / wall if wall > 0 else 0.0, plain)
+            self._after_probe()
             return
+        plain = self.plain.rate if self.plain.rate is not None else (1.0 / self._t[0] if self._known and self._t[0] > 0 else 0.0)
         self.spec_steps += 1
         self.spec.add(stats.emitted, wall)
         if self.spec_steps < MIN_STEPS_OFF:
@@ -315,10 +332,10 @@ class AutoPlanner:
         elif self.spec_steps >= WIN_STEPS:
             self.gap = GAP_START
 
-    def _after_probe(self, measured: float, plain: float) -> None:
+    def _after_probe(self) -> None:
         """Speculation resumes if the probe's own plan, made with everything calibrated so far, expected
-        a tree to beat the root alone, and the probe itself did beat plain decoding's rate."""
-        if self.wanted and measured >= plain:
+        its step — drafting included — to beat the root alone."""
+        if self.wanted:
             self.off, self.spec_steps, self.spec = False, 0, _Average(JUDGE_EMA)
         else:
             self.probe_in = self.gap

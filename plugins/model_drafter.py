@@ -41,6 +41,8 @@ class ModelDrafter(Drafter):
         # the draft's forward: treespec.lean where the architecture allows (same math, less overhead)
         self.forward = LeanCausalLM(self.model) if config.lean and lean_reason(self.model) is None else self.model
         self.cache_keyword = cache_keyword(self.forward)
+        first = next(self.model.parameters())
+        self.device, self.dtype = first.device, first.dtype  # read once: not on every forward
         # per sequence (prefill) and per step (begin_step); see the module docstring for the layout
         self.cache: DynamicCache | None = None
         self.cache_len = 0  # rows in the cache
@@ -99,25 +101,36 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
-        need = tree.ancestors[nodes].any(dim=0)  # [N] nodes on the requested paths
-        if self.row_of:
-            need[torch.tensor(list(self.row_of))] = False
-        new = need.nonzero().flatten()  # [F] not fed yet; ascending = parents first
         k = min(k, self.vocab)
-        if nodes.numel() == 0 or (self.max_positions and self.root_pos + int(tree.depths[nodes].max()) >= self.max_positions):
+        wanted = nodes.tolist()
+        if not wanted or (self.max_positions and self.root_pos + int(tree.depths[nodes].max()) >= self.max_positions):
             # the draft's context is full: propose nothing (the target still makes progress)
-            m = nodes.shape[0]
-            return Proposals(torch.zeros(m, k, dtype=torch.long), torch.zeros(m, k))
-        if new.numel():
+            return Proposals(torch.zeros(len(wanted), k, dtype=torch.long), torch.zeros(len(wanted), k))
+        new = self._unfed(tree, wanted)
+        if new:
             self._feed(tree, new)
-        rows = torch.tensor([self.row_of[int(n)] for n in nodes]) - self.root_pos  # [M]
+        rows = torch.tensor([self.row_of[n] - self.root_pos for n in wanted])  # [M]
         q, tokens = self.probs[rows].topk(k, dim=-1)  # [M, k]
         return Proposals(tokens=tokens.cpu(), q=q.float().cpu())
+
+    def _unfed(self, tree: DraftTree, wanted: list[int]) -> list[int]:
+        """The requested nodes and their ancestors that have no row yet, ascending (parents first)."""
+        row_of = self.row_of
+        missing = [n for n in wanted if n not in row_of]
+        if not missing:
+            return []
+        parents = tree.parents[torch.tensor(missing)].tolist()
+        if all(p < 0 or p in row_of for p in parents):  # the usual case: their parents are fed
+            return sorted(missing)
+        need = tree.ancestors[torch.tensor(missing)].any(dim=0)  # [N] nodes on the requested paths
+        if row_of:
+            need[torch.tensor(list(row_of))] = False
+        return need.nonzero().flatten().tolist()
 
     def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """The draft's softmax [M, V'] after each of ``nodes`` (fed by an earlier ``expand`` of this
         step); zeros for nodes it could not feed (the draft's context is full)."""
-        out = torch.zeros(nodes.shape[0], self.vocab, device=self.model.device)
+        out = torch.zeros(nodes.shape[0], self.vocab, device=self.device)
         if self.probs is None:
             return out
         rows = [self.row_of.get(int(n), -1) for n in nodes]
@@ -127,26 +140,35 @@ class ModelDrafter(Drafter):
             out[fed.to(out.device)] = self.probs[idx].to(out)
         return out
 
-    def _feed(self, tree: DraftTree, new: torch.Tensor) -> None:
+    def _feed(self, tree: DraftTree, new: list[int]) -> None:
         """One forward over the pending tokens (first call of a step only) and the tree nodes ``new``."""
-        pending = torch.tensor(self.pending, dtype=torch.long)  # [P]
-        p, f = pending.numel(), new.numel()
+        index = torch.tensor(new)  # [F]
+        p, f = len(self.pending), len(new)
         past = self.cache_len  # rows already in the cache (root_pos = past + p)
-        dtype = self.model.dtype
-        row_nodes = torch.tensor(self.row_nodes + new.tolist(), dtype=torch.long)  # [R_old + F]
-        mask = torch.cat([
-            causal_mask(past, p, dtype, extra=f),  # pending rows (only before any tree row): causal
-            tree_mask(self.root_pos, tree.ancestors[new][:, row_nodes], dtype),  # tree rows: prefix + ancestors
-        ])  # [P+F, root_pos + R_old + F]
-        ids = torch.cat([pending, tree.tokens[new]])  # [P+F]
-        pos = torch.cat([torch.arange(past, past + p), self.root_pos + tree.depths[new]])  # [P+F]
-        kv_pos = torch.cat([torch.arange(self.root_pos), self.root_pos + tree.depths[row_nodes]])  # [cols]
-        mask = window_mask(mask, pos, kv_pos, self.window)
-        dev = self.model.device
+        depths = tree.depths[index]  # [F]
+        pos = self.root_pos + depths  # [F]
+        ids = tree.tokens[index]  # [F]
+        if p:
+            ids = torch.cat([torch.tensor(self.pending, dtype=torch.long), ids])  # [P+F]
+            pos = torch.cat([torch.arange(past, past + p), pos])  # [P+F]
+        if f == 1 and len(self.row_nodes) == int(depths[0]) and self.window is None:
+            # the root, or a node whose ancestors are all the tree rows so far (a chain): what it sees is
+            # causal, every cached row and pending token in order
+            mask = causal_mask(past, p + 1, self.dtype)[None, None] if p else None
+        else:
+            row_nodes = torch.tensor(self.row_nodes + new, dtype=torch.long)  # [R_old + F]
+            mask = torch.cat([
+                causal_mask(past, p, self.dtype, extra=f),  # pending rows (only before any tree row): causal
+                tree_mask(self.root_pos, tree.ancestors[index][:, row_nodes], self.dtype),  # tree rows: prefix + ancestors
+            ])  # [P+F, root_pos + R_old + F]
+            if self.window is not None:
+                kv_pos = torch.cat([torch.arange(self.root_pos), self.root_pos + tree.depths[row_nodes]])  # [cols]
+                mask = window_mask(mask, pos, kv_pos, self.window)
+            mask = mask[None, None].to(self.device)  # [1, 1, P+F, cols]
         out = self.forward(
-            input_ids=ids[None].to(dev),
-            position_ids=pos[None].to(dev),
-            attention_mask=mask[None, None].to(dev),  # [1, 1, P+F, cols]
+            input_ids=ids[None].to(self.device),
+            position_ids=pos[None].to(self.device),
+            attention_mask=mask,
             **{self.cache_keyword: self.cache},
             use_cache=True,
         )
@@ -154,7 +176,7 @@ class ModelDrafter(Drafter):
         probs = torch.softmax(out.logits[0, p:, : self.vocab].float() / self.config.temperature, dim=-1)  # [F, V]
         self.probs = probs if self.probs is None else torch.cat([self.probs, probs])
         self.pending = []
-        for node, parent, token in zip(new.tolist(), tree.parents[new].tolist(), tree.tokens[new].tolist()):
+        for node, parent, token in zip(new, tree.parents[index].tolist(), tree.tokens[index].tolist()):
             row = self.root_pos + len(self.row_nodes)
             self.row_of[node] = row
             self.row_nodes.append(node)

@@ -17,7 +17,7 @@ from conftest import STORIES260K, tinystories_prompts
 from treespec.acceptance_map import AcceptanceMap
 from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel, Curve, load_profile, profile_path
 from treespec.interfaces import Drafter, Proposals
-from treespec.plugins.cost_aware import AutoPlanner
+from treespec.plugins.cost_aware import MIN_STEPS_OFF, AutoPlanner
 from treespec.stats import StepStats
 from treespec.tree import DraftTree
 
@@ -156,7 +156,7 @@ def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
     def step(tree_size: int, accepted: int, seconds: float) -> None:
         planner.observe(_stats(tree_size, accepted, seconds))
 
-    for _ in range(8):  # speculative steps that accept nothing and take 30 ms: 33 tokens/s < 100
+    for _ in range(MIN_STEPS_OFF):  # speculative steps that accept nothing and take 30 ms: 33 tokens/s < 100
         planner.build(ConfidentDrafter(), 1, 20)
         step(4, 0, 0.03)
     assert planner.off and planner.gap == 8  # off, and the next loss waits twice as long
@@ -184,7 +184,7 @@ class DoubtfulDrafter(ConfidentDrafter):
 
 def test_a_probe_whose_plan_expects_no_gain_keeps_speculation_off_and_backs_off():
     planner = planner_with(verify_per_node=1e-3, expand_seconds=2e-3)
-    for _ in range(8):
+    for _ in range(MIN_STEPS_OFF):
         planner.build(DoubtfulDrafter(), 1, 20)
         planner.observe(_stats(1, 0, 0.03))
     assert planner.off

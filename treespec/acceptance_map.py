@@ -3,72 +3,76 @@
 A node's raw p̂ is the product of the draft's q along its path; builders rank nodes by it and OPT-Tree
 sums it into E(A). That is right only if q is calibrated: P(node accepted | parent accepted) = q.
 Real drafts are not (an under-trained draft is over-confident, a strong one under-confident), so the
-map learns, from every verified tree, the acceptance rate per confidence bucket:
+map learns, from every verified tree, how often the target accepts what the draft proposed:
 
     for every drafted node whose parent was accepted:   outcome = 1 if the node was accepted, else 0
-    cell (depth group g, q bucket b):  Beta(a, b) counts, prior a0 = w q_b, b0 = w (1 - q_b)
-    f(q, depth) = isotonic (non-decreasing in q) fit of a / (a + b) over the buckets of the group,
-                  read linearly between bucket centres (f(0) = 0, flat above the last centre)
+    counts per cell (depth group g, q bucket b): tests n_gb, hits h_gb
+    1. a logistic fit of all outcomes (Platt scaling):  m(q) = σ(a · logit q + c), pulled towards the
+       identity (a = 1, c = 0) by a weak prior, so it starts as the raw q;
+    2. the same per depth group, pulled towards the fit of step 1;
+    3. per cell, Beta counts around it:  r_gb = (h_gb + w · m_g(q_b)) / (n_gb + w)
+    f(q, depth) = isotonic (non-decreasing in q) fit of r over the buckets of the group, read linearly
+                  between bucket centres (f(0) = 0)
     calibrated p̂(v) = Π_{u on root→v} f(q(u), depth(u))
 
-Why Beta counts + isotonic: counts are exact and cheap to update (one add per node), the prior makes
-an unseen bucket answer the raw q (so the map starts as the identity and never does worse than no
-map until data says so), and the isotonic pass (pool adjacent violators, weighted by counts) keeps the
-map monotone, so ranking nodes by calibrated p̂ still prefers the draft's more confident children.
-A temperature fit (``treespec calibrate``) is a one-parameter version of the same; the map starts
-from whatever q the drafter reports, so an offline fit is its starting point. Depth groups (1, 2, 3+)
-let deeper nodes, whose draft context holds more drafted tokens, be calibrated apart.
+Why this shape: two parameters learn fast — a draft that is under-confident everywhere (a raw draft
+model) is corrected after a few dozen verified nodes, long before each of 60 cells has its own
+evidence — and the cells then fix what a logistic curve cannot (over-confident in one range,
+under-confident in another). Counts are exact and cheap (one add per node); the isotonic pass
+(pool adjacent violators, weighted by counts) keeps the map monotone, so ranking nodes by calibrated
+p̂ still prefers the draft's more confident children. A temperature fit (``treespec calibrate``) is a
+one-parameter version of step 1 done offline; the map starts from whatever q the drafter reports.
+Depth groups (1, 2, 3+) let deeper nodes, whose draft context holds more drafted tokens, be
+calibrated apart. The fit is redone after 32 new nodes or 5% more evidence, whichever is more.
 
 Only the parent-accepted nodes count: a node whose parent was rejected was never tested.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import numpy as np
 import torch
 
 from treespec.isotonic import isotonic
 
-if TYPE_CHECKING:
-    import numpy as np
-
 BUCKETS = 20
 DEPTH_GROUPS = 3  # depth 1, 2, >= 3
-PRIOR_WEIGHT = 4.0
+PRIOR_WEIGHT = 4.0  # w: pseudo-tests of a cell's prior (the logistic fit)
+PLATT_PRIOR = 2.0  # pseudo-weight pulling a logistic fit towards its centre (the identity, or the shared fit)
 REFIT_MIN, REFIT_SHARE = 32, 0.05  # refit after 32 new nodes or 5% more evidence, whichever is more
-LUT = 1024  # f is read from a table of LUT + 1 points per depth group (one index per node)
+LUT = 1024  # f is read from a table of LUT + 2 points per depth group (one index per node)
+CENTRES = np.concatenate([(np.arange(LUT) + 0.5) / LUT, [1.0, 1.0]])  # q at which the table holds f
+IDENTITY = (1.0, 0.0)  # σ(1 · logit q + 0) = q
 
 
 class AcceptanceMap:
     """f(q, depth): calibrated conditional acceptance (see the module docstring)."""
 
     def __init__(self) -> None:
-        mids = (torch.arange(BUCKETS, dtype=torch.float64) + 0.5) / BUCKETS  # [B] bucket centres
-        self.accepted = (PRIOR_WEIGHT * mids).repeat(DEPTH_GROUPS, 1)  # [G, B] a
-        self.tried = torch.full((DEPTH_GROUPS, BUCKETS), PRIOR_WEIGHT, dtype=torch.float64)  # [G, B] a + b
+        self._mids = (np.arange(BUCKETS) + 0.5) / BUCKETS  # [B] bucket centres
+        self._theta = [IDENTITY] * (DEPTH_GROUPS + 1)  # the logistic fits (shared, then per group): warm starts
+        self.hits = torch.zeros(DEPTH_GROUPS, BUCKETS, dtype=torch.float64)  # [G, B] accepted nodes
+        self.tests = torch.zeros(DEPTH_GROUPS, BUCKETS, dtype=torch.float64)  # [G, B] tested nodes
         self.observed = 0  # nodes seen
         self.unfitted = 0  # nodes seen since the last fit
         self.table = self._fit()  # [G, B]
 
     def _fit(self) -> torch.Tensor:
-        rates = (self.accepted / self.tried).tolist()
-        weights = self.tried.tolist()
-        table = torch.tensor([isotonic(r, w) for r, w in zip(rates, weights)], dtype=torch.float64)  # [G, B]
-        self.lut = self._interpolate(table, torch.linspace(0, 1, LUT + 1, dtype=torch.float64))  # [G, LUT+1]
-        self._lut_np = self.lut.numpy()
-        return table
-
-    @staticmethod
-    def _interpolate(table: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """f at ``q`` [Q] for every group: linear between bucket centres, f(0) = 0. Returns [G, Q]."""
-        x = q * BUCKETS - 0.5  # [Q] position in bucket-centre units
-        left = x.floor().long().clamp(-1, BUCKETS - 1)  # [Q] centre at or below x (-1: the anchor f(0) = 0)
-        right = (left + 1).clamp(max=BUCKETS - 1)
-        frac = (x - left).clamp(0, 1)
-        padded = torch.cat([torch.zeros(table.shape[0], 1, dtype=table.dtype), table], dim=1)  # [G, B+1]
-        y_left, y_right = padded[:, left + 1], table[:, right]
-        return y_left + frac * (y_right - y_left)
+        x = np.log(self._mids / (1 - self._mids))  # [B] logit of the bucket centres
+        hits, tests = self.hits.numpy(), self.tests.numpy()
+        self._theta[0] = shared = _platt(x, hits.sum(0), tests.sum(0), IDENTITY, self._theta[0])
+        rows = []
+        for g in range(DEPTH_GROUPS):
+            self._theta[g + 1] = a, c = _platt(x, hits[g], tests[g], shared, self._theta[g + 1])
+            prior = 1 / (1 + np.exp(-(a * x + c)))  # [B] m_g(q_b)
+            rates = (hits[g] + PRIOR_WEIGHT * prior) / (tests[g] + PRIOR_WEIGHT)
+            rows.append(isotonic(rates.tolist(), (tests[g] + PRIOR_WEIGHT).tolist()))
+        table = np.array(rows)  # [G, B]
+        # f at the centres of the 1/LUT cells of q (read by truncation: one index op per node), and at
+        # q = 1 once more, so that a q a rounding above 1 still has a cell
+        anchors = np.concatenate([[0.0], self._mids])  # f(0) = 0, then the bucket centres
+        self._lut_np = np.stack([np.interp(CENTRES, anchors, np.concatenate([[0.0], row])) for row in table])  # [G, LUT+2]
+        return torch.from_numpy(table)
 
     @staticmethod
     def _cells(q: torch.Tensor, depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,15 +83,13 @@ class AcceptanceMap:
     def __call__(self, q: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
         """Calibrated conditional acceptance of nodes with draft confidence ``q`` [N] at ``depths`` [N]."""
         groups = (depths.long() - 1).clamp(0, DEPTH_GROUPS - 1)  # [N]
-        index = (q.double().clamp(0, 1) * LUT).round().long()  # [N] a 1/LUT grid: the lookup table of _fit
-        return self.lut[groups, index]  # [N] float64
+        index = (q.double().clamp(0, 1) * LUT).long()  # [N] the 1/LUT cell of each q (as ``lookup``)
+        return torch.from_numpy(self._lut_np)[groups, index]  # [N] float64
 
-    def lookup(self, q: "np.ndarray", depth: int) -> "np.ndarray":
+    def lookup(self, q: np.ndarray, depth: int) -> np.ndarray:
         """``f`` for an array of confidences ``q`` at one ``depth`` (numpy, for planners' inner loops)."""
-        import numpy as np
-
-        table = self._lut_np[min(max(depth, 1), DEPTH_GROUPS) - 1]  # [LUT+1]
-        return table[np.minimum((q * LUT + 0.5).astype(np.int64), LUT)]  # q >= 0: a probability
+        table = self._lut_np[min(max(depth, 1), DEPTH_GROUPS) - 1]  # [LUT+2]
+        return table[(q * LUT).astype(np.int64)]  # q in [0, 1]: a probability, so the cell exists
 
     def update(self, q: torch.Tensor, depths: torch.Tensor, accepted: torch.Tensor) -> None:
         """Count outcomes of tested nodes: ``accepted`` [N] bool, for nodes whose parent was accepted."""
@@ -95,8 +97,8 @@ class AcceptanceMap:
             return
         groups, buckets = self._cells(q, depths)
         flat = groups * BUCKETS + buckets  # [N]
-        self.tried.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
-        self.accepted.view(-1).index_add_(0, flat, accepted.to(torch.float64))
+        self.tests.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
+        self.hits.view(-1).index_add_(0, flat, accepted.to(torch.float64))
         self.observed += int(q.numel())
         self.unfitted += int(q.numel())
         if self.unfitted >= max(REFIT_MIN, REFIT_SHARE * self.observed):  # refit as often as new evidence matters
@@ -113,3 +115,20 @@ class AcceptanceMap:
         tested = on_path[parents.clamp(min=0)]  # [N] the parent was accepted
         tested[0] = False  # the root is no draft
         self.update(tree.q[tested], tree.depths[tested], on_path[tested])  # type: ignore[attr-defined]
+
+
+def _platt(x: np.ndarray, hits: np.ndarray, tests: np.ndarray, centre: tuple[float, float],
+           start: tuple[float, float], steps: int = 4) -> tuple[float, float]:
+    """(a, c) of σ(a·x + c) fitted to ``hits``/``tests`` at logits ``x`` (weighted logistic regression,
+    Newton's method from ``start``), with a Gaussian prior of weight PLATT_PRIOR around ``centre``:
+    no data, the centre. The objective is convex, so a warm start converges in a few steps."""
+    a, c = start
+    ca, cc = centre
+    for _ in range(steps):
+        p = 1 / (1 + np.exp(-(a * x + c)))  # [B]
+        r, v = tests * p - hits, tests * p * (1 - p)  # residuals and Newton weights
+        ga, gc = float(r @ x) + PLATT_PRIOR * (a - ca), float(r.sum()) + PLATT_PRIOR * (c - cc)
+        haa, hac, hcc = float(v @ (x * x)) + PLATT_PRIOR, float(v @ x), float(v.sum()) + PLATT_PRIOR
+        det = haa * hcc - hac * hac
+        a, c = a - (hcc * ga - hac * gc) / det, c - (haa * gc - hac * ga) / det
+    return a, c

@@ -93,8 +93,12 @@ class DraftTree:
         p̂(child) = p̂(parent) · q (in float32). With q ≤ 1 the product never exceeds p̂(parent), so a
         selection of the top nodes by p̂ (ties broken by depth) is closed under parents.
         """
-        par = _host(parents, np.int64)
-        tok, qs = _host(tokens, np.int64), _host(q, np.float32)
+        new = self.append(_host(parents, np.int64), _host(tokens, np.int64), _host(q, np.float32))
+        return torch.from_numpy(new)
+
+    def append(self, par: np.ndarray, tok: np.ndarray, qs: np.ndarray) -> np.ndarray:
+        """``add_children`` on flat numpy arrays (int64, int64, float32): for planners that work in
+        numpy; returns the new ids [M] as a numpy array."""
         if not par.shape == tok.shape == qs.shape:
             raise ValueError("add_children: parents, tokens and q must have the same length")
         start, m = self._n, par.shape[0]
@@ -112,14 +116,13 @@ class DraftTree:
         self._phat[start:end] = self._phat[par] * qs
         # a new node's ancestors are its parent's plus itself: one gather, no walk up the tree
         self._anc[start:end, :start] = self._anc[par, :start]
-        new = np.arange(start, end)
-        self._anc[new, new] = True
+        np.fill_diagonal(self._anc[start:end, start:end], True)
         self._n = end
         if m:
             self._depth = max(depth, max(depths.tolist()))
         if self.draw_row is not None:
             self.draw_row = torch.cat([self.draw_row, self.draw_row.new_full((m,), -1)])
-        return torch.from_numpy(new)
+        return np.arange(start, end)
 
     def record_draws(self, nodes: torch.Tensor, dist: torch.Tensor) -> None:
         """Mark ``nodes`` ([M]) as nodes whose children are drawn at random, without replacement, from
