@@ -88,6 +88,8 @@ class Eagle2Config(PluginConfig):
     top_k: int = Field(10, gt=0, description="frontier nodes expanded per step, and children proposed per node")
     depth: int = Field(6, gt=0, description="expansion steps (the tree's maximum depth)")
     total_tokens: int = Field(60, gt=0, description="drafted nodes kept after reranking by p̂ (root excluded)")
+    calibrate: bool = Field(False, description="rank by calibrated p̂ (an online map from draft confidence to "
+                            "observed acceptance, docs/cost-aware.md) instead of the draft's raw p̂")
 
 
 class NgramConfig(PluginConfig):

@@ -63,7 +63,7 @@ MIN_STEPS_OFF = 12  # speculative steps measured before speculation may be judge
 TRIAL_STEPS = 4  # speculative steps after (re)turning on that verify a tree even if the plan says none
 WIN_STEPS = 64  # winning speculative steps in a row that reset the probe gap
 GAP_START, GAP_MAX = 4, 256  # plain steps between probes
-REFRESH = 8  # steps between refreshes of the cost tables
+REFRESH = 32  # steps between refreshes of the cost tables (the curves move slowly)
 RATE_EMA = 0.05  # λ: moving averages of tokens and seconds (about the last 20 steps)
 JUDGE_EMA = 0.05  # the on/off judgement: running means, then moving averages of about 20 steps
 
@@ -245,8 +245,7 @@ class AutoPlanner:
             if count == 0 or frontier.size == 0:
                 break
         n, expected, seconds = self._cut(phat[: size + 1], spent, lam)
-        keep = _top_np(phat[: size + 1], depths[: size + 1], n)
-        chosen = tree.select(torch.from_numpy(keep))
+        chosen = tree if n == size else tree.select(torch.from_numpy(_top_np(phat[: size + 1], depths[: size + 1], n)))
         self._decide(n=n, depth=chosen.depth, off=False, predicted=seconds, expected=expected,
                      own=time.perf_counter() - began - drafting)
         return chosen

@@ -41,15 +41,20 @@ Differences from the reference, none of which changes a tree except on exact tie
    at log 0 = −inf; if fewer than n nodes were drafted, all of them are kept (the reference would
    fail in ``topk``).
 4. The Decoder's max_depth caps the number of layers (near ``max_new_tokens`` or the context end).
+
+``calibrate=true`` ranks the frontier and the final selection by calibrated p̂ (the product of
+``treespec.acceptance_map``'s f(q, depth) along the path, learnt from every verified tree) instead
+of the draft's raw p̂; off by default, so that the builder is the published algorithm.
 """
 
 from __future__ import annotations
 
 import torch
 
+from treespec.acceptance_map import AcceptanceMap
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import Eagle2Config
-from treespec.plugins.opt_tree import top_n_by_phat
+from treespec.plugins.cost_aware import top_by
 from treespec.tree import DraftTree
 
 
@@ -57,24 +62,37 @@ class Eagle2Builder(TreeBuilder):
     Config = Eagle2Config
     config: Eagle2Config
 
+    def __init__(self, config: Eagle2Config):
+        super().__init__(config)
+        self.calibration = AcceptanceMap() if config.calibrate else None
+
     @property
     def max_nodes(self) -> int:
         return self.config.total_tokens
 
+    def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
+        if self.calibration is not None:
+            self.calibration.learn(tree, path)
+
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
-        k, n = self.config.top_k, self.config.total_tokens
+        k, n, calib = self.config.top_k, self.config.total_tokens, self.calibration
         tree = DraftTree(root_token)
+        scores = tree.phat  # [N] what the builder ranks by: p̂, or calibrated p̂ (calibrate=true)
         frontier = torch.zeros(1, dtype=torch.long)  # [M] node ids to expand: the root, then ≤ k per layer
-        for _ in range(min(self.config.depth, max_depth)):
+        for depth in range(1, min(self.config.depth, max_depth) + 1):
             prop = drafter.expand(tree, frontier, k)  # tokens, q: [M, k]
             q = prop.q.to(tree.phat)  # [M, k]
             cols = q.shape[1]
             real = (q > 0).flatten().nonzero().flatten()  # [C] candidates in (frontier, rank) order, padding skipped
             if real.numel() == 0:
                 break
-            layer = tree.add_children(
-                frontier[real // cols], prop.tokens.flatten()[real], q.flatten()[real]
-            )  # [C] every candidate becomes a node (the reranking pool)
-            order = torch.argsort(tree.phat[layer], descending=True, stable=True)  # ties: older first
+            parents = frontier[real // cols]
+            layer = tree.add_children(parents, prop.tokens.flatten()[real], q.flatten()[real])  # [C] every candidate
+            if calib is None:  # becomes a node (the reranking pool)
+                scores = tree.phat
+            else:
+                f = calib(q.flatten()[real], torch.full((real.numel(),), depth)).to(scores)  # [C]
+                scores = torch.cat([scores, scores[parents] * f])
+            order = torch.argsort(scores[layer], descending=True, stable=True)  # ties: older first
             frontier = layer[order[:k]]  # the next expansion: the k best of this layer
-        return tree.select(top_n_by_phat(tree, n))
+        return tree.select(top_by(scores, tree.depths, n))

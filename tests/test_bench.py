@@ -178,7 +178,7 @@ def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "2", "--max-new-tokens", "16",
                                    "--target", str(STORIES260K), "--drafter", f"{STORIES260K} layers=4",
-                                   "--builder", "opt-tree nodes=4,8", "--builder", "chain k=3", "--out", str(out)])
+                                   "--builder", "opt-tree nodes=4,auto", "--builder", "chain k=3", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "hf-greedy" in res.stdout and "lossless" in res.stdout
     result = json.loads((out / "results.json").read_text())
@@ -190,13 +190,20 @@ def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert steps and {"config", "prompt", "tree_size", "depth", "expected_accepted", "accepted", "t_draft",
                       "t_verify", "t_bookkeeping"} <= set(steps[0])
-    for png in ("tau_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png"):
+    for png in ("tau_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png", "tokens_vs_budget.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    auto = next(r for r in result["rows"] if r["config"].startswith("opt-tree nodes=auto"))
+    plan = auto["plan"]  # the planning row reports its budgets, the cost model's fit and its calibration
+    auto_steps = [s for s in steps if s["config"] == auto["config"]]
+    assert plan["mean_nodes"] == pytest.approx(sum(s["tree_size"] for s in auto_steps) / len(auto_steps))
+    assert sum(plan["nodes_hist"].values()) == pytest.approx(1.0) and plan["predicted_ms"] > 0
+    assert all(r.get("plan") is None for r in result["rows"] if r is not auto)
     md = tmp_path / "benchmarks.md"
     res = CliRunner().invoke(app, ["bench-report", str(out), "--out", str(md)])
     assert res.exit_code == 0, res.output
     text = md.read_text()
     assert result["command"] in text and "| chain k=3 \\| stories260K layers=4 |" in text and "Targets:" in text
+    assert "Planning rows" in text and "tokens_vs_budget.png" in text
     import os
 
     assert f"--out {os.path.relpath(md)}`" in text and "--out docs/benchmarks.md" not in text  # the hint names its own --out
@@ -232,3 +239,23 @@ def test_report_targets_call_a_loss_a_miss_only_at_equal_budget():
     assert verdicts(opt6, row("chain", {"k": 8}, 2.5)) == ["- met"]  # fewer nodes and still ahead
     assert verdicts(opt6, row("chain", {"k": 8}, 3.5)) == ["- not at equal budget"]
     assert verdicts(opt6, row("opt-tree", {"nodes": 8}, 3.4), row("chain", {"k": 8}, 3.5)) == ["- MISSED"]
+
+
+def test_planning_summary_of_known_steps():
+    from treespec.bench.planning import summary
+
+    def step(size, depth, accepted, wall, predicted, expected, own):
+        return {"tree_size": size, "depth": depth, "accepted": accepted, "t_wall": wall,
+                "predicted_seconds": predicted, "planned_expected": expected, "plan_seconds": own}
+
+    steps = [step(0, 0, 0, 0.010, 0.010, 0.0, 0.0), step(6, 3, 2, 0.020, 0.018, 1.5, 0.001),
+             step(20, 9, 4, 0.030, 0.033, 4.5, 0.002)]
+    got = summary(steps)
+    assert got["mean_nodes"] == pytest.approx(26 / 3) and got["mean_nodes_speculative"] == 13
+    assert got["nodes_hist"]["0"] == pytest.approx(1 / 3) and got["nodes_hist"]["4-7"] == pytest.approx(1 / 3)
+    assert got["nodes_hist"]["16-31"] == pytest.approx(1 / 3) and got["depth_hist"]["6-9"] == pytest.approx(1 / 3)
+    assert got["plain_share"] == pytest.approx(1 / 3)
+    assert got["calibration"] == pytest.approx(6.0 / 6.0)  # mean E(A) 2.0 vs mean accepted 2.0
+    assert got["fit_error"] == pytest.approx((0 + 0.1 + 0.1) / 3)
+    assert got["planner_share"] == pytest.approx(0.003 / 0.060)
+    assert summary([{"tree_size": 3, "predicted_seconds": None}]) is None  # a builder that does not plan

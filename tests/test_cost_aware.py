@@ -227,6 +227,14 @@ def test_fixed_budget_with_calibration_is_lossless(target64, greedy_reference, p
     assert dec.builder.calibration.observed > 0
 
 
+def test_eagle2_with_calibration_is_lossless_and_learns(target64, greedy_reference, prompts):
+    dec = treespec.Decoder(target64, drafter="self", drafter_options={"layers": 3}, builder="eagle2",
+                           builder_options={"top_k": 3, "depth": 4, "total_tokens": 10, "calibrate": True})
+    for ids in prompts:
+        assert dec.generate(ids, max_new_tokens=32).token_ids == greedy_reference(ids, 32)
+    assert dec.builder.calibration.observed > 0
+
+
 def test_options_are_checked():
     with pytest.raises(treespec.ConfigError, match="nodes"):
         treespec.factory.make_builder("opt-tree", {"nodes": "many"})

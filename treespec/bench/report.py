@@ -9,6 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from treespec.bench import planning
+
 BUDGET_KEYS = ("nodes", "total_tokens", "k")  # the option that is a builder's node budget
 
 
@@ -182,7 +184,8 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list
         files.append(out / "accepted_hist.png")
         fig.savefig(files[-1], dpi=110)
         plt.close(fig)
-    return files
+    budgets = planning.plot(out, result, steps, budget)
+    return files + ([budgets] if budgets else [])
 
 
 def targets(result: dict[str, Any]) -> list[str]:
@@ -220,6 +223,7 @@ def targets(result: dict[str, Any]) -> list[str]:
     shares = [r["share_bookkeeping"] for r in rows if r.get("share_bookkeeping") is not None]
     if shares:
         lines.append(f"- bookkeeping share of a step: {min(shares):.1%} – {max(shares):.1%} (aim: under 10%)")
+    lines += planning.target_lines(rows)
     lossy = [r["config"] for r in rows if r["lossless"] is False]
     if all(r["lossless"] is None for r in rows):  # sampling: exact in distribution, not token for token
         lines.append("- lossless: not compared token for token under sampling (exactness in distribution: docs/sampling.md)")
@@ -276,11 +280,11 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path, out: Pat
                 f"{_fmt(r['speedup_vs_assisted'])} | {_fmt(r['lossless'])} | {_fmt(r['corr_ea_a'])} | "
                 f"{_fmt(r.get('mean_tree_size'), '.1f')} | {shares} |"
             )
-        parts += ["", "Targets:", "", *targets(res), ""]
+        parts += ["", *planning.table(res["rows"]), "Targets:", "", *targets(res), ""]
         notes = path.parent / "NOTES.md"  # hand-written reading of this run, kept beside its results
         if notes.is_file():
             parts += [notes.read_text().strip(), ""]
-        for png in ("tau_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png"):
+        for png in ("tau_vs_budget.png", "tokens_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png"):
             if (path.parent / png).exists():
                 parts.append(f"![{png}]({rel}/{png})")
         parts.append("")

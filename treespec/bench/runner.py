@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from treespec.bench import planning
 from treespec.bench.datasets import PromptItem, format_turns
 from treespec.errors import ConfigError
 from treespec.options import parse_spec
@@ -272,6 +273,7 @@ class Bench:
                 for phase in ("draft", "verify", "bookkeeping"):
                     row[f"share_{phase}"] = sum(s[f"t_{phase}"] for s in steps) / total if total else None
                 row["mean_tree_size"] = statistics.mean(s["tree_size"] for s in steps)
+                row["plan"] = planning.summary(steps)  # None unless the builder plans (nodes=auto)
             per_config[c.label] = row
         base = per_config[self.reference]["tokens_per_s"]
         assisted_rows = [per_config[c.label] for c in self.configs if c.kind == "hf-assisted"]
