@@ -21,16 +21,18 @@ bookkeeping of n drafted nodes) and calibrated p̂ (``treespec.acceptance_map``)
 - **cut**: the drafting is spent, so the tree verified is the top-n by p̂ with n maximising
   E_n − λ · T(n), n = 0 (the root alone: a plain step) included.
 
-**Off.** Speculation is judged by what it measures: after 12 speculative steps, if their rate (a
-running mean, then a moving average of about 20 steps) is below the plain steps' (or below the cost
-model's plain rate), the builder stops drafting and verifies the root alone (plain decoding: the
-drafter is not called, and catches up in one forward when drafting resumes). It probes every
-``gap`` steps: the probe drafts and verifies a tree (at least the draft's best child, so the
-calibration keeps learning), and speculation resumes only if the probe's own plan — made with
-everything calibrated so far — expected its step, drafting included, to beat the root alone:
-(1 + E_n) / (T_draft + T(n)) > 1 / T(0). Every probe that does not turn it back on, and every
-on-phase that loses again, doubles the gap (4 … 256 steps); 64 winning steps in a row reset it.
-Probes cost one small tree per gap, so a draft that never pays costs well under 1% of plain decoding.
+**Off.** Speculation is judged by what it measures: after 12 speculative steps, if their rate (those
+after the first 4 trial steps: a running mean, then a moving average of about 20 steps) is below the
+plain steps' measured rate, the builder stops drafting and verifies the root alone (plain decoding:
+the drafter is not called, and catches up in one forward when drafting resumes). Before any plain
+step was measured, a loss against the cost model's plain rate only buys 4 plain steps to measure it,
+then the on-phase is judged again against that. Every ``gap`` steps the builder probes: the probe
+drafts and verifies a tree (at least the draft's best child, so the calibration keeps learning), and
+speculation resumes only if the probe's own plan — made with everything calibrated so far — expects
+its step, drafting included (as the cost curves predict it: not the one-off catch-up a probe after a
+long plain stretch pays), to beat the root alone: (1 + E_n) / (T_draft + T(n)) > 1 / T(0). Every
+probe that does not turn it back on, and every on-phase that loses again, doubles the gap (4 … 256
+steps); 64 winning steps in a row reset it. A draft that never pays costs one small tree per gap.
 
 Decisions change tree shapes from run to run, never tokens: whatever tree is drafted, verification
 keeps the output lossless. The planner's own arithmetic is a few numpy operations per layer on
@@ -63,6 +65,7 @@ MIN_STEPS_OFF = 12  # speculative steps measured before speculation may be judge
 TRIAL_STEPS = 4  # speculative steps after (re)turning on that verify a tree even if the plan says none
 WIN_STEPS = 64  # winning speculative steps in a row that reset the probe gap
 GAP_START, GAP_MAX = 4, 256  # plain steps between probes
+PLAIN_MIN = 4  # plain steps measured before speculation is judged against them (not against the model)
 REFRESH = 32  # steps between refreshes of the cost tables (the curves move slowly)
 RATE_EMA = 0.05  # λ: moving averages of tokens and seconds (about the last 20 steps)
 JUDGE_EMA = 0.05  # the on/off judgement: running means, then moving averages of about 20 steps
@@ -127,6 +130,7 @@ class AutoPlanner:
         self.off, self.probe_in, self.gap = False, 0, GAP_START
         self.spec_steps = 0  # speculative steps since speculation was (re)turned on
         self.probing = False  # the current step is a probe
+        self.recheck = False  # off only to measure the plain rate, then back on to be judged again
         self.wanted = False  # the last plan's own verdict: a tree beats the root alone
         self._tables_age = REFRESH  # steps since the tables were read from the curves (REFRESH: stale)
         self._seen = -1  # measured points of the curves when the tables were read
@@ -189,6 +193,8 @@ class AutoPlanner:
         if max_depth > 0 and self.off:
             if self.probe_in > 0:
                 self.probe_in -= 1
+            elif self.recheck:  # the plain rate is measured now: judge the on-phase again, against it
+                self.off = self.recheck = False
             else:
                 self.probing = True
         if max_depth <= 0 or (self.off and not self.probing) or not self._known:  # plain decoding: the root alone
@@ -207,7 +213,7 @@ class AutoPlanner:
         phat = np.zeros(cap * depth_cap + 1)  # calibrated p̂ of the drafted nodes, in tree order (root: 1)
         phat[0] = 1.0
         depths = np.zeros(phat.size, dtype=np.int64)
-        size, spent, drafting = 0, 0.0, 0.0
+        size, spent, drafting, typical = 0, 0.0, 0.0, 0.0  # typical: the drafting by the model's curves
         frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
         mass = 1.0  # Σ p̂ over the frontier
         start = time.perf_counter()
@@ -240,11 +246,13 @@ class AutoPlanner:
             took = time.perf_counter() - start  # the layer: drafting and this planner's own work on it
             if self.refine:
                 (self.cost.first.observe(1, took) if depth == 1 else self.cost.expand.observe(m, took))
-            spent += took if self.refine else (self._first if depth == 1 else float(self._x[min(m, cap + 1)]))
+            predicted = self._first if depth == 1 else float(self._x[min(m, cap + 1)])
+            spent += took if self.refine else predicted
+            typical += predicted
             start += took
             if count == 0 or frontier.size == 0:
                 break
-        n, expected, seconds = self._cut(phat[: size + 1], spent, lam)
+        n, expected, seconds = self._cut(phat[: size + 1], spent, lam, typical)
         chosen = tree if n == size else tree.select(torch.from_numpy(_top_np(phat[: size + 1], depths[: size + 1], n)))
         self._decide(n=n, depth=chosen.depth, off=False, predicted=seconds, expected=expected,
                      own=time.perf_counter() - began - drafting)
@@ -260,8 +268,10 @@ class AutoPlanner:
         best = int(np.argmax(gain))
         return best + 1 if gain[best] > 0 else 0
 
-    def _cut(self, phat: np.ndarray, spent: float, lam: float) -> tuple[int, float, float]:
-        """(n, E_n, predicted seconds): the top-n verified, n maximising E_n − λ·T(n) (drafting is spent)."""
+    def _cut(self, phat: np.ndarray, spent: float, lam: float, typical: float) -> tuple[int, float, float]:
+        """(n, E_n, predicted seconds): the top-n verified, n maximising E_n − λ·T(n) (drafting is spent).
+        ``typical``: this step's drafting as the cost curves predict it (for ``wanted``: a probe after a
+        long plain stretch also pays the drafter's one-off catch-up, which future steps will not)."""
         drafted = min(phat.size - 1, self.cap)  # at most cap nodes are verified
         values = -np.sort(-phat[1:])[:drafted]  # [N] descending
         tokens = np.concatenate([[0.0], np.cumsum(values)])  # [N+1] E_n
@@ -270,7 +280,7 @@ class AutoPlanner:
         n = int(np.argmax(value))
         # the plan's own verdict, before the rules below: would this step, drafting included, beat the
         # root alone? (a probe turns speculation back on only if so)
-        self.wanted = n > 0 and (1.0 + tokens[n]) * t[0] > spent + t[n]
+        self.wanted = n > 0 and (1.0 + tokens[n]) * t[0] > typical + t[n]
         if n == 0 and drafted and (self.probing or self.spec_steps < TRIAL_STEPS):
             n = 1 + int(np.argmax(value[1:]))  # a trial or probe step verifies a tree: the map keeps learning
         n = self._explore(n, drafted)
@@ -322,10 +332,14 @@ class AutoPlanner:
             return
         plain = self.plain.rate if self.plain.rate is not None else (1.0 / self._t[0] if self._known and self._t[0] > 0 else 0.0)
         self.spec_steps += 1
-        self.spec.add(stats.emitted, wall)
+        if self.spec_steps > TRIAL_STEPS:  # the trial steps (forced trees, a catch-up) are not the policy
+            self.spec.add(stats.emitted, wall)
         if self.spec_steps < MIN_STEPS_OFF:
             return
         if self.spec.rate is not None and self.spec.rate < plain:  # speculation loses: off until a probe says otherwise
+            if self.plain.count < PLAIN_MIN:  # only against the cost model's plain rate: measure the real one first
+                self.off, self.probe_in, self.recheck = True, PLAIN_MIN, True
+                return
             self.off, self.probe_in = True, self.gap
             self.gap = min(2 * self.gap, GAP_MAX)
         elif self.spec_steps >= WIN_STEPS:

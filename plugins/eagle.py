@@ -11,9 +11,12 @@ attending to the stable items and its own ancestors' items: the head's own predi
 in for the target's, which is unknown until the target verifies the tree. Items are fed one tree
 level per forward (a child needs its parent's output), only for nodes a builder asks to expand.
 
-``begin_step`` drops the tree items of an earlier tree of the step; ``commit`` drops every tree item and feeds the accepted tokens and the bonus with the target's TRUE
-features of the old root and the accepted nodes (``Commit.hidden``), so the stable part never holds a
-prediction — exactly what a fresh prefill of the committed sequence would hold.
+``begin_step`` drops the tree items of an earlier tree of the step; ``commit`` drops every tree item
+and queues the accepted tokens and the bonus with the target's TRUE features of the old root and the
+accepted nodes (``Commit.hidden``); the next step's first ``expand`` feeds the queue in one forward
+(``_flush``), so the stable part never holds a prediction — exactly what a fresh prefill of the
+committed sequence would hold — and a step that drafts nothing (a plain step) costs the head nothing.
+A level of one node whose ancestors are all the tree items so far (a chain) is fed without a mask.
 """
 
 from __future__ import annotations

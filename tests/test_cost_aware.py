@@ -113,6 +113,7 @@ def planner_with(verify_per_node: float, expand_seconds: float, fixed: float = 0
         planner.cost.bookkeeping.observe(n, 0.0)
     for m in EXPAND_GRID:
         planner.cost.expand.observe(m, expand_seconds)
+    planner.cost.first.observe(1, expand_seconds)
     return planner
 
 
@@ -150,8 +151,15 @@ def _stats(tree_size: int, accepted: int, seconds: float) -> StepStats:
                      t_wall=seconds)
 
 
+def measured_plain(planner: AutoPlanner, seconds: float) -> AutoPlanner:
+    """The planner has measured plain steps of ``seconds`` (as after a stretch of plain decoding)."""
+    for _ in range(4):
+        planner.plain.add(1, seconds)
+    return planner
+
+
 def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
-    planner = planner_with(verify_per_node=1e-4, expand_seconds=1e-5)  # plain step: 10 ms
+    planner = measured_plain(planner_with(verify_per_node=1e-4, expand_seconds=1e-5), 0.01)  # plain step: 10 ms
 
     def step(tree_size: int, accepted: int, seconds: float) -> None:
         planner.observe(_stats(tree_size, accepted, seconds))
@@ -174,6 +182,23 @@ def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
     assert not planner.off and planner.gap == 4  # a long winning stretch resets the probe gap
 
 
+def test_a_loss_against_the_models_plain_rate_is_checked_against_measured_plain_steps():
+    planner = planner_with(verify_per_node=1e-4, expand_seconds=1e-5, fixed=0.01)  # the model: plain at 100 tokens/s
+    planner.refine = True  # judge steps by the (injected) wall times, not by the model's predictions
+    for _ in range(MIN_STEPS_OFF):  # 2 tokens in 25 ms: 80 tokens/s, below the model's plain rate
+        planner.build(ConfidentDrafter(), 1, 20)
+        planner.observe(_stats(4, 1, 0.025))
+    assert planner.off and planner.recheck and planner.gap == 4  # off only to measure plain steps
+    sizes = []
+    for _ in range(4):  # real plain steps take 20 ms: 50 tokens/s, so speculation was winning after all
+        sizes.append(planner.build(ConfidentDrafter(), 1, 20).size)
+        planner.observe(_stats(0, 0, 0.020))
+    assert sizes == [0, 0, 0, 0]
+    assert planner.build(ConfidentDrafter(), 1, 20).size > 0 and not planner.off  # back on, no probe needed
+    planner.observe(_stats(4, 1, 0.025))
+    assert not planner.off  # judged against the measured plain rate: speculation stays on
+
+
 class DoubtfulDrafter(ConfidentDrafter):
     """Proposes children with q = 0.02: no tree is worth verifying."""
 
@@ -183,7 +208,7 @@ class DoubtfulDrafter(ConfidentDrafter):
 
 
 def test_a_probe_whose_plan_expects_no_gain_keeps_speculation_off_and_backs_off():
-    planner = planner_with(verify_per_node=1e-3, expand_seconds=2e-3)
+    planner = measured_plain(planner_with(verify_per_node=1e-3, expand_seconds=2e-3), 0.01)
     for _ in range(MIN_STEPS_OFF):
         planner.build(DoubtfulDrafter(), 1, 20)
         planner.observe(_stats(1, 0, 0.03))
@@ -236,6 +261,7 @@ def test_eagle2_with_calibration_is_lossless_and_learns(target64, greedy_referen
 
 
 def test_options_are_checked():
+    import treespec.factory  # noqa: F401 - the submodule, whatever other tests this worker ran first
     with pytest.raises(treespec.ConfigError, match="nodes"):
         treespec.factory.make_builder("opt-tree", {"nodes": "many"})
     with pytest.raises(treespec.ConfigError, match="nodes"):

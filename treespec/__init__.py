@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from treespec.errors import ConfigError, DecodingError, Interrupted, ModelLoadError, PluginError, TreespecError
 from treespec.hookspecs import hookimpl
-from treespec.interfaces import Commit, Drafter, PluginSpec, PrefillContext, Proposals, TreeBuilder
+from treespec.interfaces import Commit, Drafter, PlanNote, PluginSpec, PrefillContext, Proposals, TreeBuilder
 from treespec.config import PluginConfig
 
 __version__ = "0.1.0"
@@ -54,5 +54,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Commit", "ConfigError", "DecodingError", "Drafter", "Interrupted", "ModelLoadError", "PluginConfig", "PluginError",
-    "PluginSpec", "PrefillContext", "Proposals", "TreeBuilder", "TreespecError", "hookimpl", *_LAZY,
+    "PlanNote", "PluginSpec", "PrefillContext", "Proposals", "TreeBuilder", "TreespecError", "hookimpl", *_LAZY,
 ]
