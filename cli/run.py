@@ -22,6 +22,9 @@ Examples:
 --builder opt-tree -B nodes=25 --prompt "Once upon a time"
 
   treespec run --drafter llama-68m --target meta-llama/Llama-2-7b-hf --builder chain -B k=6 --json
+
+  treespec run --target Qwen/Qwen2.5-7B-Instruct --drafter qwen2.5-0.5b --chat --system "Be brief." \
+--prompt "Name three prime numbers."
 """
 TARGET_HELP = f"target model: hub id, alias or local directory [default: {defaults.TARGET}]"
 DRAFTER_HELP = (
@@ -34,6 +37,8 @@ TOP_K_HELP = "keep the k likeliest tokens (0 = off; Hugging Face's generate defa
 DRAFT_T_HELP = "the draft's temperature for builders with sample=true [default: --temperature]"
 RULE_HELP = "verification rule when sampling: auto, specinfer, deterministic, target-only (docs/sampling.md)"
 ECHO_HELP = "print the prompt (dimmed) before the completion [default: when stdout is a terminal]"
+CHAT_HELP = "the prompt is a user message: apply the target's chat template (instruct and chat models)"
+SYSTEM_HELP = "a system message before the prompt (implies --chat)"
 
 
 def run(
@@ -56,6 +61,8 @@ def run(
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
     trust_remote_code: Annotated[bool, typer.Option(
         help="let the target run its own code from the hub (the draft: -D trust_remote_code=true)")] = False,
+    chat: Annotated[bool, typer.Option("--chat", help=CHAT_HELP)] = False,
+    system: Annotated[Optional[str], typer.Option(help=SYSTEM_HELP, show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
     echo: Annotated[Optional[bool], typer.Option("--echo/--no-echo", help=ECHO_HELP, show_default=False)] = None,
 ) -> None:
@@ -66,14 +73,22 @@ def run(
     dec = _decoder(target, drafter, builder, builder_option, drafter_option, device, dtype, threads,
                    trust_remote_code, seed)
     try:
-        prompt_ids = dec.encode(text)
+        prompt_ids = _chat_ids(dec, text, system) if chat or system is not None else dec.encode(text)
     except TreespecError as exc:
         fail(str(exc))
     _warn_ignored(dec, sampling)
     if not as_json and (echo if echo is not None else sys.stdout.isatty()):
         # the prompt, so that the completion reads in context; stdout stays the completion alone when piped
-        typer.secho(text, nl=False, dim=True)
+        typer.secho(text + ("\n" if chat or system is not None else ""), nl=False, dim=True)
     _generate_and_print(dec, prompt_ids, max_new_tokens, sampling, as_json)
+
+
+def _chat_ids(dec: Any, text: str, system: str | None) -> list[int]:
+    """The prompt as a user turn (after ``system``, if given) in the target's chat template."""
+    from treespec.inputs import chat_ids
+
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
+    return dec.encode(chat_ids(dec.target.tokenizer, messages, f"target {dec.target.name!r}"))
 
 
 def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:

@@ -10,13 +10,15 @@ and its output at item j is a prediction f̂_{j+1} of the target's feature at x_
 output head turns it into a distribution over x_{j+2}:
 
     h_j   = fc([embed(x_{j+1}); f_j])                    fc: Linear(2H → H, bias)
-    f̂_j+1 = DecoderLayer(h_j)  (Llama layer; layer 0 skips its input norm, and there is no final norm)
+    f̂_j+1 = DecoderLayer(h_j)  (Llama layer; layer 0 has no input norm, and there is no final norm)
     q(x_{j+2}) = softmax(lm_head(f̂_{j+1}))
 
-Item j sits at position j. Checkpoints use the published layout (e.g. ``yuhuili/EAGLE-llama2-chat-7B``):
-``config.json`` (a Llama config with ``num_hidden_layers`` = head layers, optional ``bias``) and
-``model.safetensors`` or ``pytorch_model.bin`` holding ``fc.*`` and ``layers.N.*`` (an
-``embed_tokens.weight`` copy, if present, is checked and ignored: the target's table is used).
+Item j sits at position j. Checkpoints use the published layout (SafeAILab's ``cnets1.py``; e.g.
+``yuhuili/EAGLE-llama2-chat-7B``): ``config.json`` (a Llama config with ``num_hidden_layers`` = head
+layers, ``bias`` absent = true; LLaMA-3 heads say ``"bias": false``) and ``model.safetensors`` or
+``pytorch_model.bin`` (fp32 or fp16; cast to the target's dtype) holding ``fc.*`` and ``layers.N.*`` —
+layer 0 without ``input_layernorm`` — and an ``embed_tokens.weight`` copy, which is checked and
+ignored: the target's table is used.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class EagleHead(nn.Module):
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=bias)
         self.layers = nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.layers[0].input_layernorm = nn.Identity()  # as published: layer 0 reads fc's output as is (no weight)
         self.cache_keyword = cache_keyword(self.layers[0].self_attn)
         self.rotary = LlamaRotaryEmbedding(config)
 
@@ -135,7 +138,7 @@ class LeanEagleHead:
 
         x = torch.nn.functional.linear(torch.cat([embeds, features], dim=-1), self.head.fc.weight, self.head.fc.bias)
         pos = self.rotary(x, position_ids)  # (cos, sin) [B, T, D]
-        return run_layers(x, self.layers, pos, mask, cache, self.shape, skip_first_norm=True)  # [B, T, H]
+        return run_layers(x, self.layers, pos, mask, cache, self.shape)  # [B, T, H]
 
 
 def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target") -> tuple[EagleHead, dict[str, Any]]:
@@ -167,6 +170,7 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
             f"trained for this target (`treespec train eagle --target ...`)"
         )
     state = _read_weights(folder, name)
+    state.pop("layers.0.input_layernorm.weight", None)  # never used (layer 0 has no input norm); older saves had it
     emb = state.pop("embed_tokens.weight", None)
     if emb is not None and tuple(emb.shape) != (vocab, hidden):
         raise ConfigError(f"EAGLE head {name!r}: its embed_tokens is {tuple(emb.shape)}, the target's is {(vocab, hidden)}")

@@ -120,3 +120,33 @@ def test_real_subprocess_run_json(greedy_reference, tmp_path):
     data = json.loads(proc.stdout)
     ids = greedy_reference.target.tokenizer(prompt_file.read_text()).input_ids
     assert data["token_ids"] == greedy_reference(ids, 32)
+
+
+# a chat template in the shape instruct models ship (Llama-2 chat's [INST] markers), for a local copy
+# of stories260K: run --chat must give exactly what the target's own greedy generate gives on the
+# templated prompt
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}<<SYS>>{{ m['content'] }}<</SYS>>"
+    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+)
+
+
+def test_run_chat_applies_the_targets_chat_template(greedy_reference, tmp_path):
+    chat_model = tmp_path / "stories-chat"
+    shutil.copytree(STORIES260K, chat_model)
+    config = json.loads((chat_model / "tokenizer_config.json").read_text())
+    (chat_model / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": CHAT_TEMPLATE}))
+    args = ["run", "--target", str(chat_model), "--drafter", "self", "-D", "layers=4", "--prompt", "Tell a story",
+            "--system", "You are a storyteller.", "--max-new-tokens", "24", "--json", "--dtype", "float64"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_model)  # what a Hugging Face user would run
+    messages = [{"role": "system", "content": "You are a storyteller."}, {"role": "user", "content": "Tell a story"}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert tok.decode(ids) == "<<SYS>>You are a storyteller.<</SYS>>[INST] Tell a story [/INST]"
+    assert json.loads(res.stdout)["token_ids"] == greedy_reference(ids, 24)
+    plain = runner.invoke(app, ["run", *PAIR, "--chat", "--prompt", "hi"])  # a base model: one line
+    assert plain.exit_code == 2 and "has no chat template" in plain.stderr and "Traceback" not in plain.output

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import treespec
 from conftest import EAGLE_TEST_SETTINGS, STORIES260K, eagle_head_dir, tinystories_prompts
+from published_heads import eagle1_forward, eagle1_head
 from treespec.errors import ConfigError, ModelLoadError
 from treespec.interfaces import Commit, PrefillContext
 from treespec.plugins.configs import EagleConfig
@@ -151,35 +153,28 @@ def test_an_interrupted_run_resumes_to_the_same_head(tmp_path):
 
 
 # ---------------------------------------------------------------------- checkpoints
-def published_layout(folder: Path, hidden: int = 64, vocab: int = 512, torch_bin: bool = True) -> Path:
-    """A head written as EAGLE's own repositories ship it: pytorch_model.bin with an embed_tokens copy,
-    a config.json without our keys."""
-    from transformers import LlamaConfig
-
-    cfg = head_config_for(LlamaConfig(hidden_size=hidden, vocab_size=vocab, num_attention_heads=8,
-                                      num_key_value_heads=4, intermediate_size=172))
-    torch.manual_seed(1)
-    head = EagleHead(cfg)
-    state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    state["embed_tokens.weight"] = torch.zeros(vocab, hidden)
-    folder.mkdir(parents=True)
-    if torch_bin:
-        torch.save(state, folder / "pytorch_model.bin")
-    else:
-        from safetensors.torch import save_file
-
-        save_file(state, str(folder / "model.safetensors"))
-    raw = {k: v for k, v in cfg.to_dict().items() if k != "rope_parameters"} | {"rope_theta": 10000.0}
-    (folder / "config.json").write_text(json.dumps(raw))
-    return folder
+def published_layout(folder: Path, hidden: int = 64, vocab: int = 512, **kwargs) -> Path:
+    """A head in the layout EAGLE's authors publish (tests/published_heads.py), for stories260K's sizes."""
+    return eagle1_head(folder, hidden=hidden, vocab=vocab, **kwargs)
 
 
-@pytest.mark.parametrize("torch_bin", [True, False])
-def test_loads_the_published_layout(target64, greedy_reference, tmp_path, torch_bin):
-    folder = published_layout(tmp_path / "head", torch_bin=torch_bin)
-    d = treespec.Decoder(target64, drafter="eagle", drafter_options={"head": str(folder)}, builder="opt-tree")
-    ids = d.encode(tinystories_prompts(1)[0])
-    assert d.generate(ids, max_new_tokens=32).token_ids == greedy_reference(ids, 32)
+@pytest.mark.parametrize("style, fmt, dtype", [("llama2", "bin", torch.float32), ("llama3", "bin", torch.float16),
+                                               ("llama3", "safetensors", torch.bfloat16)])
+def test_loads_the_published_layout_and_computes_the_published_forward(target64, greedy_reference, tmp_path,
+                                                                      style, fmt, dtype):
+    folder = published_layout(tmp_path / "head", style=style, fmt=fmt, dtype=dtype)
+    d = drafter(target64, folder)  # no layers.0.input_layernorm, an embed_tokens copy, fp16/bf16 cast to fp64
+    gen = torch.Generator().manual_seed(0)
+    feats, toks = torch.randn(7, 64, generator=gen, dtype=torch.float64), torch.randint(3, 512, (7,), generator=gen)
+    want = eagle1_forward(folder, feats, toks, embedding=d.embed.weight)  # the published formula, from the files
+    causal = torch.full((7, 7), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
+    embeds = torch.nn.functional.embedding(toks, d.embed.weight)[None]
+    for forward in (d.head, d.head.lean()):
+        got = forward(feats[None], embeds, torch.arange(7)[None], causal, DynamicCache())[0]
+        assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+    dec = treespec.Decoder(target64, drafter="eagle", drafter_options={"head": str(folder)}, builder="opt-tree")
+    ids = dec.encode(tinystories_prompts(1)[0])
+    assert dec.generate(ids, max_new_tokens=32).token_ids == greedy_reference(ids, 32)
 
 
 def test_refuses_a_head_for_another_target(target64, tmp_path):

@@ -83,3 +83,17 @@ def json_lines(path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
             if not isinstance(row, dict):
                 raise ConfigError(f"{what} {path} line {n} is not a JSON object: give one JSON object per line")
             yield n, row
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer carries a chat template (instruct and chat models do)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]], model: str = "the target") -> list[int]:
+    """Token ids of a conversation (``[{"role": "system"|"user"|"assistant", "content": ...}, ...]``)
+    in the model's own chat template, ending with the prompt for the assistant's next turn."""
+    if not has_chat_template(tokenizer):
+        raise ConfigError(f"{model} has no chat template (a base model): drop --chat/--system and give a plain prompt")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)

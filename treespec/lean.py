@@ -55,7 +55,7 @@ def lean_reason(model: Any) -> str | None:
 
 @dataclass
 class _Layer:
-    g_in: torch.Tensor  # [H]
+    g_in: torch.Tensor | None  # [H]; None: the layer has no input norm
     w_qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
     b_qkv: torch.Tensor | None  # [(Hq + 2 Hkv) D]
     w_o: torch.Tensor  # [H, Hq D]
@@ -78,7 +78,7 @@ def lean_layers(layers: Any) -> list[_Layer]:
         biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
         out.append(
             _Layer(
-                g_in=layer.input_layernorm.weight,
+                g_in=getattr(layer.input_layernorm, "weight", None),  # None: no input norm (EAGLE's layer 0)
                 w_qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
                 b_qkv=torch.cat(biases).detach() if all(b is not None for b in biases) else None,
                 w_o=a.o_proj.weight,
@@ -138,14 +138,13 @@ def run_layers(
     mask: torch.Tensor | None,  # [B, 1, T, S] float; None: every row sees every cached row and itself
     cache: Any,  # a DynamicCache: layer i appends to slot i
     shape: tuple[int, int, int, float],  # (q heads, kv heads, head dim, RMSNorm eps)
-    skip_first_norm: bool = False,  # EAGLE heads: layer 0 reads fc's output as is
 ) -> torch.Tensor:  # [B, T, H]
     b, t, _ = x.shape
     nq, nkv, d, eps = shape
     cos, sin = position_embeddings[0][:, None], position_embeddings[1][:, None]  # [B, 1, T, D]
     mask = mask.to(x.dtype) if mask is not None else None
     for i, L in enumerate(layers):
-        n = x if (skip_first_norm and i == 0) else rms_norm(x, L.g_in, eps)
+        n = x if L.g_in is None else rms_norm(x, L.g_in, eps)  # EAGLE's layer 0 reads fc's output as is
         qkv = F.linear(n, L.w_qkv, L.b_qkv)  # [B, T, (Hq + 2 Hkv) D]
         q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
         q = _rope(q.view(b, t, nq, d).transpose(1, 2), cos, sin)  # [B, Hq, T, D]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from treespec.errors import ConfigError
-from treespec.inputs import json_lines
+from treespec.inputs import chat_ids, has_chat_template, json_lines
 
 #: dataset name -> (file name, format)
 DATASETS: dict[str, tuple[str, str]] = {
@@ -107,10 +107,6 @@ def _record(row: dict[str, Any], n: int, path: Path) -> PromptItem:
     raise ConfigError(f"{path} line {n + 1}: no 'turns', 'question', 'prompt' or 'text' field")
 
 
-def has_chat_template(tokenizer: Any) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
 def format_turns(tokenizer: Any, item: PromptItem, answers: list[str]) -> list[int]:
     """Token ids of the conversation up to the next user turn: ``item.turns[: len(answers) + 1]``
     with the model's previous ``answers`` in between (FastChat's multi-turn MT-Bench)."""
@@ -121,8 +117,7 @@ def format_turns(tokenizer: Any, item: PromptItem, answers: list[str]) -> list[i
             messages.append({"role": "user", "content": turn})
             if i < len(answers):
                 messages.append({"role": "assistant", "content": answers[i]})
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return chat_ids(tokenizer, messages)
     text = ""
     for i, turn in enumerate(turns):
         text += turn if i == 0 else f"\n\n{turn}"
