@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from treespec.errors import ConfigError
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
-from treespec.kv import attention_window, causal_mask, crop_cache, keep_rows, max_positions, tree_mask, window_mask, cache_keyword
+from treespec.kv import attention_windows, cache_keyword, causal_mask, crop_cache, keep_rows, max_positions, tree_mask, tree_refusal
 from treespec.lean import LeanCausalLM, lean_reason
 from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from treespec.plugins.configs import ModelDrafterConfig
@@ -37,7 +37,10 @@ class ModelDrafter(Drafter):
         self._check_embeddings()
         self.vocab = min(target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
         self.max_positions = max_positions(self.model.config)
-        self.window = attention_window(self.model.config)
+        reason = tree_refusal(self.model.config)
+        if reason is not None:
+            raise ConfigError(f"draft model {config.model!r} cannot draft trees: {reason}; use a transformer draft")
+        self.windows = attention_windows(self.model.config)  # sliding windows, applied in our own masks
         # the draft's forward: treespec.lean where the architecture allows (same math, less overhead)
         self.forward = LeanCausalLM(self.model) if config.lean and lean_reason(self.model) is None else self.model
         self.cache_keyword = cache_keyword(self.forward)
@@ -151,7 +154,7 @@ class ModelDrafter(Drafter):
         if p:
             ids = torch.cat([torch.tensor(self.pending, dtype=torch.long), ids])  # [P+F]
             pos = torch.cat([torch.arange(past, past + p), pos])  # [P+F]
-        if f == 1 and len(self.row_nodes) == int(depths[0]) and self.window is None:
+        if f == 1 and len(self.row_nodes) == int(depths[0]) and self.windows.smallest is None:
             # the root, or a node whose ancestors are all the tree rows so far (a chain): what it sees is
             # causal, every cached row and pending token in order
             mask = causal_mask(past, p + 1, self.dtype)[None, None] if p else None
@@ -161,10 +164,10 @@ class ModelDrafter(Drafter):
                 causal_mask(past, p, self.dtype, extra=f),  # pending rows (only before any tree row): causal
                 tree_mask(self.root_pos, tree.ancestors[index][:, row_nodes], self.dtype),  # tree rows: prefix + ancestors
             ])  # [P+F, root_pos + R_old + F]
-            if self.window is not None:
-                kv_pos = torch.cat([torch.arange(self.root_pos), self.root_pos + tree.depths[row_nodes]])  # [cols]
-                mask = window_mask(mask, pos, kv_pos, self.window)
             mask = mask[None, None].to(self.device)  # [1, 1, P+F, cols]
+            if self.windows.smallest is not None:  # a tensor, or a dict of masks per layer type
+                kv_pos = torch.cat([torch.arange(self.root_pos), self.root_pos + tree.depths[row_nodes]])  # [cols]
+                mask = self.windows.apply(mask, pos, kv_pos)
         out = self.forward(
             input_ids=ids[None].to(self.device),
             position_ids=pos[None].to(self.device),

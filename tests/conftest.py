@@ -112,3 +112,17 @@ def ship_own_code(path: Path) -> None:
     config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig",
                           "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
     (path / "config.json").write_text(json.dumps(config))
+
+
+def hf_cache(home: Path, repo_id: str, folder: Path, commit: str = "0" * 40) -> Path:
+    """Put a local model folder into a Hugging Face cache at ``home`` (``HF_HOME``) as ``repo_id``,
+    in the hub's own layout (hub/models--org--name/{refs/main, snapshots/COMMIT/...}), so that loading
+    ``repo_id`` with HF_HUB_OFFLINE=1 finds it exactly as it would find a real download."""
+    import shutil
+
+    repo = home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(folder, snapshot, dirs_exist_ok=True)
+    return snapshot

@@ -13,9 +13,18 @@ VOCAB = 96
 
 
 def _config(arch: str, seed: int):
-    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2)
+    if arch in ("gemma2", "gemma3"):  # sliding-window and full-attention layers mixed: a mask per layer type
+        cls = Gemma2Config if arch == "gemma2" else Gemma3TextConfig
+        return cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=8, sliding_window=6, max_position_embeddings=256,
+                   layer_types=["sliding_attention", "full_attention"], **common)
+    if arch == "qwen2-mixed":  # Qwen2's max_window_layers: the first layer slides, the second does not
+        return Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=256, use_sliding_window=True,
+                           sliding_window=6, max_window_layers=1, **common)
     if arch == "mistral-window":  # every layer attends to the last 8 positions only
         return MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, max_position_embeddings=256, sliding_window=8, **common)
@@ -38,7 +47,8 @@ def _model(arch: str, seed: int, path):
     return model
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2", "mistral-window"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2", "mistral-window", "gemma2", "gemma3",
+                                  "qwen2-mixed"])
 def test_decode_loop_is_lossless_on_architecture(arch, tmp_path):
     target_model = _model(arch, 0, tmp_path / "target")
     _model(arch, 1, tmp_path / "draft")
@@ -61,12 +71,28 @@ def test_decode_loop_is_lossless_on_architecture(arch, tmp_path):
                     assert all(s.accepted >= 1 for s in out.stats.steps if s.depth >= 1)
 
 
-def test_models_mixing_window_and_full_layers_are_refused():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def test_models_mixing_window_and_full_layers_get_a_mask_per_layer_type():
+    from treespec.kv import attention_windows
 
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
-                      max_window_layers=1)
-    assert len(set(cfg.layer_types)) == 2
-    with pytest.raises(treespec.ConfigError, match="mixes sliding-window and full attention"):
-        treespec.TargetModel(Qwen2ForCausalLM(cfg))
+    windows = attention_windows(_config("gemma2", 0))
+    assert windows.by_type == {"sliding_attention": 6, "full_attention": None} and windows.smallest == 6
+    assert attention_windows(_config("mistral-window", 0)).window == 8
+    assert attention_windows(_config("llama", 0)).smallest is None
+
+
+@pytest.mark.parametrize("arch", ["bloom", "mamba"])
+def test_models_that_cannot_verify_a_tree_are_refused_at_load_in_one_line(arch, tmp_path):
+    from transformers import AutoModelForCausalLM, BloomConfig, MambaConfig
+
+    common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2)
+    cfg = BloomConfig(hidden_size=32, n_layer=2, n_head=4, **common) if arch == "bloom" \
+        else MambaConfig(hidden_size=32, num_hidden_layers=2, state_size=8, **common)
+    model = AutoModelForCausalLM.from_config(cfg)
+    why = "ALiBi" if arch == "bloom" else "recurrent"
+    with pytest.raises(treespec.ConfigError, match=f"cannot verify draft trees: {arch} .*{why}") as err:
+        treespec.TargetModel(model)
+    assert "\n" not in str(err.value)
+    model.save_pretrained(tmp_path / arch)
+    target = _model("llama", 0, tmp_path / "llama")
+    with pytest.raises(treespec.ConfigError, match="cannot draft trees"):  # as a draft model, too
+        treespec.Decoder(treespec.TargetModel(target), drafter=str(tmp_path / arch), builder="chain")

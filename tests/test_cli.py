@@ -150,3 +150,33 @@ def test_run_chat_applies_the_targets_chat_template(greedy_reference, tmp_path):
     assert json.loads(res.stdout)["token_ids"] == greedy_reference(ids, 24)
     plain = runner.invoke(app, ["run", *PAIR, "--chat", "--prompt", "hi"])  # a base model: one line
     assert plain.exit_code == 2 and "has no chat template" in plain.stderr and "Traceback" not in plain.output
+
+
+def test_the_headline_command_picks_the_drafts_target_and_runs_from_the_cache(tmp_path, monkeypatch):
+    """`treespec run --builder opt-tree --drafter llama-68m`: no --target, so the draft's own target
+    (LLaMA-2); offline with neither cached, one line names both; with both in the Hugging Face cache
+    (here tiny stand-ins in the hub's layout), it runs and equals the target's greedy decoding."""
+    from conftest import hf_cache
+    from treespec.models import default_target_for
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    args = ["run", "--builder", "opt-tree", "--drafter", "llama-68m", "--prompt", "Once upon a time",
+            "--max-new-tokens", "16", "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code != 0 and len(res.stderr.strip().splitlines()) == 1, res.output
+    line = res.stderr.strip()
+    target = default_target_for("llama-68m")
+    assert target == "meta-llama/Llama-2-7b-hf" and target in line and "JackFram/llama-68m" in line
+    assert f"hf download {target} && hf download JackFram/llama-68m" in line
+    hf_cache(tmp_path / "hf", target, STORIES260K)
+    hf_cache(tmp_path / "hf", "JackFram/llama-68m", STORIES260K)  # the same tokenizer, as the real pair shares
+    res = runner.invoke(app, args + ["--dtype", "float64"])
+    assert res.exit_code == 0, res.output
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float64)  # from the cache, as a user would
+    ids = AutoTokenizer.from_pretrained(target)("Once upon a time", return_tensors="pt").input_ids
+    want = model.generate(ids, do_sample=False, max_new_tokens=16)[0, ids.shape[1]:].tolist()
+    assert json.loads(res.stdout)["token_ids"] == want

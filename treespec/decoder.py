@@ -52,6 +52,7 @@ class Decoder:
         trust_remote_code: bool = False,
     ):
         self.builder = make_builder(builder, builder_options)  # cheap: fail on bad options first
+        _require_models(target, drafter, drafter_options)  # offline: one line naming every missing model
         if not isinstance(target, TargetModel):
             target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         self.target = target
@@ -247,6 +248,23 @@ class Decoder:
             stats.stop_reason = "max_new_tokens" if len(out.token_ids) >= max_new else "context"
         finally:
             stats.t_total = time.perf_counter() - t_start  # also when a step fails: the partial output's speed
+
+
+def _require_models(target: str | TargetModel, drafter: str | Drafter, options: dict[str, Any] | None) -> None:
+    """Before loading anything: the hub models this Decoder needs (the target, a draft model) are
+    cached, or (offline) one line names them all (``treespec.models.require_cached``)."""
+    from treespec.factory import resolve_drafter_name
+    from treespec.models import require_cached
+
+    needed = [] if isinstance(target, TargetModel) else [(target, "target")]
+    if isinstance(drafter, str):
+        try:
+            name, opts = resolve_drafter_name(drafter, options)
+        except TreespecError:
+            name, opts = "", {}  # an unknown drafter: make_drafter says so, in its words
+        if name == "model" and isinstance(opts.get("model"), str):
+            needed.append((opts["model"], "draft model"))
+    require_cached(needed)
 
 
 def step_stats(done: step.Step, emitted: int, wall: float = 0.0, note: PlanNote | None = None) -> StepStats:

@@ -36,8 +36,13 @@ def bench_builders() -> list[str]:
 
 def apply(target: str | None, drafter: str | None, builder: str | None = None,
           builder_options: dict[str, str] | None = None) -> tuple[str, str | None]:
-    """No target given: the default pair's target, with no drafter its default drafter, and for its
-    builders the measured budget unless ``builder_options`` sets one (updated in place)."""
+    """No target given: the target a draft alias was made for (``--drafter llama-68m``: LLaMA-2,
+    ``treespec.models.DRAFT_TARGETS``), else the default pair's target, with no drafter its default
+    drafter, and for its builders the measured budget unless ``builder_options`` sets one (updated in place)."""
+    from treespec.models import default_target_for
+
+    if target is None and default_target_for(drafter) is not None:
+        return default_target_for(drafter), drafter
     if target is None:
         target = TARGET
         drafter = drafter or DRAFTER

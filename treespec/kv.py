@@ -16,11 +16,10 @@ sequence, followed during a step by rows of tree nodes. Three facts shape this m
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from treespec.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------- masks
 
@@ -74,25 +73,68 @@ def max_positions(config: Any) -> int | None:
     return None
 
 
-def attention_window(config: Any) -> int | None:
-    """The sliding-attention window every layer uses, or None. Caches here keep every row at its
-    position (``DynamicCache()`` without a config), so the window is applied in our own masks."""
+@dataclass(frozen=True)
+class AttentionWindows:
+    """The sliding windows of a model's attention layers. Caches here keep every row at its position
+    (``DynamicCache()`` without a config), so windows are applied in our own masks: one window for every
+    layer (``window``; None: full attention everywhere, e.g. Llama; Mistral slides every layer), or one
+    per layer type (``by_type``: ``{"full_attention": None, "sliding_attention": 4096}``) for models that
+    mix them (Gemma 2/3, Qwen2 with ``max_window_layers``). Their forwards take a dict of masks, one per
+    layer type (``config.layer_types``)."""
+
+    window: int | None = None
+    by_type: dict[str, int | None] | None = None
+
+    @property
+    def smallest(self) -> int | None:
+        """The shortest window of any layer (None: no layer slides)."""
+        found = [w for w in (self.by_type or {}).values() if w] + ([self.window] if self.window else [])
+        return min(found) if found else None
+
+    def apply(self, mask: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> Any:
+        """``mask`` [..., Q, K] with every layer's window applied: a tensor, or a dict per layer type."""
+        if self.by_type is None:
+            return window_mask(mask, q_pos, kv_pos, self.window)
+        return {kind: window_mask(mask, q_pos, kv_pos, w) for kind, w in self.by_type.items()}
+
+
+def attention_windows(config: Any) -> AttentionWindows:
+    """The windows of a model from its config (see ``AttentionWindows``)."""
     cfg = text_config(config)
     window = getattr(cfg, "sliding_window", None)
-    if not window:
-        return None
     types = getattr(cfg, "layer_types", None)
+    if not window:
+        return AttentionWindows()
     if types is None:  # e.g. Mistral: every layer slides when sliding_window is set
-        return int(window)
-    sliding = ["sliding" in str(t) for t in types]
-    if not any(sliding):
-        return None
-    if not all(sliding):
-        raise ConfigError(
-            f"{getattr(cfg, 'model_type', 'this model')} mixes sliding-window and full attention layers, which "
-            "treespec does not support yet (one tree mask serves every layer); pick another model"
-        )
-    return int(window)
+        return AttentionWindows(window=int(window))
+    sliding = {t for t in types if "sliding" in str(t)}
+    if not sliding:
+        return AttentionWindows()
+    if len(sliding) == len(set(types)):
+        return AttentionWindows(window=int(window))
+    return AttentionWindows(by_type={t: (int(window) if t in sliding else None) for t in set(types)})
+
+
+#: model types whose positions are ALiBi biases computed from the keys' order in the cache, not from
+#: position ids: a tree's siblings share a position but not an order, so their biases would be wrong
+ALIBI_TYPES = ("bloom", "mpt")
+#: recurrent and hybrid models: their state is a running summary, not per-token keys a tree mask can select
+RECURRENT_TYPES = ("mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "jamba", "zamba", "zamba2",
+                   "bamba", "falcon_h1", "granitemoehybrid", "lfm2", "xlstm", "nemotron_h", "qwen3_next")
+
+
+def tree_refusal(config: Any) -> str | None:
+    """Why a model cannot verify a draft tree in one forward (one phrase), or None if it can."""
+    cfg = text_config(config)
+    kind = str(getattr(cfg, "model_type", ""))
+    attn = getattr(cfg, "attn_config", None)  # MPT keeps its alibi flag there
+    if kind in ALIBI_TYPES or bool(getattr(cfg, "alibi", False)) or (isinstance(attn, dict) and attn.get("alibi")):
+        return (f"{kind or 'this model'} encodes positions as ALiBi biases over the order of the cached keys, which "
+                "a tree's siblings (one position, different order) would break")
+    layer_types = [str(t) for t in (getattr(cfg, "layer_types", None) or [])]
+    if kind in RECURRENT_TYPES or any(t in ("linear_attention", "mamba", "conv") for t in layer_types):
+        return f"{kind or 'this model'} is recurrent (state-space or linear attention): it has no per-token keys a tree mask can select"
+    return None
 
 
 # ---------------------------------------------------------------------------------- cache surgery

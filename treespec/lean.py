@@ -41,6 +41,10 @@ def lean_reason(model: Any) -> str | None:
         return "pretraining_tp > 1"
     if getattr(cfg, "mlp_bias", False):
         return "the MLP has biases"
+    from treespec.kv import attention_windows
+
+    if attention_windows(cfg).by_type is not None:
+        return "its layers mix sliding-window and full attention (one mask per layer type)"
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return f"{type(model).__name__} does not keep model.layers and model.rotary_emb"

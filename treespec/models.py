@@ -24,6 +24,27 @@ MODEL_ALIASES: dict[str, str] = {
 }
 
 
+#: The targets a draft alias was made for, the first being the one `--drafter ALIAS` alone decodes
+#: with. Facts from the drafts' papers and model cards: llama-68m/160m are SpecInfer's small LLaMAs
+#: (Wikipedia + C4), the draft of the LLaMA-2 / Vicuna targets in the OPT-Tree paper; the Vicuna
+#: drafts were distilled from Vicuna conversations; the others share their family's tokenizer.
+DRAFT_TARGETS: dict[str, tuple[str, ...]] = {
+    "llama-68m": ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-13b-hf", "lmsys/vicuna-7b-v1.3"),
+    "llama-160m": ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-13b-hf", "lmsys/vicuna-7b-v1.3"),
+    "vicuna-68m": ("lmsys/vicuna-7b-v1.3", "lmsys/vicuna-13b-v1.3", "lmsys/vicuna-33b-v1.3"),
+    "vicuna-160m": ("lmsys/vicuna-7b-v1.3", "lmsys/vicuna-13b-v1.3", "lmsys/vicuna-33b-v1.3"),
+    "tinyllama": ("meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-13b-chat-hf"),
+    "qwen2.5-0.5b": ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-14B-Instruct"),
+    "gpt2": ("openai-community/gpt2-xl", "openai-community/gpt2-large"),
+}
+
+
+def default_target_for(drafter: str | None) -> str | None:
+    """The target a draft alias was made for (``DRAFT_TARGETS``), or None."""
+    targets = DRAFT_TARGETS.get(drafter or "")
+    return targets[0] if targets else None
+
+
 #: treespec's own default pair, shipped inside the package (docs/default-pair.md): alias -> folder.
 PAIR_DIR = Path(__file__).resolve().parent / "default_pair"
 PACKAGED_MODELS: dict[str, Path] = {
@@ -75,6 +96,38 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return True
     except OSError:
         return False
+
+
+def is_cached(name: str) -> bool:
+    """Whether a model needs nothing from the hub: treespec's own, a local directory, or a hub id whose
+    config.json is in the local Hugging Face cache."""
+    resolved = resolve_name(name)
+    if Path(resolved).expanduser().is_dir() or name in PACKAGED_MODELS:
+        return True
+    if resolved.count("/") != 1 or resolved.startswith((".", "/", "~")):
+        return True  # not a hub id: loading it says what is wrong
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(resolved, "config.json")
+    except Exception:  # noqa: BLE001 - an unusable cache is a cache without it
+        return False
+    return isinstance(found, str)
+
+
+def require_cached(models: list[tuple[str, str]]) -> None:
+    """Offline (HF_HUB_OFFLINE, or the hub out of reach), every hub model in ``models`` ((name, what)
+    pairs) must be cached: otherwise ONE line names every missing model and how to download them all,
+    before anything loads (rather than failing on the target, then on the draft after a download)."""
+    missing = [(name, what) for name, what in models if not is_cached(name)]
+    if not missing or not (_offline() or not _hub_reachable()):
+        return
+    why = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
+    names = " and ".join(f"{what} {name!r}" + (f" ({resolve_name(name)})" if resolve_name(name) != name else "")
+                         for name, what in missing)
+    fetch = " && ".join(f"hf download {resolve_name(name)}" for name, _ in missing)
+    raise ModelLoadError(f"{names} {'is' if len(missing) == 1 else 'are'} not in the local Hugging Face cache and "
+                         f"{why}: download {'it' if len(missing) == 1 else 'them'} first with `{fetch}`, or pass local paths")
 
 
 def _refuse_if_offline(name: str, resolved: str, what: str) -> None:

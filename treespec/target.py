@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from treespec.errors import TreespecError
-from treespec.kv import attention_window, cache_keyword, crop_cache, keep_rows, max_positions, window_mask
+from treespec.errors import ConfigError, TreespecError
+from treespec.kv import attention_windows, cache_keyword, crop_cache, keep_rows, max_positions, tree_refusal
 from treespec.tree import TreeTensors
 
 
@@ -43,7 +43,11 @@ class TargetModel:
         self._tree_len: int | None = None
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
-        self.window = attention_window(model.config)
+        reason = tree_refusal(model.config)
+        if reason is not None:
+            raise ConfigError(f"target {self.name!r} cannot verify draft trees: {reason}; use a transformer with "
+                              "rotary or learned positions (Llama, Qwen, Mistral, Gemma, GPT-2, ...)")
+        self.windows = attention_windows(model.config)  # sliding windows, applied in our own masks
         self._max_positions = max_positions(model.config)  # read once: the Decoder asks every step
         self._where()
 
@@ -110,7 +114,7 @@ class TargetModel:
     # ------------------------------------------------------------------ the three calls
     def reset(self) -> None:
         self._where()  # the model may have been moved since the last sequence
-        self.cache = DynamicCache()  # full layers: row i holds position i (see attention_window)
+        self.cache = DynamicCache()  # full layers: row i holds position i (windows: treespec.kv.AttentionWindows)
         self.past_len = 0
         self._tree_len: int | None = None  # nodes of the last forward_tree, until commit
 
@@ -142,12 +146,14 @@ class TargetModel:
         logits after node i's path) and, if asked, last-layer hidden states [N, H]."""
         n = int(tt.input_ids.shape[0])
         past = tt.attention_mask.shape[-1] - n
-        if n == 1 and (self.window is None or past < self.window):
+        window = self.windows.smallest
+        if n == 1 and (window is None or past < window):
             mask = None  # the root alone sees every cached token: the model's own causal path (a plain step)
         else:
             mask = tt.attention_mask.to(self.device, self.dtype)  # [1, 1, N, P+N]
-            kv_pos = torch.cat([torch.arange(past), tt.position_ids.cpu()])  # [P+N] position of every key
-            mask = window_mask(mask, tt.position_ids, kv_pos, self.window)
+            if window is not None:  # a tensor, or a dict of masks per layer type (Gemma 2/3)
+                kv_pos = torch.cat([torch.arange(past), tt.position_ids.cpu()])  # [P+N] position of every key
+                mask = self.windows.apply(mask, tt.position_ids, kv_pos)
         out = self._forward(
             input_ids=tt.input_ids.to(self.device)[None],  # [1, N]
             position_ids=tt.position_ids.to(self.device)[None],  # [1, N]
