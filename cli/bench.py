@@ -11,7 +11,8 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import DEVICE_HELP, DTYPE_HELP, command_line, writable_dir, writable_file
+from treespec.cli.common import (DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP, MAX_MEMORY_HELP, OFFLOAD_HELP, command_line,
+                                 writable_dir, writable_file)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -63,6 +64,9 @@ def bench(
                                                    show_default=False)] = None,
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
+    device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
+    max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
+    offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
     out: Annotated[Path, typer.Option(help="folder for results.json, steps.jsonl and the plots")] = Path("bench-out"),
     report_to: Annotated[Optional[Path], typer.Option("--report", help=REPORT_HELP)] = None,
 ) -> None:
@@ -84,7 +88,9 @@ def bench(
         fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
     builder = builder or ["opt-tree", "chain k=4"]
     baseline = _baselines(baseline, builder)
-    runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads)
+    placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
+    runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
+                     placement)
     result = {
         "command": " ".join(_quote(a) for a in command_line(ctx, {"target": target, "drafter": drafter,
                                                                   "builder": builder, "baseline": baseline or ["none"]})),
@@ -138,7 +144,8 @@ def _baselines(baseline: list[str] | None, builder: list[str]) -> list[str]:
 
 
 def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[str], max_new_tokens: int,
-            device: str | None, dtype: str | None, sampling: dict | None, seed: int, threads: int | None) -> Any:
+            device: str | None, dtype: str | None, sampling: dict | None, seed: int, threads: int | None,
+            placement: dict[str, Any]) -> Any:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -152,7 +159,7 @@ def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[
         torch.set_num_threads(threads)
     try:
         return Bench(target, drafter, builder, baseline, max_new_tokens, device=device, dtype=dtype,
-                     sampling=sampling, seed=seed)
+                     sampling=sampling, seed=seed, placement=placement)
     except TreespecError as exc:
         fail(str(exc))
 

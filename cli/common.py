@@ -18,6 +18,10 @@ D_OPTION_HELP = (
     "-D ngram.max_ngram=4 for a part of a+b). `treespec plugins` lists every option."
 )
 DEVICE_HELP = "cpu, cuda, cuda:1, mps ... (default: cpu)"
+DEVICE_MAP_HELP = ("split the target across devices or offload it (accelerate): auto, balanced, sequential, or a "
+                   "JSON file of module -> device (\"cpu\", 0, \"disk\")")
+MAX_MEMORY_HELP = "with --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB"
+OFFLOAD_HELP = "with --device-map: the folder for weights offloaded to disk"
 DTYPE_HELP = "float32, bfloat16, float16, float64 (default: float32 on CPU)"
 
 

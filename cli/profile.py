@@ -12,7 +12,8 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import D_OPTION_HELP, DEVICE_HELP, DTYPE_HELP, pair_options, writable_file
+from treespec.cli.common import (D_OPTION_HELP, DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP, MAX_MEMORY_HELP,
+                                 OFFLOAD_HELP, pair_options, writable_file)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -41,6 +42,9 @@ def profile(
     repeats: Annotated[int, typer.Option(help="measurements per point (the median is kept)")] = 5,
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
+    device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
+    max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
+    offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch [default: torch's]",
                                                    show_default=False)] = None,
     out: Annotated[Optional[Path], typer.Option(help="write the profile here instead of where runs look for it",
@@ -61,7 +65,8 @@ def profile(
 
         if threads is not None:
             torch.set_num_threads(threads)
-        dec = Decoder(target, drafter, "chain", d_opts, None, device=device, dtype=dtype)
+        dec = Decoder(target, drafter, "chain", d_opts, None, device=device, dtype=dtype, device_map=device_map,
+                      max_memory=max_memory, offload_folder=offload_folder)
         model = _measure(dec, prompt, repeats)
     except TreespecError as exc:
         fail(str(exc))

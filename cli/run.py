@@ -12,7 +12,8 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, DTYPE_HELP, pair_options, read_prompt
+from treespec.cli.common import (B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP,
+                                 MAX_MEMORY_HELP, OFFLOAD_HELP, pair_options, read_prompt)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -58,6 +59,9 @@ def run(
     seed: Annotated[int, typer.Option(help="random seed: the same seed gives the same sampled output")] = 0,
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
+    device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
+    max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
+    offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
     trust_remote_code: Annotated[bool, typer.Option(
         help="let the target run its own code from the hub (the draft: -D trust_remote_code=true)")] = False,
@@ -70,8 +74,9 @@ def run(
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                     draft_temperature=draft_temperature, rule=sampling_rule)
     text = _prompt_text(prompt, prompt_file)
+    placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     dec = _decoder(target, drafter, builder, builder_option, drafter_option, device, dtype, threads,
-                   trust_remote_code, seed)
+                   trust_remote_code, seed, placement)
     try:
         prompt_ids = _chat_ids(dec, text, system) if chat or system is not None else dec.encode(text)
     except TreespecError as exc:
@@ -101,7 +106,7 @@ def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:
 
 def _decoder(target: str | None, drafter: str | None, builder: str, builder_option: list[str] | None,
              drafter_option: list[str] | None, device: str | None, dtype: str | None, threads: int | None,
-             trust_remote_code: bool, seed: int) -> Any:
+             trust_remote_code: bool, seed: int, placement: dict[str, Any]) -> Any:
     """The Decoder the options describe (the default pair without --target); one line on any error."""
     try:
         target, drafter, b_opts, d_opts = pair_options(target, drafter, builder, builder_option, drafter_option)
@@ -116,7 +121,7 @@ def _decoder(target: str | None, drafter: str | None, builder: str, builder_opti
         if threads is not None:
             torch.set_num_threads(threads)
         return Decoder(target, drafter, builder, d_opts, b_opts, device=device, dtype=dtype,
-                       trust_remote_code=trust_remote_code)
+                       trust_remote_code=trust_remote_code, **placement)
     except TreespecError as exc:
         fail(str(exc))
 

@@ -69,6 +69,11 @@ class EagleDrafter(Drafter):
         self.forward = self.head.lean() if config.lean else self.head
         self.embed = target.model.get_input_embeddings()  # shared with the target: no copy
         self.lm_head = target.model.get_output_embeddings()
+        # their weights, read directly (cheaper than a module call), unless a device map offloaded them:
+        # then the modules' own hooks load them
+        offloaded = any(m.weight.device.type == "meta" for m in (self.embed, self.lm_head))
+        self._embed = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
+        self._head = self.lm_head if offloaded else (lambda x: F.linear(x, self.lm_head.weight, self.lm_head.bias))
         self.vocab = vocab
         # greedy acceptance calibration (eagle_train.fit_temperature): q = softmax(logits / T)
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
@@ -151,7 +156,7 @@ class EagleDrafter(Drafter):
 
     def _q(self, feats: torch.Tensor) -> torch.Tensor:
         """The draft distribution [M, V] from predicted features [M, H]."""
-        logits = F.linear(feats, self.lm_head.weight, self.lm_head.bias)[:, : self.vocab]  # [M, V]
+        logits = self._head(feats)[:, : self.vocab]  # [M, V]
         return torch.softmax(logits.float() / self.temperature, dim=-1)
 
     @torch.inference_mode()
@@ -180,7 +185,7 @@ class EagleDrafter(Drafter):
         n, dev, dtype = int(next_tokens.shape[0]), self.device, self.dtype
         out = self.forward(
             features.to(dev, dtype)[None],  # [1, n, H]
-            F.embedding(next_tokens.to(dev), self.embed.weight)[None],  # [1, n, H]
+            self._embed(next_tokens.to(dev))[None],  # [1, n, H]
             torch.arange(self.stable, self.stable + n, device=dev)[None],  # [1, n]
             causal_mask(self.stable, n, dtype)[None, None].to(dev),  # [1, 1, n, stable + n]
             self.cache,
@@ -202,7 +207,7 @@ class EagleDrafter(Drafter):
             mask = tree_mask(self.stable, tree.ancestors[index][:, rows], dtype)[None, None].to(dev)  # [1, 1, F, S+R+F]
         out = self.forward(
             feats[None],  # [1, F, H]
-            F.embedding(tree.tokens[index].to(dev), self.embed.weight)[None],  # [1, F, H]
+            self._embed(tree.tokens[index].to(dev))[None],  # [1, F, H]
             (self.stable - 1 + depths).to(dev)[None],  # [1, F]
             mask,
             self.cache,

@@ -159,8 +159,12 @@ def test_the_headline_command_picks_the_drafts_target_and_runs_from_the_cache(tm
     from conftest import hf_cache
     from treespec.models import default_target_for
 
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # huggingface_hub read HF_HOME when it was first imported (maybe by an earlier test in this worker)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     args = ["run", "--builder", "opt-tree", "--drafter", "llama-68m", "--prompt", "Once upon a time",
             "--max-new-tokens", "16", "--json"]
     res = runner.invoke(app, args)

@@ -38,6 +38,9 @@ class Decoder:
 
     ``target``: a model name/path or a ``TargetModel``; ``drafter``/``builder``: a registered name
     (or for ``drafter``, a model alias / hub id / directory) with options, or an instance.
+    ``device_map``/``max_memory``/``offload_folder`` split a target that does not fit one device, or
+    offload it to disk (accelerate, ``pip install 'treespec[accelerate]'``); drafts go on the device
+    inputs enter the target by.
     """
 
     def __init__(
@@ -50,11 +53,15 @@ class Decoder:
         device: str | None = None,
         dtype: str | torch.dtype | None = None,
         trust_remote_code: bool = False,
+        device_map: str | dict | None = None,
+        max_memory: str | dict | None = None,
+        offload_folder: str | None = None,
     ):
         self.builder = make_builder(builder, builder_options)  # cheap: fail on bad options first
         _require_models(target, drafter, drafter_options)  # offline: one line naming every missing model
         if not isinstance(target, TargetModel):
-            target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+            target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                                      device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
         self.target = target
         self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)

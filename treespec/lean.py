@@ -41,6 +41,8 @@ def lean_reason(model: Any) -> str | None:
         return "pretraining_tp > 1"
     if getattr(cfg, "mlp_bias", False):
         return "the MLP has biases"
+    if any(p.device.type == "meta" for p in model.parameters()):
+        return "its weights are offloaded by a device map (the model's own forward loads them)"
     from treespec.kv import attention_windows
 
     if attention_windows(cfg).by_type is not None:

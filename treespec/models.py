@@ -10,6 +10,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from treespec.devices import check_device, check_dtype, device_placement, device_type
 from treespec.errors import ConfigError, ModelLoadError
 
 #: Common public draft models, by short name. Facts, not code: extend freely.
@@ -160,13 +161,19 @@ def quiet_transformers() -> Any:
     in one line (a refused custom-code model would otherwise print a stray config-type warning)."""
     from transformers.utils import logging as hf_logging
 
+    import logging
+
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    placing = logging.getLogger("accelerate.big_modeling")  # "Some parameters are on the meta device ...":
+    level = placing.level  # what a device map is for, not news
+    placing.setLevel(logging.ERROR)
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
+        placing.setLevel(level)
 
 
 def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
@@ -227,11 +234,17 @@ def load_causal_lm(
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
     what: str = "model",
+    device_map: Any = None,
+    max_memory: Any = None,
+    offload_folder: Any = None,
 ) -> Any:
     """``AutoModelForCausalLM`` by alias, local path or hub id; float32 by default on CPU.
 
     ``num_hidden_layers=k`` keeps only the first k decoder layers (a self-draft made of the target's
-    own first layers); the skipped layers' weights are ignored quietly.
+    own first layers); the skipped layers' weights are ignored quietly. ``device_map`` (``auto``,
+    ``balanced``, ``sequential``, a dict or a JSON file of module -> device), ``max_memory`` (a dict
+    or ``"0=20GiB,cpu=60GiB"``) and ``offload_folder`` split the model across devices or offload it to
+    disk through accelerate (``treespec[accelerate]``); see ``device_placement``.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -239,15 +252,16 @@ def load_causal_lm(
     device, dtype = check_device(device), check_dtype(dtype)
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    kwargs.update(device_placement(device_map, max_memory, offload_folder, device))
     if num_hidden_layers is not None:
         _check_layers(name, num_hidden_layers, trust_remote_code)
         kwargs["num_hidden_layers"] = num_hidden_layers
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    kwargs["dtype"] = dtype if dtype is not None else (torch.float32 if _device_type(device) == "cpu" else "auto")
+    kwargs["dtype"] = dtype if dtype is not None else (torch.float32 if device_type(device) == "cpu" else "auto")
     with quiet_transformers():
         model = _load(AutoModelForCausalLM, name, what, **kwargs)
-    if device is not None:
+    if device is not None and "device_map" not in kwargs:
         model = model.to(device)
     return model.eval()
 
@@ -267,53 +281,11 @@ def _check_layers(name: str, layers: int, trust_remote_code: bool) -> None:
         )
 
 
-DTYPES = ("float32", "float64", "float16", "bfloat16")
-
-
-def check_dtype(dtype: Any) -> Any:
-    """A torch dtype from ``dtype`` (a name, ``auto``/None for the default, or a torch.dtype)."""
-    import torch
-
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return None
-    if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)} or auto")
-    return getattr(torch, dtype)
-
-
-def check_device(device: Any) -> Any:
-    """``device`` as given, once torch can parse it and it exists on this machine."""
-    import torch
-
-    if device is None:
-        return None
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps ({_first_line(exc)[:60]}...)") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-        raise ConfigError(f"device {device!r} is not available: {why}; use --device cpu (or install a CUDA build of torch)")
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise ConfigError(f"device {device!r} is not available: {torch.cuda.device_count()} CUDA device(s) visible")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"device {device!r} is not available on this machine; use --device cpu")
-    return device
-
-
 def load_tokenizer(name: str, trust_remote_code: bool = False, what: str = "tokenizer") -> Any:
     from transformers import AutoTokenizer
 
     with quiet_transformers():
         return _load(AutoTokenizer, name, what, trust_remote_code=trust_remote_code)
-
-
-def _device_type(device: Any) -> str:
-    if device is None:
-        return "cpu"
-    return str(device).split(":")[0]
 
 
 def check_same_tokenizer(target_tok: Any, draft_tok: Any, target_name: str, draft_name: str) -> None:

@@ -53,10 +53,18 @@ class TargetModel:
 
     # ------------------------------------------------------------------ facts about the model
     def _where(self) -> None:
-        """Read the model's device and dtype (from its first parameter) once: at construction and at
-        every new sequence, not on every step."""
+        """Read the model's device and dtype once: at construction and at every new sequence, not on
+        every step. The device is where inputs go: the first parameter's, or for a model placed by a
+        device map (accelerate: split across devices, offloaded to disk) its embedding's execution
+        device; each layer then moves what it reads to its own device."""
         first = next(self.model.parameters())
         self._device, self._dtype = first.device, first.dtype
+        if getattr(self.model, "hf_device_map", None):
+            emb = self.model.get_input_embeddings()
+            hook = getattr(emb, "_hf_hook", None)
+            device = getattr(hook, "execution_device", None) if hook is not None else None
+            weight = emb.weight.device
+            self._device = torch.device(device) if device is not None else (weight if weight.type != "meta" else torch.device("cpu"))
 
     @property
     def device(self) -> torch.device:
@@ -105,7 +113,9 @@ class TargetModel:
     @classmethod
     def load(cls, name_or_path: str, trust_remote_code: bool = False, **kwargs: Any) -> "TargetModel":
         """Load model and tokenizer by alias, local path or hub id (see ``treespec.models``); the
-        model's own code from the hub runs only with ``trust_remote_code=True``."""
+        model's own code from the hub runs only with ``trust_remote_code=True``. ``kwargs``: ``device``,
+        ``dtype``, or ``device_map`` / ``max_memory`` / ``offload_folder`` to split the model across
+        devices or offload it to disk (accelerate; ``treespec.devices.device_placement``)."""
         from treespec.models import load_causal_lm, load_tokenizer
 
         model = load_causal_lm(name_or_path, trust_remote_code=trust_remote_code, **kwargs)

@@ -90,6 +90,7 @@ class Bench:
         dtype: str | None = None,
         sampling: dict[str, Any] | None = None,
         seed: int = 0,
+        placement: dict[str, Any] | None = None,
     ):
         """``sampling``: None for greedy decoding, else ``{"temperature": t, "top_p": p, "top_k": k}``
         (t > 0) for every configuration: treespec samples exactly, the Hugging Face rows call
@@ -104,7 +105,7 @@ class Bench:
             SamplingParams(**self.sampling)  # one-line errors for bad settings
         self.seed = seed
         self.reference = "hf-greedy" if self.sampling is None else "hf-sample"
-        self.target = TargetModel.load(target, device=device, dtype=dtype)
+        self.target = TargetModel.load(target, device=device, dtype=dtype, **(placement or {}))  # device_map, ...
         self.target_name = target
         self.configs: list[Config] = [Config(self.reference, "hf-greedy", run=self._hf_runner({}))]
         hf_drafts = self._add_treespec(drafters, builders)

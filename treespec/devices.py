@@ -1,0 +1,116 @@
+"""Where a model lives and in what precision: devices, dtypes, and accelerate device maps (layers
+split across devices or offloaded to disk), each checked before anything loads, in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from treespec.errors import ConfigError
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def device_placement(device_map: Any, max_memory: Any, offload_folder: Any, device: Any = None) -> dict[str, Any]:
+    """``from_pretrained`` arguments that place a model across devices or on disk (accelerate), from
+    what a user types: a device_map name or JSON file, ``max_memory`` as ``"0=20GiB,cpu=60GiB"``, an
+    offload folder. Empty if none is given; one line of error for anything wrong."""
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise ConfigError("--max-memory and --offload-folder go with --device-map (e.g. --device-map auto)")
+        return {}
+    if device is not None:
+        raise ConfigError("give --device or --device-map, not both (a device map places every module itself)")
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise ConfigError("--device-map needs accelerate: pip install 'treespec[accelerate]' (or pip install accelerate)")
+    out: dict[str, Any] = {"device_map": _device_map(device_map)}
+    if max_memory is not None:
+        out["max_memory"] = _max_memory(max_memory)
+    if offload_folder is not None:
+        folder = Path(offload_folder)
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"--offload-folder {folder} is a file: give a directory (it is created if missing)")
+        folder.mkdir(parents=True, exist_ok=True)
+        out["offload_folder"] = str(folder)
+        out["offload_state_dict"] = True
+    return out
+
+
+def _device_map(value: Any) -> Any:
+    if isinstance(value, dict) or value in DEVICE_MAPS:
+        return value
+    path = Path(str(value))
+    if not path.is_file():
+        raise ConfigError(f"--device-map {value!r}: use {', '.join(DEVICE_MAPS)} or a JSON file of module -> device")
+    import json
+
+    try:
+        mapping = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--device-map {path}: not JSON ({first_line(exc)}); give a JSON object of module -> device") from None
+    if not isinstance(mapping, dict) or not mapping:
+        raise ConfigError(f"--device-map {path}: give a JSON object of module name -> device (\"cpu\", 0, \"disk\", ...)")
+    return mapping
+
+
+def _max_memory(value: Any) -> dict[Any, str]:
+    if isinstance(value, dict):
+        return value
+    out: dict[Any, str] = {}
+    for part in str(value).split(","):
+        key, sep, amount = part.partition("=")
+        if not sep or not key.strip() or not amount.strip():
+            raise ConfigError(f"--max-memory {value!r}: use DEVICE=AMOUNT pairs, e.g. 0=20GiB,cpu=60GiB")
+        key = key.strip()
+        out[int(key) if key.isdigit() else key] = amount.strip()
+    return out
+
+
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def check_dtype(dtype: Any) -> Any:
+    """A torch dtype from ``dtype`` (a name, ``auto``/None for the default, or a torch.dtype)."""
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return None
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)} or auto")
+    return getattr(torch, dtype)
+
+
+def check_device(device: Any) -> Any:
+    """``device`` as given, once torch can parse it and it exists on this machine."""
+    import torch
+
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps ({first_line(exc)[:60]}...)") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ConfigError(f"device {device!r} is not available: {why}; use --device cpu (or install a CUDA build of torch)")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {device!r} is not available: {torch.cuda.device_count()} CUDA device(s) visible")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {device!r} is not available on this machine; use --device cpu")
+    return device
+
+
+def device_type(device: Any) -> str:
+    if device is None:
+        return "cpu"
+    return str(device).split(":")[0]
