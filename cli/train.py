@@ -20,6 +20,10 @@ Examples:
 
   treespec run --target ../shared/models/stories260K --drafter eagle -D head=heads/s260k --builder opt-tree
 
+  treespec train eagle --version 3 --data code.jsonl --limit 3000 --epochs 4 --out heads/py-eagle3
+
+  treespec run --drafter eagle3 -D head=heads/py-eagle3
+
 Run the same command again to resume after an interruption (OUT/checkpoint.pt); the target's
 generations are kept in OUT/data.pt and reused.
 """
@@ -41,12 +45,16 @@ def eagle(
     layers: Annotated[int, typer.Option(help="decoder layers in the head (EAGLE-1/2: 1)")] = 1,
     epochs: Annotated[int, typer.Option()] = 10,
     batch_size: Annotated[int, typer.Option()] = 32,
-    lr: Annotated[float, typer.Option(help="peak learning rate (AdamW, warm-up then linear decay)")] = 3e-3,
+    lr: Annotated[Optional[float], typer.Option(help="peak learning rate (AdamW, warm-up then linear decay) [default: 3e-3; EAGLE-3: 1e-3]", show_default=False)] = None,
     noise: Annotated[float, typer.Option(help="uniform noise on input features, relative to their std")] = 0.2,
     seed: Annotated[int, typer.Option()] = 0,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads")] = None,
+    version: Annotated[int, typer.Option(help="1: an EAGLE-1/2 head (--drafter eagle); 3: an EAGLE-3 head with training-time test (--drafter eagle3)")] = 1,
+    ttt_steps: Annotated[int, typer.Option(help="EAGLE-3: steps the head is unrolled on its own outputs")] = 7,
+    draft_vocab: Annotated[Optional[int], typer.Option(help="EAGLE-3: the draft vocabulary's size (the most frequent target ids) [default: the target's, up to 32000]", show_default=False)] = None,
 ) -> None:
-    """Train an EAGLE-1/2 head: feature regression + token loss on the target's own greedy generations."""
+    """Train an EAGLE head on the target's own greedy generations: EAGLE-1/2 (feature regression +
+    token loss) or, with --version 3, EAGLE-3 (three fused target layers, training-time test)."""
     import torch
 
     from treespec.cli import TrainingProgress
@@ -55,12 +63,18 @@ def eagle(
 
     if threads:
         torch.set_num_threads(threads)
-    for name, value in (("--limit", limit), ("--epochs", epochs), ("--batch-size", batch_size), ("--layers", layers)):
+    for name, value in (("--limit", limit), ("--epochs", epochs), ("--batch-size", batch_size), ("--layers", layers),
+                        ("--ttt-steps", ttt_steps)):
         if value <= 0:
             _fail(f"{name} must be > 0, got {value}")
+    if version not in (1, 3):
+        _fail(f"--version {version}: use 1 (EAGLE-1/2) or 3 (EAGLE-3)")
+    if version == 3:
+        return _eagle3(out, data, target or DEFAULT_TARGET, offset, limit, holdout, max_new_tokens, layers, epochs,
+                       batch_size, lr if lr is not None else 1e-3, seed, ttt_steps, draft_vocab)
     settings = TrainSettings(
         target=target or DEFAULT_TARGET, data=data, out=out, offset=offset, limit=limit, holdout=holdout,
-        max_new_tokens=max_new_tokens, layers=layers, epochs=epochs, batch_size=batch_size, lr=lr, noise=noise, seed=seed,
+        max_new_tokens=max_new_tokens, layers=layers, epochs=epochs, batch_size=batch_size, lr=lr if lr is not None else 3e-3, noise=noise, seed=seed,
     )
     with TrainingProgress() as (progress, log):
         try:
@@ -73,6 +87,28 @@ def eagle(
         f"generated positions of {summary['held_out_sequences']} held-out prompts"
     )
     typer.echo(f"use it: treespec run --target {settings.target} --drafter eagle -D head={out}")
+
+
+def _eagle3(out: str, data: str, target: str, offset: int, limit: int, holdout: float, max_new_tokens: int,
+            layers: int, epochs: int, batch_size: int, lr: float, seed: int, ttt_steps: int, draft_vocab: int | None) -> None:
+    from treespec.cli import TrainingProgress
+    from treespec.plugins.eagle3_train import Train3Settings, train3
+
+    if layers != 1:
+        _fail("--layers: EAGLE-3 heads have one decoder layer (the published layout); drop --layers")
+    settings = Train3Settings(target=target, data=data, out=out, offset=offset, limit=limit, holdout=holdout,
+                              max_new_tokens=max_new_tokens, epochs=epochs, batch_size=batch_size, lr=lr,
+                              ttt_steps=ttt_steps, draft_vocab=draft_vocab, seed=seed)
+    with TrainingProgress() as (progress, log):
+        try:
+            summary = train3(settings, progress=progress, log=log)
+        except TreespecError as exc:
+            _fail(str(exc))
+    steps = " ".join(f"{a:.3f}" for a in summary["top1_per_step"])
+    typer.echo(f"EAGLE-3 head ({summary['parameters']:,} parameters, draft vocabulary {summary['draft_vocab']}, "
+               f"target layers {summary['layers']}) → {out}: held-out top-1 agreement per unrolled step {steps} "
+               f"on {summary['held_out_positions']} generated positions")
+    typer.echo(f"use it: treespec run --target {target} --drafter eagle3 -D head={out}")
 
 
 from treespec.cli.train_pair import EPILOG as PAIR_EPILOG, pair  # noqa: E402  (the sub-command lives in its own module)

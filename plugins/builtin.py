@@ -11,6 +11,7 @@ from treespec.plugins.configs import (
     ChainConfig,
     ComposeConfig,
     EagleConfig,
+    Eagle3Config,
     Eagle2Config,
     ModelDrafterConfig,
     DatastoreConfig,
@@ -97,6 +98,12 @@ def treespec_drafters() -> list[PluginSpec]:
             summary="an EAGLE-1/2 head: one decoder layer drafting from the target's features, reusing its embeddings and head",
             config=EagleConfig,
             load="treespec.plugins.eagle:EagleDrafter",
+        ),
+        PluginSpec(
+            name="eagle3",
+            summary="an EAGLE-3 head: one decoder layer drafting over its own vocabulary from three of the target's layers",
+            config=Eagle3Config,
+            load="treespec.plugins.eagle3:Eagle3Drafter",
         ),
     ]
 

@@ -100,6 +100,11 @@ class ComposedDrafter(Drafter):
         self.parts = parts
         # per instance (the class attributes are the defaults the Decoder would otherwise read)
         self.needs_target_hidden = any(p.needs_target_hidden for p in parts)  # type: ignore[misc]
+        wanted = {p.target_hidden_layers for p in parts if p.needs_target_hidden}
+        if len(wanted) > 1:
+            raise ConfigError("compose: its parts need different hidden states of the target (e.g. eagle and eagle3); "
+                              "compose at most one kind of EAGLE head")
+        self.target_hidden_layers = next(iter(wanted), None)  # type: ignore[misc]
         self.provides_probabilities = (  # type: ignore[misc]
             config.merge == "mix" and all(p.provides_probabilities for p in parts)
         )

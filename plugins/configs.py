@@ -178,3 +178,23 @@ class EagleConfig(PluginConfig):
         description="the head's q = softmax(logits / T), which shapes trees (never what is accepted) "
         "[default: the calibration temperature stored with the head by `treespec train eagle`, else 1]",
     )
+
+class Eagle3Config(PluginConfig):
+    head: str | None = Field(
+        None,
+        description="the EAGLE-3 head: a local directory (config.json + model.safetensors or pytorch_model.bin), "
+        "or a hub id such as yuhuili/EAGLE3-LLaMA3.1-Instruct-8B; train one with `treespec train eagle --version 3` "
+        "[default: the packaged head for treespec-py if one ships, else required]",
+    )
+    layers: list[int] | None = Field(
+        None,
+        description="the target's three feature layers as hidden_states indices (i = the input of layer i) "
+        "[default: the head config's eagle_aux_hidden_state_layer_ids + 1, else (2, L//2, L-3)]",
+    )
+    temperature: float | None = Field(
+        None,
+        gt=0,
+        description="the head's q = softmax(logits / T), which shapes trees (never what is accepted) "
+        "[default: the calibration temperature stored with the head by `treespec train eagle`, else 1]",
+    )
+

@@ -144,20 +144,9 @@ class LeanEagleHead:
 def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target") -> tuple[EagleHead, dict[str, Any]]:
     """Load a head by local directory, alias-free hub id, or the Hugging Face cache; refuse one whose
     hidden size or vocabulary does not match the target's (``hidden``, ``vocab``)."""
-    from treespec.models import snapshot_dir
-
-    folder = snapshot_dir(name, ["config.json", *WEIGHT_FILES], what="EAGLE head")
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise ModelLoadError(f"EAGLE head {name!r}: {folder} has no config.json; pass the head's directory")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"EAGLE head {name!r}: {cfg_path} is not valid JSON ({exc}); download or save the head again") from None
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"EAGLE head {name!r}: {cfg_path} is not a config object; download or save the head again")
-    if any("eagle3" in str(a).lower() for a in raw.get("architectures") or []):
-        raise ConfigError(f"EAGLE head {name!r} is an EAGLE-3 head; drafter 'eagle' loads EAGLE-1/2 heads only")
+    raw, folder = read_config(name)
+    if any("eagle3" in str(a).lower() for a in raw.get("architectures") or []) or "draft_vocab_size" in raw:
+        raise ConfigError(f"EAGLE head {name!r} is an EAGLE-3 head: use --drafter eagle3")
     h, v = raw.get("hidden_size"), raw.get("vocab_size")
     if h != hidden:
         raise ConfigError(
@@ -169,17 +158,14 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
             f"EAGLE head {name!r} has a vocabulary of {v} tokens but {target_name} has {vocab}: use a head "
             f"trained for this target (`treespec train eagle --target ...`)"
         )
-    state = _read_weights(folder, name)
+    state = read_weights(folder, name)
     state.pop("layers.0.input_layernorm.weight", None)  # never used (layer 0 has no input norm); older saves had it
     emb = state.pop("embed_tokens.weight", None)
     if emb is not None and tuple(emb.shape) != (vocab, hidden):
         raise ConfigError(f"EAGLE head {name!r}: its embed_tokens is {tuple(emb.shape)}, the target's is {(vocab, hidden)}")
     fc = state.get("fc.weight")
     if fc is not None and fc.dim() == 2 and fc.shape[1] == 3 * hidden:
-        raise ConfigError(
-            f"EAGLE head {name!r} is an EAGLE-3 head (its fc fuses 3 feature layers: {tuple(fc.shape)}); "
-            "drafter 'eagle' loads EAGLE-1/2 heads only"
-        )
+        raise ConfigError(f"EAGLE head {name!r} is an EAGLE-3 head (its fc fuses 3 feature layers): use --drafter eagle3")
     config = LlamaConfig(**{k: val for k, val in raw.items() if k not in ("bias", "treespec")})
     head = EagleHead(config, bias=bool(raw.get("bias", True)))
     try:
@@ -196,7 +182,25 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
     return head.eval(), raw.get("treespec", {})
 
 
-def _read_weights(folder: Path, name: str) -> dict[str, torch.Tensor]:
+def read_config(name: str) -> tuple[dict[str, Any], Path]:
+    """(config.json as a dict, the head's folder) for a local directory, hub id or cached head."""
+    from treespec.models import snapshot_dir
+
+    folder = snapshot_dir(name, ["config.json", *WEIGHT_FILES], what="EAGLE head")
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"EAGLE head {name!r}: {folder} has no config.json; pass the head's directory")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"EAGLE head {name!r}: {cfg_path} is not valid JSON ({exc}); download or save the head again") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"EAGLE head {name!r}: {cfg_path} is not a config object; download or save the head again")
+    return raw, folder
+
+
+def read_weights(folder: Path, name: str) -> dict[str, torch.Tensor]:
+    """The head's tensors from model.safetensors or pytorch_model.bin (weights_only), keys unprefixed."""
     st, pt = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
     if not st.is_file() and not pt.is_file():
         raise ModelLoadError(f"EAGLE head {name!r}: {folder} has neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")

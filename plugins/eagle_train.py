@@ -70,11 +70,13 @@ class Sequence:
     ids: torch.Tensor  # [T] long: prompt + the target's continuation
     feats: torch.Tensor  # [T, H] the target's last hidden states
     prompt_len: int
+    fused: torch.Tensor | None = None  # [T, k·H] hidden states of k chosen layers (EAGLE-3), if collected
 
 
 def sequences(data: dict[str, Any]) -> list[Sequence]:
     """The sequences of a ``data.pt`` read with ``checkpoint.load_data`` (stored as plain dicts)."""
-    return [Sequence(ids=x["ids"], feats=x["feats"], prompt_len=int(x["prompt_len"])) for x in data["seqs"]]
+    return [Sequence(ids=x["ids"], feats=x["feats"], prompt_len=int(x["prompt_len"]), fused=x.get("fused"))
+            for x in data["seqs"]]
 
 
 Progress = Callable[[str, int, int, str], None]  # (task, done, total, info)
@@ -86,8 +88,10 @@ def _quiet(task: str, done: int, total: int, info: str) -> None:
 
 # ---------------------------------------------------------------------- data
 @torch.inference_mode()
-def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, batch: int, progress: Progress) -> list[Sequence]:
-    """The target's greedy continuation of every prompt, and its features along prompt + continuation."""
+def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, batch: int, progress: Progress,
+            layers: tuple[int, ...] | None = None) -> list[Sequence]:
+    """The target's greedy continuation of every prompt, and its features along prompt + continuation
+    (and, with ``layers``, the hidden states of those layers concatenated: EAGLE-3's fused input)."""
     model, dev, eos = target.model, target.device, target.eos_token_ids
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     done: dict[int, Sequence] = {}
@@ -116,9 +120,13 @@ def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, 
         ids = torch.zeros(len(idx), width, dtype=torch.long)  # [B, T] right-padded
         for r, i in enumerate(idx):
             ids[r, : done[i].ids.numel()] = done[i].ids
-        hs = model(input_ids=ids.to(dev), output_hidden_states=True).hidden_states[-1].float().cpu()  # [B, T, H]
+        states = model(input_ids=ids.to(dev), output_hidden_states=True).hidden_states
+        hs = states[-1].float().cpu()  # [B, T, H]
+        fused = torch.cat([states[j] for j in layers], -1).float().cpu() if layers else None  # [B, T, k·H]
         for r, i in enumerate(idx):
             done[i].feats = hs[r, : done[i].ids.numel()].clone()
+            if fused is not None:
+                done[i].fused = fused[r, : done[i].ids.numel()].clone()
         progress("computing the target's features", min(b0 + batch, len(order)), len(order), "")
     return [done[i] for i in range(len(prompts))]
 
@@ -217,8 +225,8 @@ def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k != "out"}
 
 
-def _training_data(target: TargetModel, s: TrainSettings, out: Path, progress: Progress,
-                   log: Callable[[str], None]) -> list:
+def _training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
+                   log: Callable[[str], None], layers: tuple[int, ...] | None = None) -> list:
     """The target's own generations for the dataset's prompts, with its features: reused from
     ``OUT/data.pt`` when that was made with the same data settings, else generated and saved."""
     from treespec.bench.datasets import format_turns, load_prompts
@@ -239,9 +247,10 @@ def _training_data(target: TargetModel, s: TrainSettings, out: Path, progress: P
     if limit:
         prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
     t0 = time.perf_counter()
-    seqs = collect(target, prompts, s.max_new_tokens, s.batch_size, progress)
-    save_atomic({"key": s.data_key(), "seqs": [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} for x in seqs]},
-                data_file)  # plain tensors and ints: read back with weights_only
+    seqs = collect(target, prompts, s.max_new_tokens, s.batch_size, progress, layers)
+    rows = [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} | ({"fused": x.fused} if layers else {})
+            for x in seqs]
+    save_atomic({"key": s.data_key(), "seqs": rows}, data_file)  # plain tensors and ints: read back with weights_only
     log(f"generated {sum(x.ids.numel() - x.prompt_len for x in seqs)} tokens for {len(seqs)} prompts "
         f"in {time.perf_counter() - t0:.0f} s → {data_file}")
     return seqs

@@ -120,3 +120,119 @@ def eagle1_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor,
     m = _rms(x, s["layers.0.post_attention_layernorm.weight"], eps)
     mlp = (torch.nn.functional.silu(m @ s["layers.0.mlp.gate_proj.weight"].T) * (m @ s["layers.0.mlp.up_proj.weight"].T))
     return x + mlp @ s["layers.0.mlp.down_proj.weight"].T
+
+
+# ---------------------------------------------------------------------------------------------- EAGLE-3
+# SafeAILab/EAGLE ``eagle/model/cnets.py`` (inference) and ``eagle/traineagle3/`` (training, its
+# ``config.json``), behind ``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``; vLLM's ``llama_eagle3.py`` and
+# SGLang's ``llama_eagle3.py`` load the same keys:
+#
+# * state_dict keys: ``fc.weight`` [H, 3·Ht] (no bias), ``midlayer.self_attn.{q,k,v}_proj.weight``
+#   [heads·d, 2H] (attention reads [embedding; hidden]), ``midlayer.self_attn.o_proj.weight`` [H, heads·d],
+#   ``midlayer.mlp.{gate,up,down}_proj.weight``, ``midlayer.{input_layernorm,hidden_norm,
+#   post_attention_layernorm}.weight``, ``norm.weight``, ``lm_head.weight`` [Vd, H], buffers ``d2t``
+#   (int64 [Vd], OFFSETS: target id = d + d2t[d]) and ``t2d`` (bool [V]); no embedding (frozen, not saved);
+# * ``pytorch_model.bin`` in fp16 (HalfStorage, BoolStorage, LongStorage);
+# * ``config.json`` as ``traineagle3/config.json``: a Llama config with ``draft_vocab_size``, no rope_theta.
+#
+# Forward: g = fc(cat[h_low, h_mid, h_high]) (fc only when the input is 3·Ht wide); x = cat[
+# input_layernorm(embed(x_{j+1})), hidden_norm(g)]; h = g + o_proj(attn(x)); out = h +
+# mlp(post_attention_layernorm(h)); logits = lm_head(norm(out)) over the draft vocabulary.
+# The three layers: the inputs of target layers (2, L//2, L-3) = Hugging Face hidden_states[i].
+
+EAGLE3_CONFIG = {  # eagle/traineagle3/config.json's fields, sizes scaled to the target
+    "architectures": ["LlamaForCausalLM"], "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu",
+    "initializer_range": 0.02, "model_type": "llama", "num_hidden_layers": 1, "pad_token_id": 0,
+    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.28.1", "use_cache": True,
+}
+
+
+def eagle3_head(folder: Path, hidden: int, vocab: int, draft_vocab: int, heads: int = 8, kv_heads: int = 4,
+                intermediate: int = 172, dtype: torch.dtype = torch.float16, seed: int = 3, fmt: str = "bin",
+                max_positions: int = 512, used: torch.Tensor | None = None) -> Path:
+    """Write an EAGLE-3 head in the published layout with random weights. The draft vocabulary is
+    ``used`` (ascending target ids; default: every other id from 1, or all if that does not fit) as ``scandata`` builds it:
+    d2t[i] = used[i] - i, t2d[j] = j in used."""
+    gen = torch.Generator().manual_seed(seed)
+    d = hidden // heads
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) / math.sqrt(shape[-1])).to(dtype)
+
+    if used is None:
+        used = torch.arange(1, 2 * draft_vocab, 2) if 2 * draft_vocab <= vocab else torch.arange(draft_vocab)
+    used = used.sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[used] = True
+    state = {
+        "fc.weight": w(hidden, 3 * hidden),
+        "midlayer.self_attn.q_proj.weight": w(heads * d, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": w(kv_heads * d, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": w(kv_heads * d, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": w(hidden, heads * d),
+        "midlayer.mlp.gate_proj.weight": w(intermediate, hidden),
+        "midlayer.mlp.up_proj.weight": w(intermediate, hidden),
+        "midlayer.mlp.down_proj.weight": w(hidden, intermediate),
+        "midlayer.hidden_norm.weight": (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype),
+        "midlayer.input_layernorm.weight": (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype),
+        "midlayer.post_attention_layernorm.weight": (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype),
+        "norm.weight": (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype),
+        "lm_head.weight": (4 * torch.randn(draft_vocab, hidden, generator=gen) / math.sqrt(hidden)).to(dtype),
+        "d2t": used - torch.arange(draft_vocab),
+        "t2d": t2d,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    if fmt == "bin":
+        torch.save(state, folder / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+
+        save_file(state, str(folder / "model.safetensors"))
+    config = dict(EAGLE3_CONFIG, hidden_size=hidden, vocab_size=vocab, draft_vocab_size=draft_vocab,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
+                  max_position_embeddings=max_positions)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def eagle3_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor, embedding: torch.Tensor,
+                   start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The published forward over one causal sequence from the files alone: features [T, 3·Ht] (the
+    target's three layers at x_j) or [T, H] (the head's own outputs), tokens [T] (x_{j+1}), positions
+    start..start+T-1 (no cache: start only shifts RoPE). Returns (pre-norm outputs [T, H], logits over
+    the TARGET vocabulary [T, V] with -inf outside the draft vocabulary), float64."""
+    cfg = json.loads((folder / "config.json").read_text())
+    if (folder / "pytorch_model.bin").is_file():
+        state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    else:
+        from safetensors.torch import load_file
+
+        state = load_file(str(folder / "model.safetensors"))
+    s = {k: (v.double() if v.is_floating_point() else v) for k, v in state.items()}
+    heads, kv, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
+    theta = cfg.get("rope_theta", 10000.0)
+    h = cfg["hidden_size"]
+    t = features.shape[0]
+    d = h // heads
+    g = features.double()
+    if g.shape[-1] != h:
+        g = g @ s["fc.weight"].T
+    x = torch.cat([_rms(embedding.double()[tokens], s["midlayer.input_layernorm.weight"], eps),
+                   _rms(g, s["midlayer.hidden_norm.weight"], eps)], -1)
+    pos = torch.arange(start, start + t)
+    q = _rope((x @ s["midlayer.self_attn.q_proj.weight"].T).view(t, heads, d).transpose(0, 1), pos, theta)
+    k = _rope((x @ s["midlayer.self_attn.k_proj.weight"].T).view(t, kv, d).transpose(0, 1), pos, theta)
+    v = (x @ s["midlayer.self_attn.v_proj.weight"].T).view(t, kv, d).transpose(0, 1)
+    k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
+    scores = q @ k.transpose(1, 2) / math.sqrt(d) + torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)
+    attn = (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(t, heads * d)
+    hid = g + attn @ s["midlayer.self_attn.o_proj.weight"].T
+    m = _rms(hid, s["midlayer.post_attention_layernorm.weight"], eps)
+    out = hid + (torch.nn.functional.silu(m @ s["midlayer.mlp.gate_proj.weight"].T) * (m @ s["midlayer.mlp.up_proj.weight"].T)) \
+        @ s["midlayer.mlp.down_proj.weight"].T
+    draft_logits = _rms(out, s["norm.weight"], eps) @ s["lm_head.weight"].T  # [T, Vd]
+    logits = torch.full((t, cfg["vocab_size"]), float("-inf"), dtype=torch.float64)
+    ids = torch.arange(cfg["draft_vocab_size"]) + s["d2t"]
+    logits[:, ids] = draft_logits
+    return out, logits

@@ -61,7 +61,7 @@ def measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], r
     def verify_once(n: int) -> tuple[float, float]:
         tree = random_tree(prompt[-1], n, target.vocab_size, gen)
         clock = step.Clock()
-        verdict = step.verify(target, tree, step.greedy, drafter.needs_target_hidden, clock)
+        verdict = step.verify(target, tree, step.greedy, step.hidden_request(drafter), clock)
         start = time.perf_counter()
         target.commit(verdict.acceptance.nodes[:1])  # keep the root only: the prefix grows by one token
         return clock.seconds["verify"], clock.seconds["bookkeeping"] + time.perf_counter() - start
@@ -93,7 +93,7 @@ def measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], r
         for _ in range(3):  # a short chain of the draft's best guesses, verified and committed
             prop = drafter.expand(tree, node, 1)
             node = tree.add_children(node, prop.tokens[:, 0], prop.q[:, 0].clamp(min=1e-6))
-        verdict = step.verify(target, tree, step.greedy, drafter.needs_target_hidden, step.Clock())
+        verdict = step.verify(target, tree, step.greedy, step.hidden_request(drafter), step.Clock())
         target_root[0] = step.commit(target, drafter, verdict)[-1]
         drafter.begin_step(int(target_root[0]))
         start = time.perf_counter()

@@ -39,6 +39,7 @@ class PrefillContext:
     input_ids: "torch.Tensor"  # [L] long: the whole prompt; its last token is the first root
     hidden: "torch.Tensor | None" = None  # [L-1, H] the target's hidden states of prompt[:-1],
     #                                       given only to drafters with needs_target_hidden
+    #                                       ([L-1, k·H] for k target_hidden_layers)
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Commit:
     ``tokens`` are the accepted draft tokens followed by the target's bonus token; they extend the
     committed sequence, and the bonus token is the next step's root. ``hidden`` (only for drafters
     with ``needs_target_hidden``) holds the target's hidden states of the old root and the accepted
-    nodes: ``[len(tokens), H]``, row i being the state at the token *before* ``tokens[i]``.
+    nodes: ``[len(tokens), H]`` (``k·H`` for k ``target_hidden_layers``), row i being the state at the token *before* ``tokens[i]``.
     """
 
     tokens: list[int]
@@ -84,6 +85,10 @@ class Drafter(ABC):
     Config: ClassVar[type[PluginConfig]] = PluginConfig
     #: the Decoder asks the target for hidden states (PrefillContext.hidden, Commit.hidden) only if set
     needs_target_hidden: ClassVar[bool] = False
+    #: which hidden states, when ``needs_target_hidden``: None = the last layer's (after the final
+    #: norm; EAGLE-1/2), else indices into Hugging Face's ``hidden_states`` (0 = the embeddings, i = the
+    #: input of decoder layer i), concatenated on the feature axis (EAGLE-3: three layers, [N, 3H])
+    target_hidden_layers: ClassVar[tuple[int, ...] | None] = None
     #: False when q are scores (e.g. normalised match counts) rather than the draft's probabilities
     provides_probabilities: ClassVar[bool] = True
 

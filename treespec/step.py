@@ -94,11 +94,19 @@ class Step:
         return self.verdict.acceptance
 
 
+def hidden_request(drafter: Drafter) -> "bool | tuple[int, ...]":
+    """What to ask the target for: False (no hidden states), True (the last layer's) or the indices of
+    the layers whose hidden states the drafter wants concatenated (``Drafter.target_hidden_layers``)."""
+    if not drafter.needs_target_hidden:
+        return False
+    return tuple(drafter.target_hidden_layers) if drafter.target_hidden_layers else True
+
+
 def prefill(target: "TargetModel", drafter: Drafter, prompt: list[int]) -> None:
     """Start a sequence: the target caches ``prompt[:-1]`` (the last token is the first root) and the
     drafter gets the whole prompt, with the target's hidden states of ``prompt[:-1]`` if it asks."""
     ids = torch.tensor(prompt, dtype=torch.long)  # [L]
-    hidden = target.prefill(ids[:-1], want_hidden=drafter.needs_target_hidden)  # [L-1, H] or None
+    hidden = target.prefill(ids[:-1], want_hidden=hidden_request(drafter))  # [L-1, H] or None
     drafter.prefill(PrefillContext(input_ids=ids, hidden=hidden))
 
 
@@ -111,7 +119,8 @@ def draft(drafter: Drafter, builder: TreeBuilder, root: int, max_depth: int) -> 
     return tree
 
 
-def verify(target: "TargetModel", tree: DraftTree, accept: AcceptRule, want_hidden: bool, clock: Clock) -> Verdict:
+def verify(target: "TargetModel", tree: DraftTree, accept: AcceptRule, want_hidden: "bool | tuple[int, ...]",
+           clock: Clock) -> Verdict:
     """ONE target forward over every node of ``tree``, then ``accept`` decides."""
     clock.lap("bookkeeping")  # whatever came before, up to here
     tt = tree.tensors(target.past_len, dtype=target.dtype)
@@ -148,7 +157,7 @@ def step(
     clock = Clock()
     tree = draft(drafter, builder, root, max_depth)
     clock.lap("draft")
-    verdict = verify(target, tree, accept, drafter.needs_target_hidden, clock)
+    verdict = verify(target, tree, accept, hidden_request(drafter), clock)
     builder.verified(tree, verdict.acceptance.nodes)
     tokens = commit(target, drafter, verdict) if keep else []
     clock.lap("bookkeeping")

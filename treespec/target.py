@@ -129,13 +129,16 @@ class TargetModel:
         self._tree_len: int | None = None  # nodes of the last forward_tree, until commit
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, want_hidden: bool = False) -> torch.Tensor | None:
+    def prefill(self, input_ids: torch.Tensor, want_hidden: bool | tuple[int, ...] = False) -> torch.Tensor | None:
         """Start a new sequence: run ``input_ids`` ([L], the prompt without its last token) into a
-        fresh cache. Returns their last-layer hidden states [L, H] if asked."""
+        fresh cache. Returns their hidden states if asked (``hidden_of``)."""
         self.reset()
         n = int(input_ids.shape[0])
         if n == 0:
-            return torch.zeros(0, self.config.hidden_size, device=self.device, dtype=self.dtype) if want_hidden else None
+            if not want_hidden:
+                return None
+            width = self.hidden_size * (1 if want_hidden is True else len(want_hidden))
+            return torch.zeros(0, width, device=self.device, dtype=self.dtype)
         ids = input_ids.to(self.device)[None]  # [1, L]
         kwargs: dict[str, Any] = {}
         if self._has_logits_to_keep:
@@ -148,12 +151,12 @@ class TargetModel:
             **kwargs,
         )
         self.past_len = n
-        return out.hidden_states[-1][0] if want_hidden else None  # [L, H]
+        return self.hidden_of(out, want_hidden)  # [L, H] or [L, k·H]
 
     @torch.inference_mode()
-    def forward_tree(self, tt: TreeTensors, want_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_tree(self, tt: TreeTensors, want_hidden: bool | tuple[int, ...] = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward over every tree node. Returns logits [N, V] (row i: the target's next-token
-        logits after node i's path) and, if asked, last-layer hidden states [N, H]."""
+        logits after node i's path) and, if asked, hidden states (``hidden_of``)."""
         n = int(tt.input_ids.shape[0])
         past = tt.attention_mask.shape[-1] - n
         window = self.windows.smallest
@@ -172,8 +175,23 @@ class TargetModel:
         )
         self._tree_len = int(tt.input_ids.shape[0])
         self.past_len += self._tree_len
-        hidden = out.hidden_states[-1][0] if want_hidden else None  # [N, H]
-        return out.logits[0], hidden  # [N, V]
+        return out.logits[0], self.hidden_of(out, want_hidden)  # [N, V], [N, H] or [N, k·H]
+
+    @staticmethod
+    def hidden_of(out: Any, want: bool | tuple[int, ...]) -> torch.Tensor | None:
+        """From a forward's output: None (``want`` False), the last layer's hidden states [N, H] (after
+        the final norm; ``want`` True), or ``hidden_states[i]`` for each i in ``want`` (0 = the
+        embeddings, i = the input of decoder layer i) concatenated: [N, k·H] (EAGLE-3's fused feature)."""
+        if not want:
+            return None
+        if want is True:
+            return out.hidden_states[-1][0]  # [N, H]
+        return torch.cat([out.hidden_states[i][0] for i in want], dim=-1)  # [N, k·H]
+
+    @property
+    def hidden_size(self) -> int:
+        cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
 
     @torch.inference_mode()
     def commit(self, nodes: torch.Tensor) -> None:

@@ -83,6 +83,7 @@ class Probe(Drafter):
         self.others = list(others)
         self.config, self.target = drafter.config, drafter.target
         self.needs_target_hidden = drafter.needs_target_hidden  # type: ignore[misc]
+        self.target_hidden_layers = drafter.target_hidden_layers  # type: ignore[misc]
         self.provides_probabilities = drafter.provides_probabilities  # type: ignore[misc]
 
     def _each(self, method: str, arg: Any, driven_only: bool) -> None:
@@ -231,7 +232,7 @@ class Driver:
     def finish(self, probe: Probe, tree: DraftTree, accept: steps.AcceptRule) -> list[int]:
         """Verify ``tree`` with ONE target forward and commit as ``accept`` says (``treespec.step``);
         returns the committed tokens (accepted + bonus)."""
-        verdict = steps.verify(self.target, tree, accept, probe.needs_target_hidden, steps.Clock())
+        verdict = steps.verify(self.target, tree, accept, steps.hidden_request(probe), steps.Clock())
         where = probe.where
         probe.where = f"{where}, commit({verdict.acceptance.tokens + [verdict.acceptance.bonus]})"
         tokens = steps.commit(self.target, probe, verdict)

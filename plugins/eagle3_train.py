@@ -1,0 +1,270 @@
+"""Training an EAGLE-3 head with training-time test (``treespec train eagle --version 3``).
+
+Data: as EAGLE-1's trainer (``eagle_train.py``), the target's own greedy continuations, with its
+hidden states at the three feature layers (fused input) and its last layer (the target's
+distribution p_t = softmax(lm_head(F_t)) over the next token), kept in ``OUT/data.pt``.
+
+Training-time test (EAGLE-3, arXiv 2503.01840): at decode time the head reads its OWN outputs below
+the root, so training unrolls it the same way. Step 0 reads the fused target features g_t = fc(·);
+step i ≥ 1 reads step i−1's outputs at the same rows. At row t, step i embeds x_{t+1+i}, sits at
+position t+i, and is scored against the target's distribution for x_{t+2+i}:
+
+    loss = Σ_i 0.8^i · mean_t CE(p_{t+1+i} restricted to the draft vocabulary, q_i,t)
+
+Attention across steps is what a chain in the tree sees: step i's query at row t attends step 0's
+keys at rows ≤ t (the committed prefix, true features) plus the keys of steps 1..i at row t (its own
+ancestors in the chain). No feature regression and no input noise: the unrolled steps give the head
+its own errors to learn from.
+
+The draft vocabulary (``--draft-vocab N``) is the N target ids most frequent in the training
+sequences, ascending: d2t[i] = used[i] − i, t2d[j] = j ∈ used; positions whose target argmax lies
+outside it are left out of the loss. lm_head starts from the target's rows for those ids.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from treespec.errors import ConfigError
+from treespec.lean import _rope
+from treespec.plugins.eagle3_head import Eagle3Head, default_layers
+from treespec.plugins.eagle_head import head_config_for
+from treespec.plugins.eagle_train import Progress, Sequence, _quiet, _training_data
+from treespec.target import TargetModel
+from treespec.train import calibration
+from treespec.train.checkpoint import load_data, save_atomic
+
+DATA_VERSION = 3
+DECAY = 0.8  # step i's loss weight: DECAY ** i, as the reference
+
+
+@dataclass(frozen=True)
+class Train3Settings:
+    target: str
+    data: str
+    out: str
+    offset: int = 0
+    limit: int = 2000
+    holdout: float = 0.1
+    max_new_tokens: int = 128
+    epochs: int = 10
+    batch_size: int = 16
+    lr: float = 1e-3
+    ttt_steps: int = 7  # unrolled steps (the reference: 7)
+    draft_vocab: int | None = None  # default: the whole vocabulary up to 32,000 ids
+    seed: int = 0
+
+    def data_key(self) -> dict[str, Any]:
+        return {"v": DATA_VERSION, "target": self.target, "data": self.data, "offset": self.offset,
+                "limit": self.limit, "max_new_tokens": self.max_new_tokens}
+
+
+def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tensor:
+    """The ``size`` most frequent target ids of the sequences, ascending (ties: lower id first)."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for s in seqs:
+        counts.index_add_(0, s.ids, torch.ones_like(s.ids))
+    order = sorted(range(vocab), key=lambda i: (-int(counts[i]), i))[:size]
+    return torch.tensor(sorted(order), dtype=torch.long)
+
+
+def _batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, T], fused [B, T, 3H], final feats [B, T, H], lengths [B], prompt lengths [B]."""
+    width = max(s.ids.numel() for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    fused = torch.zeros(len(seqs), width, seqs[0].fused.shape[-1])
+    feats = torch.zeros(len(seqs), width, seqs[0].feats.shape[-1])
+    for r, s in enumerate(seqs):
+        n = s.ids.numel()
+        ids[r, :n], fused[r, :n], feats[r, :n] = s.ids, s.fused, s.feats
+    return ids, fused, feats, torch.tensor([s.ids.numel() for s in seqs]), torch.tensor([s.prompt_len for s in seqs])
+
+
+def unroll(head: Eagle3Head, embed: Any, fused: torch.Tensor, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Training-time test: the head's outputs [B, T, H] at each of ``steps`` unrolled steps (module docstring)."""
+    b, t, _ = fused.shape
+    nq, nkv, d, _ = head.shape
+    rep = nq // nkv
+    scale = d ** -0.5
+    causal = torch.full((t, t), float("-inf"), device=fused.device).triu(1)  # [T, T]
+    g = head.fuse(fused)  # [B, T, H]
+    keys, values, outs = [], [], []
+    for i in range(steps):
+        tok = F.pad(ids[:, 1 + i :], (0, 1 + i))  # [B, T] x_{t+1+i} (0 past the end: masked out of the loss)
+        q, k, v = head.qkv(embed(tok), g)  # [B, Hq|Hkv, T, D]
+        cos, sin = head.rotary(g, (torch.arange(t, device=g.device) + i)[None].expand(b, -1))  # [B, T, D]
+        q, k = _rope(q, cos[:, None], sin[:, None]), _rope(k, cos[:, None], sin[:, None])
+        keys.append(k.repeat_interleave(rep, 1))  # [B, Hq, T, D]
+        values.append(v.repeat_interleave(rep, 1))
+        scores = [q @ keys[0].transpose(-1, -2) * scale + causal]  # [B, Hq, T, T] the committed prefix
+        scores += [(q * keys[j]).sum(-1, keepdim=True) * scale for j in range(1, i + 1)]  # [B, Hq, T, 1] ancestors
+        a = torch.softmax(torch.cat(scores, -1).float(), -1).to(q.dtype)  # [B, Hq, T, T + i]
+        o = a[..., :t] @ values[0]  # [B, Hq, T, D]
+        for j in range(1, i + 1):
+            o = o + a[..., t + j - 1 : t + j] * values[j]
+        g = head.finish(g, o)  # [B, T, H] step i's outputs: step i+1's features
+        outs.append(g)
+    return outs
+
+
+def head_step(head: Eagle3Head, embed: Any, lm_head: Any, used: torch.Tensor, seqs: list[Sequence],
+              s: Train3Settings) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The TTT loss over a batch, and per step: top-1 agreement with the target's greedy token at
+    generated positions (step i's agreement is what a chain's depth-(i+1) node would see)."""
+    ids, fused, feats, lengths, plen = _batch(seqs)
+    dev = next(head.parameters()).device
+    ids, fused, feats = ids.to(dev), fused.to(dev), feats.to(dev)
+    b, t = ids.shape
+    with torch.no_grad():
+        target_logits = lm_head(feats).float()  # [B, T, V]: row u predicts x_{u+1}
+        greedy = target_logits.argmax(-1)  # [B, T]
+        p = torch.softmax(target_logits[..., used], -1)  # [B, T, Vd]
+        inside = head.t2d[greedy]  # [B, T] the target's choice is in the draft vocabulary
+    rows = torch.arange(t, device=dev)[None]  # [1, T]
+    loss, parts = torch.zeros((), device=dev), {"top1": [], "n": []}
+    for i, out in enumerate(unroll(head, embed, fused, ids, s.ttt_steps)):
+        shift = 1 + i  # row t is scored against the target's distribution at row t + 1 + i
+        valid = (rows <= (lengths.to(dev)[:, None] - 2 - i)) & F.pad(inside[:, shift:], (0, shift), value=False)  # [B, T]
+        if not valid.any():
+            break
+        logq = torch.log_softmax(head.logits(out).float(), -1)  # [B, T, Vd]
+        tgt = F.pad(p[:, shift:], (0, 0, 0, shift))  # [B, T, Vd]
+        loss = loss + DECAY ** i * -(tgt[valid] * logq[valid]).sum(-1).mean()
+        with torch.no_grad():
+            gen = valid & (rows + shift >= plen.to(dev)[:, None] - 1)  # the predicted token was generated
+            hit = head.target_ids(logq.argmax(-1)) == F.pad(greedy[:, shift:], (0, shift))
+            parts["top1"].append(float(hit[gen].float().mean()) if gen.any() else float("nan"))
+            parts["n"].append(int(gen.sum()))
+    return loss, {"loss": loss.detach().item(), **parts}
+
+
+@torch.no_grad()
+def evaluate(head: Eagle3Head, embed: Any, lm_head: Any, used: torch.Tensor, seqs: list[Sequence],
+             s: Train3Settings) -> dict[str, Any]:
+    """Held-out loss and top-1 agreement per unrolled step (position-weighted)."""
+    head.eval()
+    loss, n_batches = 0.0, 0
+    hits = [0.0] * s.ttt_steps
+    counts = [0] * s.ttt_steps
+    for b0 in range(0, len(seqs), s.batch_size):
+        value, part = head_step(head, embed, lm_head, used, seqs[b0 : b0 + s.batch_size], s)
+        loss += part["loss"]
+        n_batches += 1
+        for i, (top1, n) in enumerate(zip(part["top1"], part["n"])):
+            if n:
+                hits[i] += top1 * n
+                counts[i] += n
+    per_step = [h / c if c else float("nan") for h, c in zip(hits, counts)]
+    return {"loss": loss / max(1, n_batches), "top1": per_step[0], "top1_per_step": per_step, "positions": counts[0]}
+
+
+@torch.no_grad()
+def fit_temperature(head: Eagle3Head, embed: Any, lm_head: Any, seqs: list[Sequence], max_positions: int = 8192) -> float:
+    """T calibrating step 0's q to greedy acceptance (``treespec.train.calibration``), on held-out
+    generated positions whose target token is in the draft vocabulary."""
+    to_draft = torch.cumsum(head.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
+    zs, ys, n = [], [], 0
+    for b0 in range(0, len(seqs), 16):
+        ids, fused, feats, lengths, plen = _batch(seqs[b0 : b0 + 16])
+        out = unroll(head, embed, fused, ids, 1)[0]  # [B, T, H]
+        greedy = F.pad(lm_head(feats[:, 1:]).argmax(-1), (0, 1))  # [B, T] the target's token for x_{t+2}
+        rows = torch.arange(ids.shape[1])[None]
+        keep = (rows <= lengths[:, None] - 2) & (rows + 1 >= plen[:, None] - 1) & head.t2d[greedy]
+        zs.append(head.logits(out[keep]).float())
+        ys.append(to_draft[greedy[keep]])
+        n += int(keep.sum())
+        if n >= max_positions:
+            break
+    return calibration.fit_temperature(torch.cat(zs)[:max_positions], torch.cat(ys)[:max_positions])
+
+
+def train3(s: Train3Settings, progress: Progress = _quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) an EAGLE-3 head; returns the summary also written to ``OUT/training.json``."""
+    if not 0 < s.holdout < 1:
+        raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
+    if s.ttt_steps < 1:
+        raise ConfigError(f"--ttt-steps must be ≥ 1, got {s.ttt_steps}")
+    out = Path(s.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(s.seed)
+    target = TargetModel.load(s.target)
+    model = target.model
+    for param in model.parameters():
+        param.requires_grad_(False)
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layers = default_layers(int(cfg.num_hidden_layers))
+    seqs = _training_data(target, s, out, progress, log, layers=layers)
+    vocab = target.vocab_size
+    size = min(vocab, s.draft_vocab or 32_000)
+    if size < 2:
+        raise ConfigError(f"--draft-vocab must be ≥ 2, got {s.draft_vocab}")
+    n_hold = max(1, round(len(seqs) * s.holdout))
+    held, train_set = seqs[:n_hold], seqs[n_hold:]
+    used = draft_vocabulary(train_set, vocab, size)
+
+    head = Eagle3Head(head_config_for(model.config), target_hidden=target.hidden_size, draft_vocab=size, target_vocab=vocab)
+    with torch.no_grad():
+        head.d2t.copy_(used - torch.arange(size))
+        head.t2d.zero_()[used] = True
+        head.lm_head.weight.copy_(lm_head.weight[used])  # a start: the target's own output rows
+    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    steps_per_epoch = math.ceil(len(train_set) / s.batch_size)
+    total = steps_per_epoch * s.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(1, total // 50)) * max(0.05, 1 - i / max(1, total)))
+    ckpt_file, start, history = out / "checkpoint.pt", 0, []
+    if ckpt_file.is_file():
+        ckpt = load_data(ckpt_file)
+        if {k: v for k, v in ckpt["settings"].items() if k != "out"} != {k: v for k, v in asdict(s).items() if k != "out"}:
+            raise ConfigError(f"{ckpt_file} was written with other settings; pass the same options to resume, or another --out")
+        head.load_state_dict(ckpt["head"])
+        opt.load_state_dict(ckpt["opt"])
+        sched.load_state_dict(ckpt["sched"])
+        torch.set_rng_state(ckpt["rng"])
+        start, history = ckpt["epoch"], ckpt["history"]
+        log(f"resuming from {ckpt_file} after epoch {start}")
+    t0 = time.perf_counter()
+    for epoch in range(start, s.epochs):
+        head.train()
+        order = list(range(len(train_set)))
+        random.Random(s.seed * 100_003 + epoch).shuffle(order)
+        running = 0.0
+        for i in range(steps_per_epoch):
+            batch = [train_set[j] for j in order[i * s.batch_size : (i + 1) * s.batch_size]]
+            loss, part = head_step(head, embed, lm_head, used, batch, s)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+            opt.step()
+            sched.step()
+            running = part["loss"] if i == 0 else 0.9 * running + 0.1 * part["loss"]
+            progress(f"epoch {epoch + 1}/{s.epochs}", i + 1, steps_per_epoch, f"loss {running:.4f}")
+        held_out = evaluate(head, embed, lm_head, used, held, s)
+        history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out})
+        steps = " ".join(f"{a:.2f}" for a in held_out["top1_per_step"])
+        log(f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
+            f"top-1 agreement per unrolled step {steps}")
+        save_atomic({"settings": asdict(s), "head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                     "rng": torch.get_rng_state(), "epoch": epoch + 1, "history": history}, ckpt_file)
+    final = history[-1]["held_out"] if history else evaluate(head, embed, lm_head, used, held, s)
+    head.eval()
+    temperature = fit_temperature(head, embed, lm_head, held)
+    log(f"calibration temperature {temperature:.3f} (the head's q for tree builders: softmax(logits / T))")
+    summary = {"settings": asdict(s), "version": 3, "layers": list(layers), "draft_vocab": size,
+               "train_sequences": len(train_set), "held_out_sequences": len(held), "held_out_positions": final["positions"],
+               "top1": final["top1"], "top1_per_step": final["top1_per_step"], "held_out_loss": final["loss"],
+               "history": history, "calibration_temperature": temperature, "train_seconds": time.perf_counter() - t0,
+               "parameters": sum(p.numel() for p in head.parameters())}
+    head.save(out, layers=layers, extra={"target": s.target, "top1_held_out": final["top1"],
+                                        "calibration_temperature": temperature, "trained_with": "treespec train eagle --version 3"})
+    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
