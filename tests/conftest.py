@@ -71,6 +71,21 @@ def eagle_head_dir() -> Path:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def eagle3_head_dir() -> Path:
+    """An EAGLE-3 head for stories260K trained here once per session (≈ 15 s; not committed): the
+    prompts of ``eagle_head_dir``, 3 unrolled steps, a 300-token draft vocabulary."""
+    import tempfile
+
+    from treespec.plugins.eagle3_train import Train3Settings, train3
+
+    out = Path(tempfile.mkdtemp(prefix="treespec-eagle3-head-"))
+    train3(Train3Settings(target=str(STORIES260K), data="tinystories", out=str(out), offset=200, limit=240,
+                          max_new_tokens=64, epochs=4, batch_size=16, lr=3e-3, ttt_steps=3, draft_vocab=300),
+           log=lambda _: None)
+    return out
+
+
 def EAGLE_TEST_SETTINGS(out: Path, **overrides):
     from treespec.plugins.eagle_train import TrainSettings
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import treespec
-from conftest import STORIES260K, eagle_head_dir, tinystories_prompts
+from conftest import STORIES260K, eagle3_head_dir, eagle_head_dir, tinystories_prompts
 from treespec.testing import (
     DrafterConformance,
     check_commit_consistency,
@@ -60,6 +60,12 @@ def _eagle(target):
     return EagleDrafter(EagleDrafter.Config(head=str(eagle_head_dir())), target)
 
 
+def _eagle3(target):
+    from treespec.plugins.eagle3 import Eagle3Drafter
+
+    return Eagle3Drafter(Eagle3Drafter.Config(head=str(eagle3_head_dir())), target)
+
+
 def _bigram(target):
     from treespec_example.bigram import BigramDrafter
 
@@ -87,6 +93,7 @@ CASES: list[Case] = [
     # datastore and composed drafters run the suite in tests/test_datastore.py and tests/test_compose.py
     # tree nodes below the root use the head's predicted features, not the target's: not path_exact
     Case("eagle", _eagle, expect_acceptance=True),
+    Case("eagle3", _eagle3, expect_acceptance=True),
 ]
 
 PROMPTS = tinystories_prompts(3)  # real text: two short prompts first (the commit-consistency check uses those)
