@@ -52,6 +52,7 @@ def eagle(
     version: Annotated[int, typer.Option(help="1: an EAGLE-1/2 head (--drafter eagle); 3: an EAGLE-3 head with training-time test (--drafter eagle3)")] = 1,
     ttt_steps: Annotated[int, typer.Option(help="EAGLE-3: steps the head is unrolled on its own outputs")] = 7,
     draft_vocab: Annotated[Optional[int], typer.Option(help="EAGLE-3: the draft vocabulary's size (the most frequent target ids) [default: the target's, up to 32000]", show_default=False)] = None,
+    max_len: Annotated[int, typer.Option(help="EAGLE-3: train on each sequence's last N tokens")] = 2048,
 ) -> None:
     """Train an EAGLE head on the target's own greedy generations: EAGLE-1/2 (feature regression +
     token loss) or, with --version 3, EAGLE-3 (three fused target layers, training-time test)."""
@@ -71,7 +72,7 @@ def eagle(
         _fail(f"--version {version}: use 1 (EAGLE-1/2) or 3 (EAGLE-3)")
     if version == 3:
         return _eagle3(out, data, target or DEFAULT_TARGET, offset, limit, holdout, max_new_tokens, layers, epochs,
-                       batch_size, lr if lr is not None else 1e-3, seed, ttt_steps, draft_vocab)
+                       batch_size, lr if lr is not None else 1e-3, seed, ttt_steps, draft_vocab, max_len)
     settings = TrainSettings(
         target=target or DEFAULT_TARGET, data=data, out=out, offset=offset, limit=limit, holdout=holdout,
         max_new_tokens=max_new_tokens, layers=layers, epochs=epochs, batch_size=batch_size, lr=lr if lr is not None else 3e-3, noise=noise, seed=seed,
@@ -90,7 +91,8 @@ def eagle(
 
 
 def _eagle3(out: str, data: str, target: str, offset: int, limit: int, holdout: float, max_new_tokens: int,
-            layers: int, epochs: int, batch_size: int, lr: float, seed: int, ttt_steps: int, draft_vocab: int | None) -> None:
+            layers: int, epochs: int, batch_size: int, lr: float, seed: int, ttt_steps: int, draft_vocab: int | None,
+            max_len: int) -> None:
     from treespec.cli import TrainingProgress
     from treespec.plugins.eagle3_train import Train3Settings, train3
 
@@ -98,7 +100,7 @@ def _eagle3(out: str, data: str, target: str, offset: int, limit: int, holdout: 
         _fail("--layers: EAGLE-3 heads have one decoder layer (the published layout); drop --layers")
     settings = Train3Settings(target=target, data=data, out=out, offset=offset, limit=limit, holdout=holdout,
                               max_new_tokens=max_new_tokens, epochs=epochs, batch_size=batch_size, lr=lr,
-                              ttt_steps=ttt_steps, draft_vocab=draft_vocab, seed=seed)
+                              ttt_steps=ttt_steps, draft_vocab=draft_vocab, max_len=max_len, seed=seed)
     with TrainingProgress() as (progress, log):
         try:
             summary = train3(settings, progress=progress, log=log)

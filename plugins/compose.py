@@ -109,6 +109,13 @@ class ComposedDrafter(Drafter):
             config.merge == "mix" and all(p.provides_probabilities for p in parts)
         )
 
+    def fork(self) -> "ComposedDrafter":
+        import copy
+
+        twin = copy.copy(self)
+        twin.parts = [part.fork() for part in self.parts]
+        return twin
+
     def prefill(self, context: PrefillContext) -> None:
         for part in self.parts:
             part.prefill(context)

@@ -60,6 +60,7 @@ class Train3Settings:
     batch_size: int = 16
     lr: float = 1e-3
     ttt_steps: int = 7  # unrolled steps (the reference: 7)
+    max_len: int = 2048  # sequences are cut to their last max_len tokens for training (the reference: 2048)
     draft_vocab: int | None = None  # default: the whole vocabulary up to 32,000 ids
     seed: int = 0
 
@@ -75,6 +76,16 @@ def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tenso
         counts.index_add_(0, s.ids, torch.ones_like(s.ids))
     order = sorted(range(vocab), key=lambda i: (-int(counts[i]), i))[:size]
     return torch.tensor(sorted(order), dtype=torch.long)
+
+
+def crop(seqs: list[Sequence], max_len: int) -> list[Sequence]:
+    """Each sequence's last ``max_len`` tokens (the generated ones first to stay), prompt length adjusted."""
+    out = []
+    for s in seqs:
+        cut = max(0, s.ids.numel() - max_len)
+        out.append(s if cut == 0 else Sequence(ids=s.ids[cut:], feats=s.feats[cut:], prompt_len=max(0, s.prompt_len - cut),
+                                               fused=s.fused[cut:]))
+    return out
 
 
 def _batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -208,8 +219,10 @@ def train3(s: Train3Settings, progress: Progress = _quiet, log: Callable[[str], 
     size = min(vocab, s.draft_vocab or 32_000)
     if size < 2:
         raise ConfigError(f"--draft-vocab must be ≥ 2, got {s.draft_vocab}")
+    if s.max_len < 8:
+        raise ConfigError(f"--max-len must be ≥ 8, got {s.max_len}")
     n_hold = max(1, round(len(seqs) * s.holdout))
-    held, train_set = seqs[:n_hold], seqs[n_hold:]
+    held, train_set = crop(seqs[:n_hold], s.max_len), crop(seqs[n_hold:], s.max_len)
     used = draft_vocabulary(train_set, vocab, size)
 
     head = Eagle3Head(head_config_for(model.config), target_hidden=target.hidden_size, draft_vocab=size, target_vocab=vocab)

@@ -58,6 +58,7 @@ class Decoder:
         offload_folder: str | None = None,
     ):
         self.builder = make_builder(builder, builder_options)  # cheap: fail on bad options first
+        self._builder_spec = (builder, dict(builder_options or {}))  # batch rows get builders of their own
         _require_models(target, drafter, drafter_options)  # offline: one line naming every missing model
         if not isinstance(target, TargetModel):
             target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
@@ -66,6 +67,15 @@ class Decoder:
         self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)
         self.builder.attach(self.target, self.drafter)
+
+    def fresh_builder(self, drafter: Drafter) -> TreeBuilder:
+        """A builder like this Decoder's, with no state, attached to ``drafter`` (a batch row's)."""
+        import copy
+
+        spec, options = self._builder_spec
+        builder = make_builder(spec, options) if isinstance(spec, str) else copy.copy(self.builder)
+        builder.attach(self.target, drafter)
+        return builder
 
     def _check_budget(self) -> None:
         """Refuse a builder whose trees the target cannot verify in one forward (issue: a budget of
@@ -106,7 +116,7 @@ class Decoder:
 
     def generate(
         self,
-        prompt: str | list[int] | torch.Tensor,
+        prompt: str | list[int] | torch.Tensor | list[str] | list[list[int]],
         max_new_tokens: int = 128,
         stream: StreamCallback | None = None,
         *,
@@ -128,6 +138,9 @@ class Decoder:
         draw children at random (``sample=true``); ``rule`` picks the verification rule:
         ``auto`` | ``specinfer`` | ``deterministic`` | ``target-only``.
 
+        A list of prompts (texts or lists of ids) decodes them as one batch (``treespec.batch``): one
+        target forward verifies every row's tree each step; returns a list of ``Output``, one per prompt.
+
         Calls on one Decoder are serialised: a second thread's call waits for the first to finish
         (the target's and the drafter's caches are per Decoder). Bad arguments raise ``ConfigError``;
         a failure while decoding raises ``DecodingError`` with everything generated so far in ``.output``.
@@ -137,6 +150,14 @@ class Decoder:
                 f"generate() got unknown argument(s) {', '.join(map(repr, unknown))}; it takes prompt, max_new_tokens, "
                 "stream, temperature, top_p, top_k, seed, draft_temperature, rule"
             )
+        from treespec import batch
+
+        if batch.is_batch(prompt):
+            batch.check_batch_settings(stream)
+            sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                            draft_temperature=draft_temperature, rule=rule)
+            with self._exclusive():
+                return batch.generate_batch(self, list(prompt), max_new_tokens, sampling)
         with self._exclusive():
             return self._generate(prompt, max_new_tokens, stream, temperature, top_p, top_k, seed, draft_temperature, rule)
 
@@ -187,18 +208,19 @@ class Decoder:
 
     def _sampling(
         self, temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
-        draft_temperature: float | None, rule: str,
+        draft_temperature: float | None, rule: str, builder: TreeBuilder | None = None,
     ) -> tuple[SamplingParams | None, DraftSampling | None]:
         """The target's sampling settings and the draft side's (None, None: greedy), checked by
         ``sampling.check_sampling``; options greedy decoding ignores are one warning each."""
-        params, notes = check_sampling(temperature, top_p, top_k, draft_temperature, rule, self.builder.samples_children)
+        builder = builder or self.builder
+        params, notes = check_sampling(temperature, top_p, top_k, draft_temperature, rule, builder.samples_children)
         for note in notes:
             warnings.warn(note, IgnoredOptionWarning, stacklevel=4)
         if params is None:
             return None, None
         has_dist = self.drafter.provides_probabilities and type(self.drafter).distribution is not Drafter.distribution
-        if not has_dist and (rule == "specinfer" or self.builder.samples_children):
-            what = "rule specinfer" if rule == "specinfer" else f"builder {type(self.builder).__name__} with sample=true"
+        if not has_dist and (rule == "specinfer" or builder.samples_children):
+            what = "rule specinfer" if rule == "specinfer" else f"builder {type(builder).__name__} with sample=true"
             raise ConfigError(
                 f"{what} needs the draft's full distribution, which drafter {type(self.drafter).__name__} does not "
                 "provide: use a model/self drafter, or the deterministic rule (the default) with ranked children"

@@ -106,6 +106,15 @@ class Drafter(ABC):
 
         return cls(build_config(cls.Config, options, owner), target)
 
+    def fork(self) -> "Drafter":
+        """A drafter for another sequence decoded alongside this one (a batch row), sharing this one's
+        weights but none of its per-sequence state. The default is a shallow copy, which is right when
+        ``prefill`` (re)creates every piece of per-sequence state, as the lifecycle above asks;
+        override it if ``prefill`` mutates in place something made in ``__init__``."""
+        import copy
+
+        return copy.copy(self)
+
     @abstractmethod
     def prefill(self, context: PrefillContext) -> None:
         """Start a new sequence. Called once per ``generate``, before the first step."""

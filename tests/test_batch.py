@@ -1,0 +1,125 @@
+"""Batches of prompts: ``Decoder.generate([...])`` verifies every row's tree in one target forward
+(``treespec.batch``, ``treespec.batch_target``). Every row equals that prompt's own greedy
+``generate``; rows take the same steps as when decoded alone (no state leaks between rows); the batched
+forward equals each row's own tree forward (Llama, Qwen2, GPT-2); rows of different lengths, rows
+ending at EOS at different steps, and a batch of one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import treespec
+from conftest import STORIES260K, eagle3_head_dir, eagle_head_dir, tinystories_prompts
+from test_tree_forward import VOCAB, make_model, random_tree
+from treespec import TargetModel
+from treespec.batch_target import BatchTarget
+
+DRAFTERS = {
+    "model": (str(STORIES260K), {"layers": 3}),
+    "ngram": ("ngram", None),
+    "eagle": ("eagle", "eagle"),
+    "eagle3": ("eagle3", "eagle3"),
+    "compose": (f"{STORIES260K}+ngram", {"model.layers": 2}),
+}
+
+
+def _drafter(key):
+    name, opts = DRAFTERS[key]
+    if opts == "eagle":
+        opts = {"head": str(eagle_head_dir())}
+    elif opts == "eagle3":
+        opts = {"head": str(eagle3_head_dir())}
+    return name, opts
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """Five real stories of different lengths; with few words cut, some rows reach the story's end
+    (EOS) long before the others."""
+    return tinystories_prompts(5, cut_words=6)
+
+
+@pytest.mark.parametrize("key, builder, options", [
+    ("model", "opt-tree", {"nodes": 12}), ("ngram", "chain", {"k": 4}), ("eagle", "opt-tree", {"nodes": 10}),
+    ("eagle3", "eagle2", {}), ("compose", "opt-tree", {"nodes": 8}), ("model", "opt-tree", {"nodes": "auto"}),
+])
+def test_every_row_is_lossless_and_takes_its_own_steps(target64, greedy_reference, prompts, key, builder, options):
+    name, opts = _drafter(key)
+    dec = treespec.Decoder(target64, drafter=name, drafter_options=opts, builder=builder, builder_options=options)
+    outs = dec.generate(prompts, max_new_tokens=64)
+    assert len(outs) == len(prompts)
+    reasons = set()
+    for prompt, out in zip(prompts, outs):
+        ids = dec.encode(prompt)
+        assert out.prompt_ids == ids and out.token_ids == greedy_reference(ids, 64), (key, prompt)
+        reasons.add(out.stats.stop_reason)
+        if options.get("nodes") != "auto":  # fixed trees: the row's steps are the ones it takes alone
+            alone = dec.generate(ids, max_new_tokens=64)
+            assert [s.accepted for s in out.stats.steps] == [s.accepted for s in alone.stats.steps], (key, prompt)
+            assert [s.tree_size for s in out.stats.steps] == [s.tree_size for s in alone.stats.steps]
+    assert reasons == {"eos", "max_new_tokens"}  # rows left the batch at different steps
+    assert sum(s.accepted for o in outs for s in o.stats.steps) > 0
+
+
+def test_a_batch_of_one_and_the_single_prompt_api(target64, greedy_reference, prompts):
+    dec = treespec.Decoder(target64, drafter="ngram", builder="chain")
+    ids = dec.encode(prompts[1])
+    [out] = dec.generate([ids], max_new_tokens=40)
+    assert out.token_ids == greedy_reference(ids, 40)
+    single = dec.generate(ids, max_new_tokens=40)  # a list of ids is ONE prompt
+    assert isinstance(single, treespec.Output) and single.token_ids == out.token_ids
+
+
+def test_sampling_rows_draw_from_their_own_seeded_generators(target64, prompts):
+    """Row i of a sampled batch with seed s is token for token the single prompt sampled with seed s+i
+    (the same draws in the same order): rows are independent and reproducible."""
+    dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3}, builder="static",
+                           builder_options={"shape": "kary-2-3", "sample": True})
+    outs = dec.generate(prompts[:3], max_new_tokens=32, temperature=0.8, seed=11)
+    for i, (prompt, out) in enumerate(zip(prompts[:3], outs)):
+        alone = dec.generate(prompt, max_new_tokens=32, temperature=0.8, seed=11 + i)
+        assert out.token_ids == alone.token_ids, i
+    again = dec.generate(prompts[:3], max_new_tokens=32, temperature=0.8, seed=11)
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_the_batched_forward_equals_each_rows_own_tree_forward(arch):
+    """Random prefixes of different lengths and random trees of different sizes: one BatchTarget
+    forward gives every row the logits its own TargetModel forward gives, and after per-row
+    compaction the next batched forward still does (1e-9, float64)."""
+    model = make_model(arch, "sdpa")
+    rng = random.Random(7)
+    batch, singles = BatchTarget(TargetModel(model)), []
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 11, 1, 7)]
+    batch.prefill(prompts)
+    for p in prompts:
+        single = TargetModel(model)
+        single.prefill(torch.tensor(p[:-1]))
+        singles.append(single)
+    roots = [p[-1] for p in prompts]
+    for _ in range(3):
+        trees = [random_tree(rng, root, n_layers=rng.randint(0, 3)) for root in roots]
+        logits, _ = batch.forward_trees([t.tensors(int(batch.lens[b]), dtype=torch.float64) for b, t in enumerate(trees)])
+        keeps = []
+        for b, (tree, single) in enumerate(zip(trees, singles)):
+            want, _ = single.forward_tree(tree.tensors(single.past_len, dtype=torch.float64))
+            assert torch.allclose(logits[b], want, atol=1e-9), (arch, b)
+            leaf = rng.randrange(len(tree))  # accept the path to a random node
+            keep = tree.ancestors[leaf].nonzero().flatten()
+            keeps.append(keep)
+            single.commit(keep)
+            roots[b] = rng.randrange(VOCAB)
+        batch.commit(keeps)
+        assert batch.lens.tolist() == [s.past_len for s in singles]
+
+
+def test_batch_errors_are_one_line(target64, prompts):
+    dec = treespec.Decoder(target64, drafter="ngram", builder="chain")
+    with pytest.raises(treespec.ConfigError, match="stream is for one prompt"):
+        dec.generate(prompts[:2], stream=print)
+    with pytest.raises(treespec.ConfigError, match="prompt 2 of 2: the prompt is empty"):
+        dec.generate([prompts[0], []])

@@ -1,0 +1,153 @@
+"""Several sequences in one target forward: per-row trees, per-row acceptance, per-row compaction.
+
+``BatchTarget`` wraps a ``TargetModel`` (same model, its own cache) for B sequences at once. Layout of
+the batched KV cache, rows of different lengths ("right padding with holes"):
+
+    row b:  [ committed_b[:-1] (len_b rows) | garbage up to S = max len | tree block of N_max rows ]
+             positions 0 .. len_b-1                                      len_b + depth
+
+Every query sees its own row's first len_b keys (the holes between len_b and S are masked), and
+inside the tree block its own ancestors; a padding node of a row whose tree is smaller than N_max
+sees only itself. After verification each row copies its accepted rows from the tree block to
+len_b, len_b+1, ... (``commit``), and the cache is cut to the longest row. Rows never move, so a
+finished row is dropped by indexing the batch dimension (``keep``).
+
+Why not left padding (Hugging Face's batched ``generate``): a left-padded row's accepted KV rows must
+land right after its own prefix, which, with rows accepting different numbers of tokens, means
+re-aligning every row's whole cache each step; here a row's prefix never moves and its accepted rows
+are copied into place, as for one sequence (``kv.keep_rows``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from treespec.errors import ConfigError, TreespecError
+from treespec.kv import crop_cache
+from treespec.target import TargetModel
+from treespec.tree import TreeTensors
+
+
+class BatchTarget:
+    def __init__(self, target: TargetModel):
+        if target.windows.smallest is not None:
+            raise ConfigError(f"target {target.name!r} has sliding-window layers: batched decoding supports full "
+                              "attention only; decode its prompts one at a time")
+        self.target = target
+        self.model = target.model
+        self.cache: DynamicCache | None = None
+        self.lens = torch.zeros(0, dtype=torch.long)  # [B] committed[:-1] rows of each row
+        self.width = 0  # S: cache rows before a tree block
+        self._tree: int | None = None  # N_max of the last forward_trees, until commit
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.target.dtype
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor, want_hidden: Any) -> Any:
+        """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V])."""
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~visible.to(self.device), torch.finfo(self.dtype).min)
+        try:
+            return self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
+                              attention_mask=mask[:, None], use_cache=True, return_dict=True,
+                              output_hidden_states=bool(want_hidden), **{self.target.cache_keyword: self.cache})
+        except Exception as exc:
+            if self.cache is not None and self.cache.get_seq_length() > self.width:
+                crop_cache(self.cache, self.width)
+            raise TreespecError(f"target forward failed ({type(exc).__name__}: {exc})") from exc
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]], want_hidden: Any = False) -> list[torch.Tensor | None]:
+        """Start B sequences: cache ``prompt_b[:-1]`` of each (each prompt's last token is its first root).
+        Returns each row's hidden states [L_b - 1, ·] if asked (``TargetModel.hidden_of``), else Nones."""
+        self.target._where()
+        self.cache = DynamicCache()
+        lens = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)  # [B]
+        if int(lens.min()) < 0:
+            raise ConfigError("every prompt needs at least one token")
+        s = int(lens.max())
+        self.lens, self.width, self._tree = lens, s, None
+        if s == 0:
+            return [self._no_hidden(want_hidden) for _ in prompts]
+        ids = torch.zeros(len(prompts), s, dtype=torch.long)  # [B, S] right-padded
+        for b, p in enumerate(prompts):
+            ids[b, : lens[b]] = torch.tensor(p[:-1])
+        q = torch.arange(s)
+        causal = q[None, :] <= q[:, None]  # [S, S]
+        visible = causal[None] & (q[None, None, :] < lens[:, None, None])  # [B, S, S]: own prefix only
+        visible |= torch.eye(s, dtype=torch.bool)[None]  # a padding query sees itself (no empty softmax)
+        out = self._forward(ids, q[None].expand(len(prompts), -1), visible, want_hidden)
+        hidden = TargetModel.hidden_of(_Rows(out), want_hidden) if want_hidden else None
+        return [hidden[b, : lens[b]] if hidden is not None else None for b in range(len(prompts))]
+
+    def _no_hidden(self, want: Any) -> torch.Tensor | None:
+        if not want:
+            return None
+        width = self.target.hidden_size * (1 if want is True else len(want))
+        return torch.zeros(0, width, device=self.device, dtype=self.dtype)
+
+    @torch.inference_mode()
+    def forward_trees(self, trees: list[TreeTensors], want_hidden: Any = False) -> tuple[list[torch.Tensor], list[Any]]:
+        """ONE forward over every row's tree (built with ``tensors(lens[b])``). Returns per row: logits
+        [N_b, V] and hidden states [N_b, ·] (or None)."""
+        b, s = len(trees), self.width
+        sizes = [int(t.input_ids.shape[0]) for t in trees]
+        n = max(sizes)
+        ids = torch.zeros(b, n, dtype=torch.long)  # [B, N]
+        pos = self.lens[:, None].repeat(1, n)  # [B, N] padding nodes sit at the row's length
+        visible = torch.zeros(b, n, s + n, dtype=torch.bool)  # [B, N, S+N]
+        visible[:, :, :s] = torch.arange(s)[None, None, :] < self.lens[:, None, None]  # own committed prefix
+        visible[:, :, s:] = torch.eye(n, dtype=torch.bool)[None]  # padding nodes: themselves
+        for r, (tt, size) in enumerate(zip(trees, sizes)):
+            ids[r, :size] = tt.input_ids
+            pos[r, :size] = tt.position_ids
+            visible[r, :size, s : s + size] = tt.ancestors
+        out = self._forward(ids, pos, visible, want_hidden)
+        self._tree = n
+        hidden = TargetModel.hidden_of(_Rows(out), want_hidden) if want_hidden else None
+        logits = [out.logits[r, :size] for r, size in enumerate(sizes)]  # [N_b, V]
+        return logits, [hidden[r, :size] if hidden is not None else None for r, size in enumerate(sizes)]
+
+    @torch.inference_mode()
+    def commit(self, nodes: list[torch.Tensor]) -> None:
+        """Row b keeps the KV rows of ``nodes[b]`` (its root and accepted nodes, ascending) of the last
+        tree block, copied to lens_b, lens_b + 1, ...; then the cache is cut to the longest row."""
+        if self._tree is None:
+            raise TreespecError("BatchTarget.commit() needs a successful forward_trees() first")
+        s = self.width
+        new = self.lens + torch.tensor([int(x.shape[0]) for x in nodes])  # [B]
+        for layer in self.cache.layers:
+            for r, keep in enumerate(nodes):
+                src = (s + keep.cpu()).to(layer.keys.device)
+                lo = int(self.lens[r])
+                layer.keys[r, :, lo : lo + src.numel()] = layer.keys[r, :, src]  # [H_kv, m, D]
+                layer.values[r, :, lo : lo + src.numel()] = layer.values[r, :, src]
+        self.lens, self.width, self._tree = new, int(new.max()), None
+        crop_cache(self.cache, self.width)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only the batch rows ``rows`` (finished rows leave the batch)."""
+        index = torch.tensor(rows, dtype=torch.long)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
+            layer.values = layer.values.index_select(0, index.to(layer.values.device))
+        self.lens = self.lens[index]
+        width = int(self.lens.max()) if len(rows) else 0
+        if width < self.width:
+            crop_cache(self.cache, width)
+        self.width = width
+
+
+class _Rows:
+    """A forward's output seen as ``hidden_of`` expects (it takes ``hidden_states[i][0]``): all rows."""
+
+    def __init__(self, out: Any):
+        self.hidden_states = [h[None] for h in out.hidden_states]  # [1, B, T, H]: [0] gives [B, T, H]
