@@ -40,6 +40,8 @@ BASELINE_HELP = (
 )
 TEMPERATURE_HELP = ("0 = greedy; > 0 = sampling in every row (treespec exact speculative sampling, Hugging Face "
                     "generate(do_sample=True)); outputs are then not compared token for token")
+BATCH_HELP = ("throughput mode: decode the prompts in batches of these sizes (e.g. 1,4,8,16) against Hugging Face's "
+              "batched greedy generate; every row checked against its prompt's own greedy output")
 REPORT_HELP = ("then regenerate this Markdown file (e.g. docs/benchmarks.md) from every results.json in "
                "--out's parent folder")
 
@@ -69,6 +71,7 @@ def bench(
     offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
     out: Annotated[Path, typer.Option(help="folder for results.json, steps.jsonl and the plots")] = Path("bench-out"),
     report_to: Annotated[Optional[Path], typer.Option("--report", help=REPORT_HELP)] = None,
+    batch_size: Annotated[Optional[str], typer.Option(help=BATCH_HELP, show_default=False)] = None,
 ) -> None:
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
     sampling = _sampling(temperature, top_p, top_k)
@@ -87,8 +90,16 @@ def bench(
     if not drafter:
         fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
     builder = builder or ["opt-tree", "chain k=4"]
-    baseline = _baselines(baseline, builder)
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
+    if batch_size is not None:
+        from treespec.cli.bench_batch import bench_batches
+
+        bench_batches(ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
+                      placement, dataset, out, report_to, sampling)
+        if report_to is not None:
+            _write_report(sorted(out.parent.glob("*/results.json")), report_to)
+        return
+    baseline = _baselines(baseline, builder)
     runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
                      placement)
     result = {

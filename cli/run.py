@@ -1,4 +1,5 @@
-"""`treespec run`: decode one prompt, stream the completion, print one line of statistics."""
+"""`treespec run`: decode one prompt, stream the completion, print one line of statistics (a file of
+prompts in batches: ``--batch-size``, cli/run_batch.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ RULE_HELP = "verification rule when sampling: auto, specinfer, deterministic, ta
 ECHO_HELP = "print the prompt (dimmed) before the completion [default: when stdout is a terminal]"
 CHAT_HELP = "the prompt is a user message: apply the target's chat template (instruct and chat models)"
 SYSTEM_HELP = "a system message before the prompt (implies --chat)"
+BATCH_HELP = ("decode --prompt-file as a file of prompts (.jsonl records or blank-line separated .txt), this many at "
+              "a time: one target forward verifies every row's tree")
 
 
 def run(
@@ -69,14 +72,22 @@ def run(
     system: Annotated[Optional[str], typer.Option(help=SYSTEM_HELP, show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
     echo: Annotated[Optional[bool], typer.Option("--echo/--no-echo", help=ECHO_HELP, show_default=False)] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help=BATCH_HELP, show_default=False)] = None,
 ) -> None:
     """Generate from a prompt with tree speculative decoding; prints the text and one line of statistics."""
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                     draft_temperature=draft_temperature, rule=sampling_rule)
-    text = _prompt_text(prompt, prompt_file)
+    if batch_size is not None and prompt is not None:
+        fail("--batch-size decodes --prompt-file; give --prompt-file instead of --prompt")
+    text = _prompt_text(prompt, prompt_file) if batch_size is None else ""
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     dec = _decoder(target, drafter, builder, builder_option, drafter_option, device, dtype, threads,
                    trust_remote_code, seed, placement)
+    if batch_size is not None:
+        from treespec.cli.run_batch import run_batches
+
+        _warn_ignored(dec, sampling)
+        return run_batches(dec, prompt_file, batch_size, max_new_tokens, sampling, chat, system, as_json)
     try:
         prompt_ids = _chat_ids(dec, text, system) if chat or system is not None else dec.encode(text)
     except TreespecError as exc:

@@ -123,3 +123,51 @@ def test_batch_errors_are_one_line(target64, prompts):
         dec.generate(prompts[:2], stream=print)
     with pytest.raises(treespec.ConfigError, match="prompt 2 of 2: the prompt is empty"):
         dec.generate([prompts[0], []])
+
+
+def test_bench_batch_mode_writes_the_throughput_table(tmp_path):
+    """`treespec bench --batch-size 1,2`: every configuration at every batch size, rows checked against
+    each prompt's own greedy generate, results.json, the plot and a report section."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from treespec.cli.app import app
+
+    out = tmp_path / "batch"
+    res = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "3", "--max-new-tokens", "12",
+                                   "--target", str(STORIES260K), "--drafter", f"{STORIES260K} layers=3",
+                                   "--builder", "opt-tree nodes=6", "--batch-size", "1,2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    result = json.loads((out / "results.json").read_text())
+    assert result["mode"] == "batch" and result["command"].startswith("treespec bench")
+    rows = result["rows"]
+    assert {(r["kind"], r["batch_size"]) for r in rows} == {("hf-greedy", 1), ("hf-greedy", 2), ("treespec", 1), ("treespec", 2)}
+    assert all(r["lossless"] for r in rows if r["kind"] == "treespec")
+    assert all(r["new_tokens"] == rows[0]["new_tokens"] for r in rows if r["kind"] == "treespec")
+    assert (out / "throughput_vs_batch.png").read_bytes()[:4] == b"\x89PNG"
+    md = tmp_path / "b.md"
+    res = CliRunner().invoke(app, ["bench-report", str(out), "--out", str(md)])
+    assert res.exit_code == 0, res.output
+    assert "× HF batched greedy" in md.read_text()
+
+
+def test_cli_run_decodes_a_prompt_file_in_batches(tmp_path, greedy_reference, prompts):
+    import json
+
+    from typer.testing import CliRunner
+
+    from treespec.cli.app import app
+
+    f = tmp_path / "p.txt"
+    f.write_text("\n\n".join(prompts[:3]) + "\n")
+    res = CliRunner().invoke(app, ["run", "--target", str(STORIES260K), "--dtype", "float64", "--drafter", "ngram",
+                                   "--builder", "chain", "--prompt-file", str(f), "--batch-size", "2",
+                                   "--max-new-tokens", "20", "--json"])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    assert [x["prompt"] for x in lines] == [1, 2, 3]
+    for p, x in zip(prompts[:3], lines):
+        ids = greedy_reference.target.tokenizer(p).input_ids
+        assert x["token_ids"] == greedy_reference(ids, 20)
+    assert res.stderr.count("batch of") == 2

@@ -127,9 +127,23 @@ def _distinct(first: Any, m: int, vocab: int) -> torch.Tensor:
     return torch.tensor(tokens[:m])
 
 
+_QUICK: dict[tuple[int, str], CostModel] = {}  # (id of the target, profile key) -> the first quick measurement
+
+
 def quick(target: Any, drafter: Any, key: dict[str, Any]) -> CostModel:
     """A rough cost model in a fraction of a second: a few sizes, one measurement each, on a prompt of
-    128 tokens (or a quarter of the context), for a run that has no saved profile."""
+    128 tokens (or a quarter of the context), for a run that has no saved profile. Measured once per
+    target and key in a process (a batch's rows, and later Decoders, start from a copy of it)."""
+    import copy
+    import json
+
+    memo = (id(target), json.dumps(key, sort_keys=True, default=str))
+    if memo not in _QUICK:
+        _QUICK[memo] = _quick(target, drafter, key)
+    return copy.deepcopy(_QUICK[memo])
+
+
+def _quick(target: Any, drafter: Any, key: dict[str, Any]) -> CostModel:
     vocab = target.vocab_size
     length = max(2, min(128, (target.max_positions or 512) // 4))
     prompt = [(7 + 31 * i) % max(vocab - 3, 1) + 3 for i in range(length)]  # arbitrary tokens: only the time counts

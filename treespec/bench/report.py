@@ -267,6 +267,18 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path, out: Pat
             f"torch {env['torch']} · transformers {env['transformers']} · treespec {env['treespec']}"
             + (f" · {res['truncated']} prompt(s) left-truncated to fit the context" if res.get("truncated") else ""),
             "",
+        ]
+        if res.get("mode") == "batch":  # throughput mode: treespec.bench.batch_runner
+            from treespec.bench.batch_runner import markdown_rows
+
+            parts += [*markdown_rows(res["rows"]), ""]
+            notes = path.parent / "NOTES.md"
+            if notes.is_file():
+                parts += [notes.read_text().strip(), ""]
+            if (path.parent / "throughput_vs_batch.png").exists():
+                parts += [f"![throughput_vs_batch.png]({rel}/throughput_vs_batch.png)", ""]
+            continue
+        parts += [
             "| config | τ | tokens/s | × greedy | × assisted | lossless | corr E(A),A | tree nodes | draft / verify / bookkeeping |",
             "|---|---|---|---|---|---|---|---|---|",
         ]

@@ -1,0 +1,69 @@
+"""`treespec bench --batch-size 1,4,8,16`: the throughput mode (``treespec.bench.batch_runner``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from treespec.cli import fail
+from treespec.cli.common import command_line
+from treespec.errors import TreespecError
+
+
+def _sizes(value: str) -> list[int]:
+    try:
+        sizes = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        fail(f"--batch-size {value!r}: give batch sizes separated by commas, e.g. 1,4,8,16")
+    if not sizes or any(s <= 0 for s in sizes):
+        fail(f"--batch-size {value!r}: every batch size must be > 0")
+    return sizes
+
+
+def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: list[str], builder: list[str],
+                  max_new_tokens: int, device: str | None, dtype: str | None, seed: int, threads: int | None,
+                  placement: dict[str, Any], dataset: str, out: Path, report_to: Path | None, sampling: Any) -> None:
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from treespec.bench import report
+    from treespec.bench.batch_runner import BatchBench, plot
+    from treespec.bench.datasets import format_turns
+
+    sizes = _sizes(batch_size)
+    if sampling is not None:
+        fail("--batch-size measures greedy throughput: drop --temperature (sampled rows: Decoder.generate([...], temperature=...))")
+    if not drafter:
+        fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
+    builder = builder or ["opt-tree"]
+    torch.manual_seed(seed)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        runner = BatchBench(target, drafter, builder, sizes, max_new_tokens, device=device, dtype=dtype, placement=placement)
+        tok = runner.target.tokenizer
+        limit = runner.target.max_positions
+        prompts = [format_turns(tok, it, []) for it in items]
+        if limit:
+            prompts = [p[-(limit - max_new_tokens):] for p in prompts]
+        runs = len(runner.configs) * sum(-(-len(prompts) // b) for b in sizes)
+        with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}")) as progress:
+            task = progress.add_task("warm-up", total=runs + 1)
+            rows = runner.run(prompts, progress=lambda what: progress.update(task, advance=1, description=what))
+    except TreespecError as exc:
+        fail(str(exc))
+    result = {"mode": "batch", "command": " ".join(command_line(ctx, {"target": target, "drafter": drafter, "builder": builder})),
+              "dataset": dataset, "category": None, "prompts": len(prompts), "truncated": 0, "max_new_tokens": max_new_tokens,
+              "target": target, "seed": seed, "temperature": 0.0, "environment": report.environment(), "rows": rows,
+              "partial": False}
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_text_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")
+    png = plot(out, rows)
+    for r in rows:
+        same = "lossless" if r["lossless"] else f"{r['mismatches']} rows differ"
+        typer.echo(f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  {r['vs_hf']:.2f}x HF  {same}")
+    typer.echo(f"wrote {out / 'results.json'}, {png}")

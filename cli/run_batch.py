@@ -1,0 +1,65 @@
+"""`treespec run --batch-size B --prompt-file F`: decode a file of prompts B at a time.
+
+F is read as a dataset (``treespec.bench.datasets.load_prompts``): a ``.jsonl`` of records with
+``prompt``/``text``/``turns``/``question`` fields, or a ``.txt`` whose prompts are separated by blank
+lines. Each batch is one ``Decoder.generate([...])`` call: every step verifies all rows' trees in one
+target forward. Output: with ``--json`` one JSON object per prompt and line, else each completion
+after a ``### prompt N`` header; statistics (one line per batch) go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from treespec.cli import fail
+from treespec.errors import DecodingError, TreespecError
+
+
+def run_batches(dec: Any, prompt_file: Path | None, batch_size: int, max_new_tokens: int, sampling: dict[str, Any],
+                chat: bool, system: str | None, as_json: bool) -> None:
+    from treespec.bench.datasets import format_turns, load_prompts
+    from treespec.inputs import chat_ids
+
+    if batch_size <= 0:
+        fail(f"--batch-size must be > 0, got {batch_size}")
+    if prompt_file is None:
+        fail("--batch-size decodes a file of prompts: give --prompt-file F (.jsonl records or blank-line separated .txt)")
+    try:
+        items = load_prompts(str(prompt_file))
+        tok = dec.target.tokenizer
+        if chat or system is not None:
+            sys_turn = [{"role": "system", "content": system}] if system is not None else []
+            prompts = [dec.encode(chat_ids(tok, sys_turn + [{"role": "user", "content": it.turns[0]}], f"target {dec.target.name!r}"))
+                       for it in items]
+        else:
+            prompts = [format_turns(tok, it, []) for it in items]
+    except TreespecError as exc:
+        fail(str(exc))
+    error = None
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        try:
+            outs = dec.generate(chunk, max_new_tokens=max_new_tokens, **sampling)
+        except DecodingError as exc:
+            outs, error = getattr(exc, "outputs", [exc.output]), str(exc)
+        except TreespecError as exc:
+            fail(str(exc))
+        for i, out in enumerate(outs):
+            n = start + i + 1
+            if as_json:
+                print(json.dumps({"prompt": n, "text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()},
+                                 ensure_ascii=False), flush=True)
+            else:
+                print(f"### prompt {n}\n{out.text}", flush=True)
+        tokens = sum(len(o.token_ids) for o in outs)
+        seconds = max((o.stats.t_total for o in outs), default=0.0)
+        steps = sum(len(o.stats.steps) for o in outs)
+        tau = tokens / steps if steps else 0.0
+        typer.secho(f"batch of {len(chunk)}: {tokens} tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s), "
+                    f"τ {tau:.2f}", fg=typer.colors.CYAN, err=True)
+        if error:
+            fail(error)

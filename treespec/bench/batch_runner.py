@@ -1,0 +1,173 @@
+"""`treespec bench --batch-size 1,4,8,16`: throughput of batched tree decoding against Hugging Face's
+batched greedy ``generate`` (left-padded), at every batch size, on the same prompts.
+
+For each batch size B the prompts are cut into batches of B (in order; the last may be smaller). For
+each batch every configuration runs once, interleaved (the order rotates batch by batch), and is timed
+end to end; throughput = new tokens of all rows / seconds. Every row is compared token for token
+with its prompt's own greedy ``generate`` (batch of one, computed first): treespec rows must equal it;
+Hugging Face's batched rows are reported as they come (left padding changes a row's arithmetic, so a
+near-tie can flip). Memory: the process's resident set after each batch (peak per B, and its growth
+from the first to the last batch of that B).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from treespec.factory import make_builder, make_drafter, resolve_drafter_name
+from treespec.options import parse_spec
+from treespec.target import TargetModel
+
+
+def rss_mb() -> float:
+    """Resident set size of this process, in MiB (Linux /proc; 0 where unavailable)."""
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@dataclass
+class BatchRun:
+    tokens: int
+    seconds: float
+    forwards: int  # target forwards (treespec: steps of the longest row; HF: generate's forward calls)
+    outputs: list[list[int]]
+    rss: float
+
+
+@dataclass
+class BatchConfig:
+    label: str
+    kind: str  # "hf-greedy" | "treespec"
+    run: Callable[[list[list[int]], int], BatchRun] = field(repr=False)
+
+
+class BatchBench:
+    def __init__(self, target: str, drafters: list[str], builders: list[str], sizes: list[int], max_new_tokens: int = 128,
+                 device: str | None = None, dtype: str | None = None, placement: dict[str, Any] | None = None):
+        self.sizes, self.max_new = sizes, max_new_tokens
+        self.target = TargetModel.load(target, device=device, dtype=dtype, **(placement or {}))
+        self.target_name = target
+        self.configs = [BatchConfig("hf-greedy", "hf-greedy", self._hf)]
+        for spec in drafters:
+            for d_name, d_opts in parse_spec(spec):
+                name, opts = resolve_drafter_name(d_name, d_opts)
+                for b_name, b_opts in (v for s in builders for v in parse_spec(s)):
+                    label = " ".join([b_name, *(f"{k}={v}" for k, v in b_opts.items())]) + " | " + \
+                        " ".join([d_name, *(f"{k}={v}" for k, v in d_opts.items())])
+                    self.configs.append(BatchConfig(label, "treespec", self._treespec(name, opts, b_name, b_opts)))
+
+    def _treespec(self, name: str, opts: dict[str, Any], b_name: str, b_opts: dict[str, Any]) -> Callable:
+        from treespec.decoder import Decoder
+
+        dec = Decoder(self.target, drafter=make_drafter(name, opts, self.target), builder=b_name, builder_options=b_opts)
+        make_builder(b_name, b_opts)  # options checked at construction
+
+        def run(prompts: list[list[int]], max_new: int) -> BatchRun:
+            t = time.perf_counter()
+            outs = dec.generate(prompts, max_new_tokens=max_new)
+            seconds = time.perf_counter() - t
+            return BatchRun(sum(len(o.token_ids) for o in outs), seconds, max(len(o.stats.steps) for o in outs),
+                            [o.token_ids for o in outs], rss_mb())
+
+        return run
+
+    def _hf(self, prompts: list[list[int]], max_new: int) -> BatchRun:
+        model, dev = self.target.model, self.target.device
+        eos = self.target.eos_token_ids
+        pad = next(iter(eos), 0)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [B, W] left-padded
+        att = torch.zeros(len(prompts), width, dtype=torch.long)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p):] = torch.tensor(p)
+            att[r, width - len(p):] = 1
+        calls = [0]
+        hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        try:
+            t = time.perf_counter()
+            with torch.inference_mode():
+                gen = model.generate(ids.to(dev), attention_mask=att.to(dev), do_sample=False, max_new_tokens=max_new,
+                                     pad_token_id=pad)[:, width:].cpu()
+            seconds = time.perf_counter() - t
+        finally:
+            hook.remove()
+        outs = []
+        for row in gen.tolist():
+            stop = next((i for i, tok in enumerate(row) if tok in eos), None)
+            outs.append(row[: stop + 1] if stop is not None else row)
+        return BatchRun(sum(len(o) for o in outs), seconds, calls[0], outs, rss_mb())
+
+    def run(self, prompts: list[list[int]], progress: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
+        """Every configuration at every batch size; returns the rows of results.json."""
+        for c in self.configs:  # warm-up: one small batch each
+            c.run(prompts[: min(2, len(prompts))], min(8, self.max_new))
+        reference = [self._hf([p], self.max_new).outputs[0] for p in prompts]  # each prompt's own greedy generate
+        progress("references")
+        rows = []
+        runs: dict[tuple[str, int], list[tuple[int, BatchRun]]] = {(c.label, b): [] for c in self.configs for b in self.sizes}
+        n = 0
+        for b in self.sizes:
+            for start in range(0, len(prompts), b):
+                chunk = prompts[start : start + b]
+                order = self.configs[n % len(self.configs):] + self.configs[: n % len(self.configs)]
+                n += 1
+                for c in order:
+                    runs[(c.label, b)].append((start, c.run(chunk, self.max_new)))
+                    progress(f"B={b} {c.label[:40]}")
+        for b in self.sizes:
+            for c in self.configs:
+                got = runs[(c.label, b)]
+                outs = [o for start, r in got for o in r.outputs]
+                tokens, seconds = sum(r.tokens for _, r in got), sum(r.seconds for _, r in got)
+                mism = sum(o != ref for o, ref in zip(outs, reference))
+                rows.append({"config": c.label, "kind": c.kind, "batch_size": b, "new_tokens": tokens, "seconds": seconds,
+                             "tokens_per_s": tokens / seconds if seconds else None,
+                             "forwards": sum(r.forwards for _, r in got), "mismatches": mism, "lossless": mism == 0,
+                             "peak_rss_mb": max(r.rss for _, r in got), "rss_growth_mb": got[-1][1].rss - got[0][1].rss})
+        for row in rows:
+            hf = next(r for r in rows if r["kind"] == "hf-greedy" and r["batch_size"] == row["batch_size"])
+            row["vs_hf"] = row["tokens_per_s"] / hf["tokens_per_s"] if hf["tokens_per_s"] else None
+        return rows
+
+
+def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """The throughput table of a batch run (report.markdown)."""
+    out = ["| config | batch | tokens/s | × HF batched greedy | target forwards | lossless vs own greedy | peak RSS MiB | RSS growth MiB |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cell = r["config"].replace("|", "\\|")
+        same = "yes" if r["lossless"] else "no ({} rows differ)".format(r["mismatches"])
+        out.append(f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {r['vs_hf']:.2f} | {r['forwards']} | {same} | "
+                   f"{r['peak_rss_mb']:.0f} | {r['rss_growth_mb']:+.0f} |")
+    return out
+
+
+def plot(out: Any, rows: list[dict[str, Any]]) -> Any:
+    """tokens/s against batch size, one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label in dict.fromkeys(r["config"] for r in rows):
+        pts = sorted((r["batch_size"], r["tokens_per_s"]) for r in rows if r["config"] == label)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label[:50])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("new tokens / s (all rows)")
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    path = out / "throughput_vs_batch.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
