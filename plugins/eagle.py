@@ -77,8 +77,11 @@ class EagleDrafter(Drafter):
         self.vocab = vocab
         # greedy acceptance calibration (eagle_train.fit_temperature): q = softmax(logits / T)
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
-        # per sequence (prefill) and per step (begin_step)
-        self.cache: DynamicCache | None = None
+        self._new_sequence()
+
+    def _new_sequence(self) -> None:
+        """Per-sequence state (``prefill``; the per-step part: ``_clear_tree``)."""
+        self.cache = DynamicCache()
         self.stable = 0  # committed items in the cache: item j at row j, position j
         self.root_feature: torch.Tensor | None = None  # [H] f̂ at the root (None: one-token prompt)
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # committed items not fed yet: (features, tokens)
@@ -87,16 +90,12 @@ class EagleDrafter(Drafter):
     # ------------------------------------------------------------------ lifecycle
     @torch.inference_mode()
     def prefill(self, context: PrefillContext) -> None:
-        self.cache = DynamicCache()
-        self.stable = 0
-        self.root_feature = None
-        self.pending = []
+        self._new_sequence()
         ids = context.input_ids
         if ids.shape[0] > 1:
             if context.hidden is None:
                 raise ValueError("drafter 'eagle' needs the target's hidden states (PrefillContext.hidden)")
             self.pending.append((context.hidden, ids[1:]))
-        self._clear_tree()
 
     def begin_step(self, root_token: int) -> None:
         if self.row_nodes:  # items of an earlier tree of this step

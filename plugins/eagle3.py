@@ -17,8 +17,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
-
 from treespec.errors import ConfigError
 from treespec.plugins.configs import Eagle3Config
 from treespec.plugins.eagle import EagleDrafter
@@ -72,11 +70,7 @@ class Eagle3Drafter(EagleDrafter):
         self.full_vocab = self.head.lm_head.out_features == vocab and not bool(self.head.d2t.any())
         self.ids = self.head.target_ids(torch.arange(self.head.lm_head.out_features, device=self.device))  # [Vd]
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
-        self.cache: DynamicCache | None = None
-        self.stable = 0
-        self.root_feature: torch.Tensor | None = None
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._clear_tree()
+        self._new_sequence()
 
     def _q(self, feats: torch.Tensor) -> torch.Tensor:
         """The draft distribution over TARGET ids [M, V] from the head's outputs [M, H]."""

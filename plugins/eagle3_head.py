@@ -112,8 +112,8 @@ class Eagle3Head(nn.Module):
         m, eps = self.midlayer, self.shape[3]
         b, _, t, _ = o.shape
         h = g + F.linear(o.transpose(1, 2).reshape(b, t, -1), m.self_attn.o_proj.weight)  # [B, T, H]
-        gate = F.linear(rms_norm(h, m.post_attention_layernorm.weight, eps), m.mlp.gate_proj.weight)
-        up = F.linear(rms_norm(h, m.post_attention_layernorm.weight, eps), m.mlp.up_proj.weight)
+        n = rms_norm(h, m.post_attention_layernorm.weight, eps)
+        gate, up = F.linear(n, m.mlp.gate_proj.weight), F.linear(n, m.mlp.up_proj.weight)
         return h + F.linear(F.silu(gate) * up, m.mlp.down_proj.weight)  # [B, T, H]
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
@@ -179,7 +179,7 @@ def is_eagle3(raw: dict[str, Any], state: dict[str, torch.Tensor] | None = None)
 def load_head3(name: str, hidden: int, vocab: int, target_name: str = "the target") -> tuple[Eagle3Head, dict[str, Any]]:
     """Load an EAGLE-3 head (local directory, hub id, or the Hugging Face cache); refuse one that does
     not fit a target of hidden size ``hidden`` and vocabulary ``vocab``, in one line."""
-    from treespec.plugins.eagle_head import read_config, read_weights
+    from treespec.plugins.eagle_head import fit_weights, read_config, read_weights
 
     raw, folder = read_config(name)
     state = read_weights(folder, name)
@@ -209,15 +209,7 @@ def load_head3(name: str, hidden: int, vocab: int, target_name: str = "the targe
     state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in EXTRA_KEYS})
     head = Eagle3Head(config, target_hidden=int(th), draft_vocab=draft_vocab, target_vocab=vocab)
-    try:
-        missing, unexpected = head.load_state_dict(state, strict=False)
-    except RuntimeError as exc:  # a shape mismatch
-        first = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc).splitlines()[0])
-        raise ModelLoadError(f"EAGLE-3 head {name!r}: weights do not fit its config.json ({first})") from None
-    missing = [k for k in missing if not k.startswith("rotary.")]
-    if missing or unexpected:
-        raise ModelLoadError(f"EAGLE-3 head {name!r}: weights do not match the EAGLE-3 layout "
-                             f"(missing {missing[:3]}, unexpected {list(unexpected)[:3]})")
+    fit_weights(head, state, f"EAGLE-3 head {name!r}", "the EAGLE-3 layout")
     ids = head.target_ids(torch.arange(draft_vocab))
     if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft_vocab:
         raise ModelLoadError(f"EAGLE-3 head {name!r}: its d2t does not map the draft vocabulary onto distinct target ids")

@@ -24,8 +24,6 @@ outside it are left out of the loss. lm_head starts from the target's rows for t
 from __future__ import annotations
 
 import json
-import math
-import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,10 +36,8 @@ from treespec.errors import ConfigError
 from treespec.lean import _rope
 from treespec.plugins.eagle3_head import Eagle3Head, default_layers
 from treespec.plugins.eagle_head import head_config_for
-from treespec.plugins.eagle_train import Progress, Sequence, _quiet, _training_data
-from treespec.target import TargetModel
+from treespec.plugins.eagle_train import Progress, Sequence, _quiet, _Run, _training_data, frozen_target
 from treespec.train import calibration
-from treespec.train.checkpoint import load_data, save_atomic
 
 DATA_VERSION = 3
 DECAY = 0.8  # step i's loss weight: DECAY ** i, as the reference
@@ -207,11 +203,8 @@ def train3(s: Train3Settings, progress: Progress = _quiet, log: Callable[[str], 
     out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(s.seed)
-    target = TargetModel.load(s.target)
+    target, embed, lm_head = frozen_target(s.target)
     model = target.model
-    for param in model.parameters():
-        param.requires_grad_(False)
-    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     layers = default_layers(int(cfg.num_hidden_layers))
     seqs = _training_data(target, s, out, progress, log, layers=layers)
@@ -230,44 +223,18 @@ def train3(s: Train3Settings, progress: Progress = _quiet, log: Callable[[str], 
         head.d2t.copy_(used - torch.arange(size))
         head.t2d.zero_()[used] = True
         head.lm_head.weight.copy_(lm_head.weight[used])  # a start: the target's own output rows
-    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    steps_per_epoch = math.ceil(len(train_set) / s.batch_size)
-    total = steps_per_epoch * s.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(1, total // 50)) * max(0.05, 1 - i / max(1, total)))
-    ckpt_file, start, history = out / "checkpoint.pt", 0, []
-    if ckpt_file.is_file():
-        ckpt = load_data(ckpt_file)
-        if {k: v for k, v in ckpt["settings"].items() if k != "out"} != {k: v for k, v in asdict(s).items() if k != "out"}:
-            raise ConfigError(f"{ckpt_file} was written with other settings; pass the same options to resume, or another --out")
-        head.load_state_dict(ckpt["head"])
-        opt.load_state_dict(ckpt["opt"])
-        sched.load_state_dict(ckpt["sched"])
-        torch.set_rng_state(ckpt["rng"])
-        start, history = ckpt["epoch"], ckpt["history"]
-        log(f"resuming from {ckpt_file} after epoch {start}")
+    run = _Run.new(head, s, len(train_set))
+    ckpt_file = out / "checkpoint.pt"
+    start, history = run.resume(ckpt_file, s, log)
     t0 = time.perf_counter()
     for epoch in range(start, s.epochs):
-        head.train()
-        order = list(range(len(train_set)))
-        random.Random(s.seed * 100_003 + epoch).shuffle(order)
-        running = 0.0
-        for i in range(steps_per_epoch):
-            batch = [train_set[j] for j in order[i * s.batch_size : (i + 1) * s.batch_size]]
-            loss, part = head_step(head, embed, lm_head, used, batch, s)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
-            opt.step()
-            sched.step()
-            running = part["loss"] if i == 0 else 0.9 * running + 0.1 * part["loss"]
-            progress(f"epoch {epoch + 1}/{s.epochs}", i + 1, steps_per_epoch, f"loss {running:.4f}")
+        running = run.epoch(epoch, train_set, lambda batch: head_step(head, embed, lm_head, used, batch, s), s, progress)
         held_out = evaluate(head, embed, lm_head, used, held, s)
         history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out})
         steps = " ".join(f"{a:.2f}" for a in held_out["top1_per_step"])
         log(f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
             f"top-1 agreement per unrolled step {steps}")
-        save_atomic({"settings": asdict(s), "head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                     "rng": torch.get_rng_state(), "epoch": epoch + 1, "history": history}, ckpt_file)
+        run.save(ckpt_file, s, epoch + 1, history)
     final = history[-1]["held_out"] if history else evaluate(head, embed, lm_head, used, held, s)
     head.eval()
     temperature = fit_temperature(head, embed, lm_head, held)

@@ -168,18 +168,22 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
         raise ConfigError(f"EAGLE head {name!r} is an EAGLE-3 head (its fc fuses 3 feature layers): use --drafter eagle3")
     config = LlamaConfig(**{k: val for k, val in raw.items() if k not in ("bias", "treespec")})
     head = EagleHead(config, bias=bool(raw.get("bias", True)))
+    fit_weights(head, state, f"EAGLE head {name!r}", "the EAGLE layout", "; is this an EAGLE-1/2 head?")
+    return head.eval(), raw.get("treespec", {})
+
+
+def fit_weights(head: nn.Module, state: dict[str, torch.Tensor], what: str, layout: str, hint: str = "") -> None:
+    """Load ``state`` into ``head`` (its rotary buffers are derived, never stored); a shape mismatch, a
+    missing or an unexpected key is one line naming ``what`` and the expected ``layout``."""
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a shape mismatch
         first = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc).splitlines()[0])
-        raise ModelLoadError(f"EAGLE head {name!r}: weights do not fit its config.json ({first}); is this an EAGLE-1/2 head?") from None
+        raise ModelLoadError(f"{what}: weights do not fit its config.json ({first}){hint}") from None
     missing = [k for k in missing if not k.startswith("rotary.")]
     if missing or unexpected:
-        raise ModelLoadError(
-            f"EAGLE head {name!r}: weights do not match the EAGLE layout "
-            f"(missing {missing[:3]}, unexpected {list(unexpected)[:3]}); is this an EAGLE-1/2 head?"
-        )
-    return head.eval(), raw.get("treespec", {})
+        raise ModelLoadError(f"{what}: weights do not match {layout} "
+                             f"(missing {missing[:3]}, unexpected {list(unexpected)[:3]}){hint}")
 
 
 def read_config(name: str) -> tuple[dict[str, Any], Path]:

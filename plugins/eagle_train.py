@@ -256,17 +256,27 @@ def _training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
     return seqs
 
 
+def frozen_target(name: str) -> tuple[TargetModel, Any, Any]:
+    """The target, its weights frozen, with its embedding and output head (both trainers read them)."""
+    target = TargetModel.load(name)
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    return target, target.model.get_input_embeddings(), target.model.get_output_embeddings()
+
+
 @dataclass
 class _Run:
-    """The head being trained with its optimiser and schedule (linear warm-up over 2 %, then linear decay)."""
+    """The head being trained with its optimiser and schedule (linear warm-up over 2 %, then linear
+    decay); EAGLE-3's trainer uses it too (``head`` any module, ``s`` any settings with lr, batch_size,
+    epochs and seed)."""
 
-    head: EagleHead
+    head: torch.nn.Module
     opt: torch.optim.Optimizer
     sched: Any
     steps_per_epoch: int
 
     @classmethod
-    def new(cls, head: EagleHead, s: TrainSettings, n_train: int) -> "_Run":
+    def new(cls, head: torch.nn.Module, s: Any, n_train: int) -> "_Run":
         opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
         steps_per_epoch = math.ceil(n_train / s.batch_size)
         total = steps_per_epoch * s.epochs
@@ -275,7 +285,7 @@ class _Run:
         )
         return cls(head, opt, sched, steps_per_epoch)
 
-    def resume(self, ckpt_file: Path, s: TrainSettings, log: Callable[[str], None]) -> tuple[int, list]:
+    def resume(self, ckpt_file: Path, s: Any, log: Callable[[str], None]) -> tuple[int, list]:
         """(epochs done, history) from ``ckpt_file`` if there is one written with the same settings."""
         if not ckpt_file.is_file():
             return 0, []
@@ -291,15 +301,17 @@ class _Run:
         log(f"resuming from {ckpt_file} after epoch {ckpt['epoch']}")
         return ckpt["epoch"], ckpt["history"]
 
-    def epoch(self, epoch: int, train_set: list, embed: Any, lm_head: Any, s: TrainSettings, progress: Progress) -> float:
-        """One pass over ``train_set`` in an order fixed by the seed and the epoch; the smoothed loss."""
+    def epoch(self, epoch: int, train_set: list, loss_of: Callable[[list], tuple[torch.Tensor, dict]], s: Any,
+              progress: Progress) -> float:
+        """One pass over ``train_set`` in an order fixed by the seed and the epoch, ``loss_of(batch)``
+        giving (loss, parts with "loss"); the smoothed loss."""
         self.head.train()
         order = list(range(len(train_set)))
         random.Random(s.seed * 100_003 + epoch).shuffle(order)  # per epoch: a resumed run sees the same order
         running = 0.0
         for i in range(self.steps_per_epoch):
             batch = [train_set[j] for j in order[i * s.batch_size : (i + 1) * s.batch_size]]
-            loss, part = head_step(self.head, embed, lm_head, batch, s.noise, s)
+            loss, part = loss_of(batch)
             self.opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5)
@@ -309,7 +321,7 @@ class _Run:
             progress(f"epoch {epoch + 1}/{s.epochs}", i + 1, self.steps_per_epoch, f"loss {running:.4f}")
         return running
 
-    def save(self, ckpt_file: Path, s: TrainSettings, epoch: int, history: list) -> None:
+    def save(self, ckpt_file: Path, s: Any, epoch: int, history: list) -> None:
         save_atomic({"settings": asdict(s), "head": self.head.state_dict(), "opt": self.opt.state_dict(),
                      "sched": self.sched.state_dict(), "rng": torch.get_rng_state(), "epoch": epoch,
                      "history": history}, ckpt_file)
@@ -322,11 +334,8 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
     out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(s.seed)
-    target = TargetModel.load(s.target)
+    target, embed, lm_head = frozen_target(s.target)
     model = target.model
-    for p in model.parameters():
-        p.requires_grad_(False)
-    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
     seqs = _training_data(target, s, out, progress, log)
     n_hold = max(1, round(len(seqs) * s.holdout))
     held, train_set = seqs[:n_hold], seqs[n_hold:]
@@ -336,7 +345,7 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
     start, history = run.resume(ckpt_file, s, log)
     before = evaluate(run.head, embed, lm_head, held, s) if start == 0 else history[0]["held_out_before"]
     for epoch in range(start, s.epochs):
-        running = run.epoch(epoch, train_set, embed, lm_head, s, progress)
+        running = run.epoch(epoch, train_set, lambda batch: head_step(run.head, embed, lm_head, batch, s.noise, s), s, progress)
         held_out = evaluate(run.head, embed, lm_head, held, s)
         history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out, "held_out_before": before})
         log(f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "

@@ -59,6 +59,17 @@ def eagle1_head(folder: Path, hidden: int, vocab: int, heads: int = 8, kv_heads:
     }
     if bias:
         state["fc.bias"] = (0.1 * torch.randn(hidden, generator=gen)).to(dtype)
+    _write_state(folder, state, fmt)
+    config = dict(LLAMA2_CONFIG, hidden_size=hidden, vocab_size=vocab, num_attention_heads=heads,
+                  num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=max_positions)
+    if style == "llama3":
+        config.update(LLAMA3_EXTRA)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def _write_state(folder: Path, state: dict[str, torch.Tensor], fmt: str) -> None:
+    """As published: a pickled ``pytorch_model.bin`` (``fmt="bin"``) or ``model.safetensors``."""
     folder.mkdir(parents=True, exist_ok=True)
     if fmt == "bin":
         torch.save(state, folder / "pytorch_model.bin")
@@ -66,12 +77,14 @@ def eagle1_head(folder: Path, hidden: int, vocab: int, heads: int = 8, kv_heads:
         from safetensors.torch import save_file
 
         save_file(state, str(folder / "model.safetensors"))
-    config = dict(LLAMA2_CONFIG, hidden_size=hidden, vocab_size=vocab, num_attention_heads=heads,
-                  num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=max_positions)
-    if style == "llama3":
-        config.update(LLAMA3_EXTRA)
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    return folder
+
+
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / "pytorch_model.bin").is_file():
+        return torch.load(folder / "pytorch_model.bin", weights_only=True)
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
 
 
 def _rms(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
@@ -94,12 +107,7 @@ def eagle1_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor,
     tokens [T] (x_{j+1}), positions 0..T-1. Returns the predicted features [T, H] (float64).
     ``embedding``: the target's table in place of the head's copy (what EAGLE's own loader does)."""
     cfg = json.loads((folder / "config.json").read_text())
-    if (folder / "pytorch_model.bin").is_file():
-        state = torch.load(folder / "pytorch_model.bin", weights_only=True)
-    else:
-        from safetensors.torch import load_file
-
-        state = load_file(str(folder / "model.safetensors"))
+    state = _read_state(folder)
     s = {k: v.double() for k, v in state.items()}
     heads, kv, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
     theta = cfg.get("rope_theta", 10000.0)
@@ -182,13 +190,7 @@ def eagle3_head(folder: Path, hidden: int, vocab: int, draft_vocab: int, heads: 
         "d2t": used - torch.arange(draft_vocab),
         "t2d": t2d,
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    if fmt == "bin":
-        torch.save(state, folder / "pytorch_model.bin")
-    else:
-        from safetensors.torch import save_file
-
-        save_file(state, str(folder / "model.safetensors"))
+    _write_state(folder, state, fmt)
     config = dict(EAGLE3_CONFIG, hidden_size=hidden, vocab_size=vocab, draft_vocab_size=draft_vocab,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
                   max_position_embeddings=max_positions)
@@ -203,12 +205,7 @@ def eagle3_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor, e
     start..start+T-1 (no cache: start only shifts RoPE). Returns (pre-norm outputs [T, H], logits over
     the TARGET vocabulary [T, V] with -inf outside the draft vocabulary), float64."""
     cfg = json.loads((folder / "config.json").read_text())
-    if (folder / "pytorch_model.bin").is_file():
-        state = torch.load(folder / "pytorch_model.bin", weights_only=True)
-    else:
-        from safetensors.torch import load_file
-
-        state = load_file(str(folder / "model.safetensors"))
+    state = _read_state(folder)
     s = {k: (v.double() if v.is_floating_point() else v) for k, v in state.items()}
     heads, kv, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
     theta = cfg.get("rope_theta", 10000.0)

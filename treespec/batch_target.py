@@ -76,7 +76,7 @@ class BatchTarget:
         s = int(lens.max())
         self.lens, self.width, self._tree = lens, s, None
         if s == 0:
-            return [self._no_hidden(want_hidden) for _ in prompts]
+            return [self.target.no_hidden(want_hidden) for _ in prompts]
         ids = torch.zeros(len(prompts), s, dtype=torch.long)  # [B, S] right-padded
         for b, p in enumerate(prompts):
             ids[b, : lens[b]] = torch.tensor(p[:-1])
@@ -85,14 +85,8 @@ class BatchTarget:
         visible = causal[None] & (q[None, None, :] < lens[:, None, None])  # [B, S, S]: own prefix only
         visible |= torch.eye(s, dtype=torch.bool)[None]  # a padding query sees itself (no empty softmax)
         out = self._forward(ids, q[None].expand(len(prompts), -1), visible, want_hidden)
-        hidden = TargetModel.hidden_of(_Rows(out), want_hidden) if want_hidden else None
+        hidden = TargetModel.hidden_of(out, want_hidden)  # [B, S, ·] or None
         return [hidden[b, : lens[b]] if hidden is not None else None for b in range(len(prompts))]
-
-    def _no_hidden(self, want: Any) -> torch.Tensor | None:
-        if not want:
-            return None
-        width = self.target.hidden_size * (1 if want is True else len(want))
-        return torch.zeros(0, width, device=self.device, dtype=self.dtype)
 
     @torch.inference_mode()
     def forward_trees(self, trees: list[TreeTensors], want_hidden: Any = False) -> tuple[list[torch.Tensor], list[Any]]:
@@ -112,7 +106,7 @@ class BatchTarget:
             visible[r, :size, s : s + size] = tt.ancestors
         out = self._forward(ids, pos, visible, want_hidden)
         self._tree = n
-        hidden = TargetModel.hidden_of(_Rows(out), want_hidden) if want_hidden else None
+        hidden = TargetModel.hidden_of(out, want_hidden)  # [B, N, ·] or None
         logits = [out.logits[r, :size] for r, size in enumerate(sizes)]  # [N_b, V]
         return logits, [hidden[r, :size] if hidden is not None else None for r, size in enumerate(sizes)]
 
@@ -145,9 +139,3 @@ class BatchTarget:
             crop_cache(self.cache, width)
         self.width = width
 
-
-class _Rows:
-    """A forward's output seen as ``hidden_of`` expects (it takes ``hidden_states[i][0]``): all rows."""
-
-    def __init__(self, out: Any):
-        self.hidden_states = [h[None] for h in out.hidden_states]  # [1, B, T, H]: [0] gives [B, T, H]

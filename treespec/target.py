@@ -135,10 +135,7 @@ class TargetModel:
         self.reset()
         n = int(input_ids.shape[0])
         if n == 0:
-            if not want_hidden:
-                return None
-            width = self.hidden_size * (1 if want_hidden is True else len(want_hidden))
-            return torch.zeros(0, width, device=self.device, dtype=self.dtype)
+            return self.no_hidden(want_hidden)
         ids = input_ids.to(self.device)[None]  # [1, L]
         kwargs: dict[str, Any] = {}
         if self._has_logits_to_keep:
@@ -151,7 +148,8 @@ class TargetModel:
             **kwargs,
         )
         self.past_len = n
-        return self.hidden_of(out, want_hidden)  # [L, H] or [L, k·H]
+        hidden = self.hidden_of(out, want_hidden)  # [1, L, H] or [1, L, k·H]
+        return hidden[0] if hidden is not None else None
 
     @torch.inference_mode()
     def forward_tree(self, tt: TreeTensors, want_hidden: bool | tuple[int, ...] = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -175,18 +173,26 @@ class TargetModel:
         )
         self._tree_len = int(tt.input_ids.shape[0])
         self.past_len += self._tree_len
-        return out.logits[0], self.hidden_of(out, want_hidden)  # [N, V], [N, H] or [N, k·H]
+        hidden = self.hidden_of(out, want_hidden)  # [1, N, H] or [1, N, k·H]
+        return out.logits[0], hidden[0] if hidden is not None else None  # [N, V], [N, ·]
 
     @staticmethod
     def hidden_of(out: Any, want: bool | tuple[int, ...]) -> torch.Tensor | None:
-        """From a forward's output: None (``want`` False), the last layer's hidden states [N, H] (after
-        the final norm; ``want`` True), or ``hidden_states[i]`` for each i in ``want`` (0 = the
-        embeddings, i = the input of decoder layer i) concatenated: [N, k·H] (EAGLE-3's fused feature)."""
+        """From a forward's output: None (``want`` False), the last layer's hidden states [B, N, H]
+        (after the final norm; ``want`` True), or ``hidden_states[i]`` for each i in ``want`` (0 = the
+        embeddings, i = the input of decoder layer i) concatenated: [B, N, k·H] (EAGLE-3's fused feature)."""
         if not want:
             return None
         if want is True:
-            return out.hidden_states[-1][0]  # [N, H]
-        return torch.cat([out.hidden_states[i][0] for i in want], dim=-1)  # [N, k·H]
+            return out.hidden_states[-1]  # [B, N, H]
+        return torch.cat([out.hidden_states[i] for i in want], dim=-1)  # [B, N, k·H]
+
+    def no_hidden(self, want: bool | tuple[int, ...]) -> torch.Tensor | None:
+        """What ``hidden_of`` gives for zero tokens: None, or an empty [0, H] / [0, k·H]."""
+        if not want:
+            return None
+        width = self.hidden_size * (1 if want is True else len(want))
+        return torch.zeros(0, width, device=self.device, dtype=self.dtype)
 
     @property
     def hidden_size(self) -> int:
