@@ -138,10 +138,14 @@ class AutoPlanner:
         self.note: PlanNote | None = None
 
     # ------------------------------------------------------------------ setup
-    def attach(self, target: "TargetModel", drafter: "Drafter") -> None:
+    def attach(self, target: "TargetModel", drafter: "Drafter", batch: int = 1) -> None:
         """Cap trees at what the target verifies; start from a saved profile when there is one, else
         from a quick measurement of a few sizes (``treespec.cost_measure.quick``: a fraction of a
-        second, once per Decoder). ``profile=none``: start empty and learn online only."""
+        second, once per Decoder). ``profile=none``: start empty and learn online only. A row of a
+        batch of ``batch`` > 1 prices its nodes by the batched step: a profile measured for that
+        batch size (``quick(..., batch)``: every row verifying n nodes, expanding m), refined online
+        from the batch's step times; trees shrink as the step fills the machine, down to plain
+        decoding (docs/design.md, "Batches")."""
         self.cap = min(self.cap, target.max_tree_nodes)
         if self.profile == "none":
             return
@@ -151,11 +155,13 @@ class AutoPlanner:
             self.cost = CostModel.from_json(Path(self.profile).read_text())
         else:
             key = profile_key(target, drafter)
+            if batch > 1:
+                key["batch"] = batch
             saved = load_profile(key)
             if saved is None:
                 from treespec.cost_measure import quick
 
-                saved = quick(target, drafter, key)
+                saved = quick(target, drafter, key, batch)
             self.cost = saved
         self._tables_age = REFRESH
 

@@ -22,6 +22,7 @@ A level of one node whose ancestors are all the tree items so far (a chain) is f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,9 @@ from treespec.plugins.eagle_head import load_head, target_dims
 from treespec.kv import causal_mask, crop_cache, tree_mask
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from treespec.plugins.eagle_rows import EagleRows
 
 
 def default_head(target: TargetModel) -> str:
@@ -97,8 +101,18 @@ class EagleDrafter(Drafter):
                 raise ValueError("drafter 'eagle' needs the target's hidden states (PrefillContext.hidden)")
             self.pending.append((context.hidden, ids[1:]))
 
+    #: set on the rows of a batch (``rows``): the rows share one head cache (``eagle_rows.EagleRows``)
+    _group: "EagleRows | None" = None
+    _index = 0
+
+    def rows(self, n: int) -> "EagleRows":
+        """``n`` rows whose frontiers are expanded in one head forward per level (``eagle_rows.py``)."""
+        from treespec.plugins.eagle_rows import EagleRows
+
+        return EagleRows(self, n)
+
     def begin_step(self, root_token: int) -> None:
-        if self.row_nodes:  # items of an earlier tree of this step
+        if self.row_nodes and self._group is None:  # items of an earlier tree of this step
             crop_cache(self.cache, self.stable)
         self._clear_tree()
 
@@ -107,9 +121,14 @@ class EagleDrafter(Drafter):
         self.feats = self.root_feature[None] if self.root_feature is not None else None  # [1 + R, H]
         self.node_row: list[int] = [0 if self.root_feature is not None else -1]  # tree node -> row of feats (-1: not fed)
         self.row_nodes: list[int] = []  # tree node of each tree item, in cache order after the stable rows
+        self.cols: list[int] = []  # a batch row's: the shared cache's column of each tree item
 
     @torch.inference_mode()
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
+        if self._group is not None:  # a batch row called on its own: a round of one
+            from treespec.interfaces import Expansion
+
+            return self._group.expand_together({self._index: Expansion(tree, nodes, k)})[self._index]
         k = min(k, self.vocab)
         m = int(nodes.shape[0])
         if m == 0 or (self.feats is None and not self.pending):  # a one-token prompt: no feature before the root yet
@@ -125,21 +144,25 @@ class EagleDrafter(Drafter):
     def _feed_missing(self, tree: DraftTree, wanted: list[int]) -> None:
         """Feed the requested nodes that have no feature yet, and their unfed ancestors, one tree level
         per forward (a child needs f̂ of its parent)."""
+        for level in self.missing_levels(tree, wanted):
+            self._feed_tree(tree, level)
+
+    def missing_levels(self, tree: DraftTree, wanted: list[int]) -> list[list[int]]:
+        """The nodes to feed before ``wanted`` have features: the unfed ones and their unfed
+        ancestors, one list per tree level, shallowest first."""
         rows = self.node_row
         rows += [-1] * (len(tree) - len(rows))
         missing = [n for n in wanted if rows[n] < 0]
         if not missing:
-            return
+            return []
         parents = tree.parents[missing].tolist()
         if all(rows[p] >= 0 for p in parents):  # the usual case: one level whose parents are fed
-            self._feed_tree(tree, sorted(missing))
-            return
+            return [sorted(missing)]
         need = tree.ancestors[torch.tensor(missing)].any(dim=0)  # [N] nodes on the requested paths
         need[torch.tensor([n for n, r in enumerate(rows) if r >= 0])] = False
         new = need.nonzero().flatten()  # [F] ascending: parents first
         depths = tree.depths[new]
-        for depth in depths.unique().tolist():
-            self._feed_tree(tree, new[depths == depth].tolist())
+        return [new[depths == depth].tolist() for depth in depths.unique().tolist()]
 
     @torch.inference_mode()
     def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
@@ -162,7 +185,7 @@ class EagleDrafter(Drafter):
     def commit(self, commit: Commit) -> None:
         if commit.hidden is None:
             raise ValueError("drafter 'eagle' needs the target's hidden states (Commit.hidden)")
-        if self.row_nodes:
+        if self.row_nodes and self._group is None:
             crop_cache(self.cache, self.stable)  # drop every tree item: they were built on predictions
         tokens = torch.tensor(commit.tokens, dtype=torch.long)  # [m+1] accepted + bonus
         self.pending.append((commit.hidden, tokens))  # items (f(root), a1), (f(a1), a2), ..., (f(am), bonus)

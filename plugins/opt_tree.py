@@ -63,7 +63,7 @@ class OptTreeBuilder(TreeBuilder):
 
     def attach(self, target: Any, drafter: Drafter) -> None:
         if self.planner is not None:
-            self.planner.attach(target, drafter)
+            self.planner.attach(target, drafter, self.batch_size)
 
     def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
         if self.calibration is not None:

@@ -1,18 +1,22 @@
 """Decoding several prompts at once: per-row drafting, ONE target forward for every row's tree.
 
-``Decoder.generate([p1, p2, ...])`` runs ``generate_batch``. Each row has its own drafter (a
-``Drafter.fork`` of the Decoder's: the weights are shared, the per-sequence state is not) and its own
-builder (a fresh one from the Decoder's builder spec, attached to the row's drafter), so a row's
-trees are exactly the trees it would get alone. A step:
+``Decoder.generate([p1, p2, ...])`` runs ``generate_batch``. Each row has its own drafter (one of
+``Drafter.rows(B)``: the weights are shared, the per-sequence state is not) and its own builder (made
+from the Decoder's builder spec for row i of batches of size B, told the batch size, and kept for
+the next batch of that size, as the Decoder's builder is kept from prompt to prompt), so a
+row's trees are the trees it would get alone, up to what its cost-aware builder decides at size B. A step:
 
-    for each row:  tree_b = step.draft(drafter_b, builder_b, root_b, room_b − 1)
+    trees          = lockstep.draft_rows(rows, builders, roots, rooms − 1)  every row's builder; with a
+                                          batching drafter (EAGLE) one draft forward per level for all rows
     logits_b       = BatchTarget.forward_trees([tree_b.tensors(len_b)])     ONE forward, [B, N_max]
     for each row:  acceptance_b = accept_b(tree_b, logits_b)                 per-row rule and generator
     BatchTarget.commit([acceptance_b.nodes])                                  per-row KV compaction
     for each row:  drafter_b.commit(tokens_b, hidden_b)
 
-A row that reaches EOS, its max_new_tokens or the context leaves the batch (``BatchTarget.keep``).
-Sampling rows draw from independent generators seeded ``seed + row`` (reproducible per row).
+A row that reaches EOS, its max_new_tokens or the context leaves the batch (``BatchTarget.keep``,
+``DraftRows.keep``). Sampling rows draw from independent generators seeded ``seed + row`` (reproducible
+per row). A row's step statistics carry the batch step's times (drafting, the shared verification,
+wall): every row waits for the whole step, and a cost-aware builder must price its nodes by them.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from treespec import step
+from treespec import lockstep, step
 from treespec.batch_target import BatchTarget
 from treespec.errors import ConfigError, DecodingError, TreespecError
-from treespec.interfaces import Commit, PrefillContext
+from treespec.interfaces import Commit, DraftRows, PrefillContext
 from treespec.stats import RunStats
 
 if TYPE_CHECKING:
@@ -57,9 +61,10 @@ def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, samp
     max_new_tokens = inputs.positive_int("max_new_tokens", max_new_tokens)
     seed = sampling.get("seed")
     rows = []
+    group = dec.drafter.rows(len(ids_list))
+    builders = dec.row_builders(group.drafters)
     for i, ids in enumerate(ids_list):
-        drafter = dec.drafter.fork()
-        builder = dec.fresh_builder(drafter)
+        drafter, builder = group.drafters[i], builders[i]
         row_seed = None if seed is None else int(seed) + i
         params, draft = dec._sampling(sampling.get("temperature"), sampling.get("top_p"), sampling.get("top_k"),
                                       row_seed, sampling.get("draft_temperature"), sampling.get("rule", "auto"), builder)
@@ -72,7 +77,7 @@ def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, samp
     eos = dec.target.eos_token_ids
     t_start = time.perf_counter()
     try:
-        _run(dec, bt, rows, max_new_tokens, want, eos, step_stats)
+        _run(dec, bt, group, rows, max_new_tokens, want, eos, step_stats)
     except KeyboardInterrupt:
         raise  # the Decoder's caller sees Ctrl-C; every row's Output keeps what it generated
     except Exception as exc:
@@ -92,13 +97,15 @@ def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, samp
     return [r.out for r in rows]
 
 
-def _run(dec: "Decoder", bt: BatchTarget, rows: list[_Row], max_new: int, want: Any, eos: set[int], step_stats: Any) -> None:
+def _run(dec: "Decoder", bt: BatchTarget, group: DraftRows, rows: list[_Row], max_new: int, want: Any, eos: set[int],
+         step_stats: Any) -> None:
     t0 = time.perf_counter()
     hidden = bt.prefill([r.ids for r in rows], want_hidden=want)
     for r, h in zip(rows, hidden):
         r.drafter.prefill(PrefillContext(input_ids=torch.tensor(r.ids, dtype=torch.long), hidden=h))
         r.out.stats.t_prefill = time.perf_counter() - t0
     active = list(rows)
+    last = time.perf_counter()  # the end of the previous step
     while active:
         # rows with no room left (context) stop before drafting
         rooms = [dec._room(r.committed, max_new - len(r.out.token_ids)) for r in active]
@@ -108,23 +115,22 @@ def _run(dec: "Decoder", bt: BatchTarget, rows: list[_Row], max_new: int, want: 
                 r.out.stats.stop_reason = "max_new_tokens" if len(r.out.token_ids) >= max_new else "context"
         if len(keep) < len(active):
             bt.keep(keep)
+            group.keep(keep)
             active, rooms = [active[i] for i in keep], [rooms[i] for i in keep]
             if not active:
                 return
-        trees, drafting = [], []
-        for r, room in zip(active, rooms):
-            t = time.perf_counter()
-            trees.append(step.draft(r.drafter, r.builder, r.committed[-1], room - 1))
-            drafting.append(time.perf_counter() - t)
+        t_draft = time.perf_counter()
+        trees = lockstep.draft_rows(group, [r.builder for r in active], [r.committed[-1] for r in active],
+                                    [room - 1 for room in rooms])
+        t_draft = time.perf_counter() - t_draft
         tts = [t.tensors(int(bt.lens[i]), dtype=bt.dtype) for i, t in enumerate(trees)]
         t_verify = time.perf_counter()
         logits, hiddens = bt.forward_trees(tts, want_hidden=want)
         t_verify = time.perf_counter() - t_verify
         accs = [r.accept(tree, tt, lg) for r, tree, tt, lg in zip(active, trees, tts, logits)]
         bt.commit([a.nodes for a in accs])
-        done_rows = []
-        for i, (r, tree, acc, h, t_draft) in enumerate(zip(active, trees, accs, hiddens, drafting)):
-            t_own = time.perf_counter()
+        done_rows, steps = [], []
+        for i, (r, tree, acc, h) in enumerate(zip(active, trees, accs, hiddens)):
             r.builder.verified(tree, acc.nodes)
             tokens = acc.tokens + [acc.bonus]
             r.drafter.commit(Commit(tokens=tokens, hidden=h[acc.nodes.to(h.device)] if h is not None else None))
@@ -135,17 +141,23 @@ def _run(dec: "Decoder", bt: BatchTarget, rows: list[_Row], max_new: int, want: 
             r.committed += new
             r.out.token_ids += new
             r.out.stats.new_tokens = len(r.out.token_ids)
-            seconds = {"draft": t_draft, "verify": t_verify / len(active),  # the shared forward, split evenly
-                       "bookkeeping": time.perf_counter() - t_own}
-            done = step.Step(verdict=step.Verdict(tree=tree, acceptance=acc, hidden=None), tokens=tokens, seconds=seconds)
-            r.out.stats.steps.append(step_stats(done, emitted=len(new), note=r.builder.plan_note()))
-            r.builder.observe(r.out.stats.steps[-1])
+            steps.append((r, step.Step(verdict=step.Verdict(tree=tree, acceptance=acc, hidden=None), tokens=tokens,
+                                       seconds={}), len(new)))
             if hit is not None:
                 r.out.stats.stop_reason = "eos"
                 done_rows.append(i)
+        now = time.perf_counter()
+        # every row waited for the whole step: its times are the step's (drafting, the shared forward)
+        seconds = {"draft": t_draft, "verify": t_verify, "bookkeeping": max(0.0, now - last - t_draft - t_verify)}
+        for r, done, emitted in steps:
+            done.seconds.update(seconds)
+            r.out.stats.steps.append(step_stats(done, emitted=emitted, wall=now - last, note=r.builder.plan_note()))
+            r.builder.observe(r.out.stats.steps[-1])
+        last = time.perf_counter()
         if done_rows:
             keep = [i for i in range(len(active)) if i not in done_rows]
             bt.keep(keep)
+            group.keep(keep)
             active = [active[i] for i in keep]
 
 

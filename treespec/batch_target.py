@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.errors import ConfigError, TreespecError
-from treespec.kv import crop_cache
+from treespec.kv import crop_cache, move_cache_rows
 from treespec.target import TargetModel
 from treespec.tree import TreeTensors
 
@@ -117,13 +117,12 @@ class BatchTarget:
         if self._tree is None:
             raise TreespecError("BatchTarget.commit() needs a successful forward_trees() first")
         s = self.width
-        new = self.lens + torch.tensor([int(x.shape[0]) for x in nodes])  # [B]
-        for layer in self.cache.layers:
-            for r, keep in enumerate(nodes):
-                src = (s + keep.cpu()).to(layer.keys.device)
-                lo = int(self.lens[r])
-                layer.keys[r, :, lo : lo + src.numel()] = layer.keys[r, :, src]  # [H_kv, m, D]
-                layer.values[r, :, lo : lo + src.numel()] = layer.values[r, :, src]
+        counts = torch.tensor([int(x.shape[0]) for x in nodes])  # [B]
+        new = self.lens + counts  # [B]
+        rows = torch.repeat_interleave(torch.arange(len(nodes)), counts)  # [K] the batch row of each kept node
+        src = s + torch.cat([x.cpu() for x in nodes])  # [K] its column in the tree block
+        dst = torch.cat([torch.arange(int(lo), int(hi)) for lo, hi in zip(self.lens, new)])  # [K] where it goes
+        move_cache_rows(self.cache, rows, src, dst)
         self.lens, self.width, self._tree = new, int(new.max()), None
         crop_cache(self.cache, self.width)
 

@@ -127,24 +127,83 @@ def _distinct(first: Any, m: int, vocab: int) -> torch.Tensor:
     return torch.tensor(tokens[:m])
 
 
+def measure_batch(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], batch: int, repeats: int = 1,
+                  verify_sizes: tuple[int, ...] = QUICK_VERIFY, expand_sizes: tuple[int, ...] = QUICK_EXPAND) -> CostModel:
+    """The cost model of ONE row of a batch of ``batch`` rows in which every row does the same: T(n) is
+    the batched step (``BatchTarget``) verifying n drafted nodes in every row, T_expand(m) one
+    ``DraftRows.expand_together`` round in which every row expands m nodes (``treespec.batch``). A
+    row's planner prices its nodes with these at its own rate (tokens of the row per second of the
+    whole step), which is the batch's rate shared out: a node pays only if it pays for the batch."""
+    from treespec.batch_target import BatchTarget
+    from treespec.interfaces import Commit, Expansion, PrefillContext
+
+    model = CostModel(key=key)
+    gen = torch.Generator().manual_seed(0)
+    bt, want = BatchTarget(target), step.hidden_request(drafter)
+    hidden = bt.prefill([prompt] * batch, want_hidden=want)
+    rows = drafter.rows(batch)
+    for d, h in zip(rows.drafters, hidden):
+        d.prefill(PrefillContext(input_ids=torch.tensor(prompt, dtype=torch.long), hidden=h))
+    room = (target.max_positions or 1 << 30) - len(prompt) - 16 * (repeats + 1)
+
+    def verify_once(n: int) -> tuple[float, float]:
+        trees = [random_tree(prompt[-1], n, target.vocab_size, gen) for _ in range(batch)]
+        start = time.perf_counter()
+        tts = [t.tensors(int(bt.lens[i]), dtype=bt.dtype) for i, t in enumerate(trees)]
+        begin = time.perf_counter()
+        logits, _ = bt.forward_trees(tts, want_hidden=want)
+        end = time.perf_counter()
+        bt.commit([step.greedy(t, tt, lg).nodes[:1] for t, tt, lg in zip(trees, tts, logits)])  # the root only
+        return end - begin, (begin - start) + time.perf_counter() - end
+
+    for n in [n for n in verify_sizes if n < target.max_tree_nodes and n < room]:
+        forward, rest = _median(lambda: verify_once(n), repeats)
+        model.verify.observe(n, forward)
+        model.bookkeeping.observe(n, rest)
+
+    def expand_once(m: int) -> tuple[float, float]:
+        trees = [DraftTree(prompt[-1]) for _ in rows.drafters]
+        for d in rows.drafters:
+            d.begin_step(prompt[-1])
+        first = rows.expand_together({i: Expansion(t, torch.zeros(1, dtype=torch.long), max(m, 1)) for i, t in enumerate(trees)})
+        leaves = [t.add_children(torch.zeros(m, dtype=torch.long), _distinct(first[i], m, target.vocab_size),
+                                 torch.full((m,), 0.5)) for i, t in enumerate(trees)]
+        start = time.perf_counter()
+        rows.expand_together({i: Expansion(t, leaves[i], 8) for i, t in enumerate(trees)})
+        return time.perf_counter() - start, 0.0
+
+    def first_once() -> tuple[float, float]:
+        """A step's first expansion after every row committed three tokens (the drafters catch up)."""
+        for d, h in zip(rows.drafters, hidden):
+            d.commit(Commit(tokens=prompt[-3:], hidden=h[-3:] if h is not None else None))
+            d.begin_step(prompt[-1])
+        start = time.perf_counter()
+        rows.expand_together({i: Expansion(DraftTree(prompt[-1]), torch.zeros(1, dtype=torch.long), 8)
+                              for i in range(batch)})
+        return time.perf_counter() - start, 0.0
+
+    model.first.observe(1, _median(first_once, repeats)[0])
+    for m in expand_sizes:
+        model.expand.observe(m, _median(lambda: expand_once(m), repeats)[0])
+    return model
+
+
 _QUICK: dict[tuple[int, str], CostModel] = {}  # (id of the target, profile key) -> the first quick measurement
 
 
-def quick(target: Any, drafter: Any, key: dict[str, Any]) -> CostModel:
+def quick(target: Any, drafter: Any, key: dict[str, Any], batch: int = 1) -> CostModel:
     """A rough cost model in a fraction of a second: a few sizes, one measurement each, on a prompt of
-    128 tokens (or a quarter of the context), for a run that has no saved profile. Measured once per
-    target and key in a process (a batch's rows, and later Decoders, start from a copy of it)."""
+    128 tokens (or a quarter of the context), for a run that has no saved profile; for a row of a batch
+    of ``batch`` rows, every row doing the same (``measure_batch``). Measured once per target, key and
+    batch size in a process (a batch's rows, and later Decoders, start from a copy of it)."""
     import copy
     import json
 
-    memo = (id(target), json.dumps(key, sort_keys=True, default=str))
+    memo = (id(target), json.dumps(key, sort_keys=True, default=str), batch)
     if memo not in _QUICK:
-        _QUICK[memo] = _quick(target, drafter, key)
+        vocab = target.vocab_size
+        length = max(4, min(128, (target.max_positions or 512) // 4))
+        prompt = [(7 + 31 * i) % max(vocab - 3, 1) + 3 for i in range(length)]  # arbitrary tokens: only the time counts
+        _QUICK[memo] = (measure(target, drafter, prompt, key, repeats=1, verify_sizes=QUICK_VERIFY, expand_sizes=QUICK_EXPAND)
+                        if batch == 1 else measure_batch(target, drafter, prompt, key, batch))
     return copy.deepcopy(_QUICK[memo])
-
-
-def _quick(target: Any, drafter: Any, key: dict[str, Any]) -> CostModel:
-    vocab = target.vocab_size
-    length = max(2, min(128, (target.max_positions or 512) // 4))
-    prompt = [(7 + 31 * i) % max(vocab - 3, 1) + 3 for i in range(length)]  # arbitrary tokens: only the time counts
-    return measure(target, drafter, prompt, key, repeats=1, verify_sizes=QUICK_VERIFY, expand_sizes=QUICK_EXPAND)

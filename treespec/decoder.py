@@ -59,6 +59,7 @@ class Decoder:
     ):
         self.builder = make_builder(builder, builder_options)  # cheap: fail on bad options first
         self._builder_spec = (builder, dict(builder_options or {}))  # batch rows get builders of their own
+        self._row_builders: dict[int, list[TreeBuilder]] = {}  # batch size -> its rows' builders (kept across batches)
         _require_models(target, drafter, drafter_options)  # offline: one line naming every missing model
         if not isinstance(target, TargetModel):
             target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
@@ -68,12 +69,23 @@ class Decoder:
         self.drafter = make_drafter(drafter, drafter_options, self.target)
         self.builder.attach(self.target, self.drafter)
 
-    def fresh_builder(self, drafter: Drafter) -> TreeBuilder:
-        """A builder like this Decoder's, with no state, attached to ``drafter`` (a batch row's)."""
+    def row_builders(self, drafters: list[Drafter]) -> list[TreeBuilder]:
+        """The builders of a batch's rows: row i of every batch of this size keeps the same builder, so
+        what it learns (calibrated p̂, cost curves, its rate) carries over from batch to batch, as the
+        Decoder's own builder carries over from prompt to prompt."""
+        pool = self._row_builders.setdefault(len(drafters), [])
+        while len(pool) < len(drafters):
+            pool.append(self.fresh_builder(drafters[len(pool)], batch_size=len(drafters)))
+        return pool[: len(drafters)]
+
+    def fresh_builder(self, drafter: Drafter, batch_size: int = 1) -> TreeBuilder:
+        """A builder like this Decoder's, with no state, attached to ``drafter`` (a row of a batch of
+        ``batch_size``)."""
         import copy
 
         spec, options = self._builder_spec
         builder = make_builder(spec, options) if isinstance(spec, str) else copy.copy(self.builder)
+        builder.batch_size = batch_size
         builder.attach(self.target, drafter)
         return builder
 

@@ -115,6 +115,12 @@ class Drafter(ABC):
 
         return copy.copy(self)
 
+    def rows(self, n: int) -> "DraftRows":
+        """Drafters for ``n`` sequences decoded together (a batch), sharing this one's weights. The
+        default: ``n`` forks that expand one after another. Drafters that can expand every row's
+        frontier in ONE draft forward return a ``DraftRows`` with ``batched = True`` (EAGLE's)."""
+        return DraftRows([self.fork() for _ in range(n)])
+
     @abstractmethod
     def prefill(self, context: PrefillContext) -> None:
         """Start a new sequence. Called once per ``generate``, before the first step."""
@@ -149,12 +155,49 @@ class Drafter(ABC):
         """Release resources (optional)."""
 
 
+@dataclass(frozen=True)
+class Expansion:
+    """One row's ``Drafter.expand`` call, as a lockstep round of a batch collects it."""
+
+    tree: "DraftTree"
+    nodes: "torch.Tensor"  # [M] long
+    k: int
+
+
+class DraftRows:
+    """The drafters of a batch's rows (``Drafter.rows``): ``drafters[i]`` is row i's, a full
+    ``Drafter`` that each row's builder uses as usual.
+
+    When ``batched`` is True, ``treespec.lockstep`` runs the rows' builders side by side: every
+    ``expand`` call the rows make in one round is passed to ``expand_together`` at once, which answers
+    all of them with one draft forward per tree level. The default answers them one row at a time.
+    """
+
+    #: True: ``expand_together`` does one forward for all rows (the lockstep driver is worth it)
+    batched: ClassVar[bool] = False
+
+    def __init__(self, drafters: list[Drafter]):
+        self.drafters = drafters
+
+    def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:
+        """``{row: Expansion}`` → ``{row: Proposals}``: the same answers as ``drafters[row].expand``."""
+        return {i: self.drafters[i].expand(r.tree, r.nodes, r.k) for i, r in requests.items()}
+
+    def keep(self, rows: list[int]) -> None:
+        """Only the rows ``rows`` (indices into ``drafters``) go on: finished rows leave the batch."""
+        self.drafters = [self.drafters[i] for i in rows]
+
+
 class TreeBuilder(ABC):
     """Decides which nodes to expand and which to keep, using a drafter's proposals."""
 
     Config: ClassVar[type[PluginConfig]] = PluginConfig
     #: the draft-side sampling settings kept by ``start`` (None: rank children by the draft's top-k)
     sampling: "DraftSampling | None" = None
+    #: how many sequences are decoded together with this builder's: 1 alone, B for a row of a batch
+    #: (set by the Decoder before ``attach``; cost-aware builders price a node as its share of a
+    #: B-row step)
+    batch_size: int = 1
 
     def __init__(self, config: PluginConfig):
         self.config = config

@@ -175,3 +175,14 @@ def keep_rows(cache: Any, base: int, rows: list[int] | torch.Tensor) -> None:
             layer.keys[:, :, base : base + m] = layer.keys[:, :, src]  # [B, H_kv, m, D]
             layer.values[:, :, base : base + m] = layer.values[:, :, src]
     crop_cache(cache, base + m)
+
+
+def move_cache_rows(cache: Any, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """For each i, copy the KV column ``src[i]`` of batch row ``rows[i]`` to column ``dst[i]`` of the same
+    row, in every layer (one gather and one scatter per layer; the gather reads before anything is
+    written, so source and destination ranges may overlap). rows, src, dst: [K] long."""
+    for layer in cache.layers:
+        dev = layer.keys.device
+        r, a, b = rows.to(dev), src.to(dev), dst.to(dev)
+        layer.keys[r, :, b] = layer.keys[r, :, a]  # [K, H_kv, D]
+        layer.values[r, :, b] = layer.values[r, :, a]

@@ -1,0 +1,166 @@
+"""A batch's EAGLE rows: every row's frontier expanded in ONE head forward per tree level.
+
+Each row is an ``EagleDrafter`` fork that keeps its own bookkeeping (committed items ``stable``,
+``pending`` items, predicted features ``feats``, the tree items fed this step); the head's KV cache
+is one cache for all rows, laid out like ``treespec.batch_target``'s:
+
+    row b:  [ stable items 0 .. stable_b − 1 | anything: masked | columns appended this step ]
+
+- **catch-up** (a round's rows with pending items): one forward of a [B, T] block, row b's n_b items at
+  positions stable_b … stable_b + n_b − 1, each seeing its row's stable items and the block's items
+  before it; the block's columns are then copied to stable_b … (per row; later columns stay as masked
+  garbage), so the stable part is exactly what a single sequence's cache holds.
+- **a tree level** (the round's rows that need features): one forward of a [B, F_max] block, node n of
+  row b at position stable_b − 1 + depth(n), seeing its row's stable items and the columns of its
+  own ancestors' tree items (``cols``); a row with fewer nodes, or none, pads with queries that see
+  only themselves.
+- **proposals**: one lm_head over every requested row of every row, top-k per row.
+
+A row's tree items only ever sit after its stable part, so the columns added during a step are cut
+off at the start of the next step's first round, when no row holds tree items. Rows that finish leave
+by indexing the batch dimension (``keep``). The math per row is ``eagle.py``'s: same items, positions
+and visibility; batching changes the shapes of the matmuls, not what they compute.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import DynamicCache
+
+from treespec.interfaces import DraftRows, Expansion, Proposals
+from treespec.kv import crop_cache, move_cache_rows
+from treespec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from treespec.plugins.eagle import EagleDrafter
+
+
+class EagleRows(DraftRows):
+    batched = True
+    drafters: "list[EagleDrafter]"
+
+    def __init__(self, base: "EagleDrafter", n: int):
+        super().__init__([base.fork() for _ in range(n)])
+        for i, row in enumerate(self.drafters):
+            row._group, row._index = self, i
+        self.base = base
+        self.cache = DynamicCache()
+
+    @property
+    def width(self) -> int:
+        return self.cache.get_seq_length() if self.cache.layers else 0
+
+    def keep(self, rows: list[int]) -> None:
+        super().keep(rows)
+        index = torch.tensor(rows, dtype=torch.long)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
+                layer.values = layer.values.index_select(0, index.to(layer.values.device))
+        for i, row in enumerate(self.drafters):
+            row._index = i
+
+    @torch.inference_mode()
+    def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:
+        rows = self.drafters
+        if not any(r.row_nodes for r in rows):  # a new step everywhere: drop the last step's columns
+            stable = max(r.stable for r in rows)
+            if self.width > stable:
+                crop_cache(self.cache, stable)
+        answers: dict[int, Proposals] = {}
+        live: dict[int, tuple[Expansion, int]] = {}  # rows that need the head: (request, k)
+        for i, req in requests.items():
+            r, k = rows[i], min(req.k, rows[i].vocab)
+            m = int(req.nodes.shape[0])
+            if m == 0 or (r.feats is None and not r.pending):  # a one-token prompt: no feature before the root yet
+                answers[i] = Proposals(torch.zeros(m, k, dtype=torch.long), torch.zeros(m, k))
+            else:
+                live[i] = (req, k)
+        if not live:
+            return answers
+        flush = [i for i in live if rows[i].pending]
+        if flush:
+            self._catch_up(flush)
+        levels = {i: rows[i].missing_levels(req.tree, req.nodes.tolist()) for i, (req, _) in live.items()}
+        for depth in range(max(len(v) for v in levels.values())):
+            self._feed_level({i: (live[i][0].tree, v[depth]) for i, v in levels.items() if depth < len(v)})
+        picked = [rows[i].feats[torch.tensor([rows[i].node_row[n] for n in req.nodes.tolist()])] for i, (req, _) in live.items()]
+        q, tokens = rows[next(iter(live))]._q(torch.cat(picked)).topk(max(k for _, k in live.values()), dim=-1)  # [ΣM, k]
+        start = 0
+        for (i, (req, k)), part in zip(live.items(), picked):
+            end = start + part.shape[0]
+            answers[i] = Proposals(tokens=tokens[start:end, :k].cpu(), q=q[start:end, :k].cpu())
+            start = end
+        return answers
+
+    def _forward(self, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """The head over a [B, T] block appended to the cache; visible [B, T, W+T] bool → [B, T, H]."""
+        base = self.base
+        dev, dtype = base.device, base.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype, device=dev)
+        mask.masked_fill_(~visible.to(dev), torch.finfo(dtype).min)
+        return base.forward(feats.to(dev, dtype), base._embed(ids.to(dev)), pos.to(dev), mask[:, None], self.cache)
+
+    def _block(self, sizes: dict[int, int], dim: int) -> tuple[torch.Tensor, ...]:
+        """Empty inputs for a block: feats [B, T, dim], ids [B, T], pos [B, T], visible [B, T, W+T]
+        (every query sees itself; padding queries nothing else)."""
+        b, t, w = len(self.drafters), max(sizes.values()), self.width
+        visible = torch.zeros(b, t, w + t, dtype=torch.bool)
+        visible[:, :, w:] = torch.eye(t, dtype=torch.bool)
+        return (torch.zeros(b, t, dim, dtype=self.base.dtype), torch.zeros(b, t, dtype=torch.long),
+                torch.zeros(b, t, dtype=torch.long), visible)
+
+    def _catch_up(self, flush: list[int]) -> None:
+        """Feed the pending committed items of rows ``flush`` in one forward, then copy each row's
+        into place after its stable items (see the module docstring)."""
+        rows, w = self.drafters, self.width
+        items = {}
+        for i in flush:
+            r = rows[i]
+            items[i] = (torch.cat([f for f, _ in r.pending]), torch.cat([t for _, t in r.pending]))  # [n, ·], [n]
+            r.pending = []
+        sizes = {i: int(t.shape[0]) for i, (_, t) in items.items()}
+        feats, ids, pos, visible = self._block(sizes, next(iter(items.values()))[0].shape[-1])
+        for i, (f, t) in items.items():
+            n, s = sizes[i], rows[i].stable
+            feats[i, :n], ids[i, :n] = f.to(feats.dtype), t
+            pos[i, :n] = torch.arange(s, s + n)
+            visible[i, :n, :s] = True  # the row's stable items
+            visible[i, :n, w : w + n] = torch.ones(n, n, dtype=torch.bool).tril()  # and its own earlier items
+        out = self._forward(feats, ids, pos, visible)  # [B, T, H]
+        which = torch.repeat_interleave(torch.tensor(list(sizes)), torch.tensor(list(sizes.values())))  # [K] rows
+        move_cache_rows(self.cache, which, torch.cat([torch.arange(w, w + n) for n in sizes.values()]),
+                        torch.cat([torch.arange(rows[i].stable, rows[i].stable + n) for i, n in sizes.items()]))
+        for i, n in sizes.items():
+            r = rows[i]
+            r.stable += n
+            r.root_feature = out[i, n - 1]
+            r._clear_tree()
+
+    def _feed_level(self, level: dict[int, tuple[DraftTree, list[int]]]) -> None:
+        """Feed one tree level of each row in ``level`` in one forward: node n of row b is the item
+        (f̂_parent(n), token(n)) at position stable_b − 1 + depth(n)."""
+        rows, w = self.drafters, self.width
+        sizes = {i: len(nodes) for i, (_, nodes) in level.items()}
+        feats, ids, pos, visible = self._block(sizes, rows[next(iter(level))].feats.shape[-1])
+        for i, (tree, nodes) in level.items():
+            r, f = rows[i], sizes[i]
+            index = torch.tensor(nodes)  # [F]
+            parents = tree.parents[index].tolist()
+            feats[i, :f] = r.feats[torch.tensor([r.node_row[p] for p in parents])]
+            ids[i, :f] = tree.tokens[index]
+            pos[i, :f] = r.stable - 1 + tree.depths[index]
+            visible[i, :f, : r.stable] = True
+            if r.row_nodes:  # the tree items fed so far that are the node's ancestors
+                visible[i, :f, torch.tensor(r.cols)] = tree.ancestors[index][:, torch.tensor(r.row_nodes)]
+        out = self._forward(feats, ids, pos, visible)  # [B, F_max, H]
+        for i, (_, nodes) in level.items():
+            r, f = rows[i], sizes[i]
+            first = r.feats.shape[0]
+            r.feats = torch.cat([r.feats, out[i, :f]])
+            for j, node in enumerate(nodes):
+                r.node_row[node] = first + j
+            r.row_nodes += nodes
+            r.cols += list(range(w, w + f))
