@@ -2,7 +2,7 @@
 
 Each row is an ``EagleDrafter`` fork that keeps its own bookkeeping (committed items ``stable``,
 ``pending`` items, predicted features ``feats``, the tree items fed this step); the head's KV cache
-is one cache for all rows, laid out like ``treespec.batch_target``'s:
+is one cache for all rows (``treespec.rows_cache``):
 
     row b:  [ stable items 0 .. stable_b − 1 | anything: masked | columns appended this step ]
 
@@ -16,9 +16,7 @@ is one cache for all rows, laid out like ``treespec.batch_target``'s:
   only themselves.
 - **proposals**: one lm_head over every requested row of every row, top-k per row.
 
-A row's tree items only ever sit after its stable part, so the columns added during a step are cut
-off at the start of the next step's first round, when no row holds tree items. Rows that finish leave
-by indexing the batch dimension (``keep``). The math per row is ``eagle.py``'s: same items, positions
+The math per row is ``eagle.py``'s: same items, positions
 and visibility; batching changes the shapes of the matmuls, not what they compute.
 """
 
@@ -27,48 +25,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache
 
-from treespec.interfaces import DraftRows, Expansion, Proposals
-from treespec.kv import crop_cache, move_cache_rows
+from treespec.interfaces import Expansion, Proposals
+from treespec.kv import move_cache_rows
+from treespec.rows_cache import RowsCache
 from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
     from treespec.plugins.eagle import EagleDrafter
 
 
-class EagleRows(DraftRows):
-    batched = True
+class EagleRows(RowsCache):
     drafters: "list[EagleDrafter]"
 
     def __init__(self, base: "EagleDrafter", n: int):
         super().__init__([base.fork() for _ in range(n)])
-        for i, row in enumerate(self.drafters):
-            row._group, row._index = self, i
         self.base = base
-        self.cache = DynamicCache()
-
-    @property
-    def width(self) -> int:
-        return self.cache.get_seq_length() if self.cache.layers else 0
-
-    def keep(self, rows: list[int]) -> None:
-        super().keep(rows)
-        index = torch.tensor(rows, dtype=torch.long)
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
-                layer.values = layer.values.index_select(0, index.to(layer.values.device))
-        for i, row in enumerate(self.drafters):
-            row._index = i
 
     @torch.inference_mode()
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:
         rows = self.drafters
         if not any(r.row_nodes for r in rows):  # a new step everywhere: drop the last step's columns
-            stable = max(r.stable for r in rows)
-            if self.width > stable:
-                crop_cache(self.cache, stable)
+            self.cut(max(r.stable for r in rows))
         answers: dict[int, Proposals] = {}
         live: dict[int, tuple[Expansion, int]] = {}  # rows that need the head: (request, k)
         for i, req in requests.items():
@@ -99,18 +77,13 @@ class EagleRows(DraftRows):
         """The head over a [B, T] block appended to the cache; visible [B, T, W+T] bool → [B, T, H]."""
         base = self.base
         dev, dtype = base.device, base.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype, device=dev)
-        mask.masked_fill_(~visible.to(dev), torch.finfo(dtype).min)
-        return base.forward(feats.to(dev, dtype), base._embed(ids.to(dev)), pos.to(dev), mask[:, None], self.cache)
+        return base.forward(feats.to(dev, dtype), base._embed(ids.to(dev)), pos.to(dev),
+                            self.float_mask(visible, dtype, dev), self.cache)
 
-    def _block(self, sizes: dict[int, int], dim: int) -> tuple[torch.Tensor, ...]:
-        """Empty inputs for a block: feats [B, T, dim], ids [B, T], pos [B, T], visible [B, T, W+T]
-        (every query sees itself; padding queries nothing else)."""
-        b, t, w = len(self.drafters), max(sizes.values()), self.width
-        visible = torch.zeros(b, t, w + t, dtype=torch.bool)
-        visible[:, :, w:] = torch.eye(t, dtype=torch.bool)
-        return (torch.zeros(b, t, dim, dtype=self.base.dtype), torch.zeros(b, t, dtype=torch.long),
-                torch.zeros(b, t, dtype=torch.long), visible)
+    def _inputs(self, sizes: dict[int, int], dim: int) -> tuple[torch.Tensor, ...]:
+        """``RowsCache.block`` plus the features [B, T, dim] each query carries."""
+        ids, pos, visible = self.block(sizes)
+        return torch.zeros(*ids.shape, dim, dtype=self.base.dtype), ids, pos, visible
 
     def _catch_up(self, flush: list[int]) -> None:
         """Feed the pending committed items of rows ``flush`` in one forward, then copy each row's
@@ -122,7 +95,7 @@ class EagleRows(DraftRows):
             items[i] = (torch.cat([f for f, _ in r.pending]), torch.cat([t for _, t in r.pending]))  # [n, ·], [n]
             r.pending = []
         sizes = {i: int(t.shape[0]) for i, (_, t) in items.items()}
-        feats, ids, pos, visible = self._block(sizes, next(iter(items.values()))[0].shape[-1])
+        feats, ids, pos, visible = self._inputs(sizes, next(iter(items.values()))[0].shape[-1])
         for i, (f, t) in items.items():
             n, s = sizes[i], rows[i].stable
             feats[i, :n], ids[i, :n] = f.to(feats.dtype), t
@@ -144,7 +117,7 @@ class EagleRows(DraftRows):
         (f̂_parent(n), token(n)) at position stable_b − 1 + depth(n)."""
         rows, w = self.drafters, self.width
         sizes = {i: len(nodes) for i, (_, nodes) in level.items()}
-        feats, ids, pos, visible = self._block(sizes, rows[next(iter(level))].feats.shape[-1])
+        feats, ids, pos, visible = self._inputs(sizes, rows[next(iter(level))].feats.shape[-1])
         for i, (tree, nodes) in level.items():
             r, f = rows[i], sizes[i]
             index = torch.tensor(nodes)  # [F]

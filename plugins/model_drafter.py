@@ -14,17 +14,22 @@ and queues the rest of the accepted tokens (and the bonus) as pending.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from transformers import DynamicCache
 
 from treespec.errors import ConfigError
-from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.interfaces import Commit, Drafter, DraftRows, Expansion, PrefillContext, Proposals
 from treespec.kv import attention_windows, cache_keyword, causal_mask, crop_cache, keep_rows, max_positions, tree_mask, tree_refusal
 from treespec.lean import LeanCausalLM, lean_reason
 from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from treespec.plugins.configs import ModelDrafterConfig
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from treespec.plugins.model_rows import ModelRows
 
 
 class ModelDrafter(Drafter):
@@ -88,8 +93,21 @@ class ModelDrafter(Drafter):
         self.root_token = int(context.input_ids[-1])
         self._ready()
 
+    #: set on the rows of a batch (``rows``): the rows share one draft cache (``model_rows.ModelRows``)
+    _group: "ModelRows | None" = None
+    _index = 0
+
+    def rows(self, n: int) -> DraftRows:
+        """``n`` rows whose new nodes are fed in one draft forward per round (``model_rows.py``); draft
+        models with sliding windows draft row by row."""
+        if self.windows.smallest is not None:
+            return super().rows(n)
+        from treespec.plugins.model_rows import ModelRows
+
+        return ModelRows(self, n)
+
     def begin_step(self, root_token: int) -> None:
-        if self.row_nodes:  # tree rows of an earlier tree of this step: drop them
+        if self.row_nodes and self._group is None:  # tree rows of an earlier tree of this step: drop them
             crop_cache(self.cache, self.root_pos)
             self.cache_len = self.root_pos
         self._ready()
@@ -101,9 +119,12 @@ class ModelDrafter(Drafter):
         self.row_nodes: list[int] = []  # tree node id of each tree row, in row order
         self.child_row: dict[tuple[int, int], int] = {}  # (parent row, token) -> row
         self.probs: torch.Tensor | None = None  # [R, V] draft distribution after each tree row
+        self.cols: list[int] = []  # a batch row's: the shared cache's column of each tree row
 
     @torch.inference_mode()
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
+        if self._group is not None:  # a batch row called on its own: a round of one
+            return self._group.expand_together({self._index: Expansion(tree, nodes, k)})[self._index]
         k = min(k, self.vocab)
         wanted = nodes.tolist()
         if not wanted or (self.max_positions and self.root_pos + int(tree.depths[nodes].max()) >= self.max_positions):
@@ -201,7 +222,10 @@ class ModelDrafter(Drafter):
                 break
             keep.append(row)
         m = len(keep)
-        keep_rows(self.cache, self.root_pos, keep)
+        if self._group is None:
+            keep_rows(self.cache, self.root_pos, keep)
+        else:
+            self._group.keep_path(self._index, keep)
         self.cache_len = self.root_pos + m
         self.pending = commit.tokens[m - 1 : -1]  # accepted tokens not fed; the bonus is the next root
         self._ready()

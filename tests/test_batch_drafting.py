@@ -1,8 +1,8 @@
-"""Batched drafting: every row's frontier in one draft forward (``plugins/eagle_rows.py``), driven by
-the rows' own builders side by side (``treespec.lockstep``).
+"""Batched drafting: every row's frontier in one draft forward (``plugins/eagle_rows.py``,
+``plugins/model_rows.py``), driven by the rows' own builders side by side (``treespec.lockstep``).
 
-The reference is each row's own drafter alone: an ``EagleRows`` round must give every row the
-proposals an unbatched ``EagleDrafter`` gives it for the same tree (float64: the same tokens, q to
+The reference is each row's own drafter alone: a batched round (EAGLE head, draft model, self-draft)
+must give every row the proposals its unbatched drafter gives it for the same tree (float64: the same tokens, q to
 1e-9), through catch-ups of different lengths, levels of different widths, rows that sit a round
 out, expansions whose ancestors were never fed, commits, and rows leaving the batch. Decoding with a
 third-party builder (the example plugin's ``best-first``) stays lossless per row; a builder failing
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import treespec
-from conftest import eagle_head_dir, tinystories_prompts
+from conftest import STORIES260K, eagle_head_dir, tinystories_prompts
 from treespec.interfaces import Commit, Expansion, PrefillContext
 from treespec.tree import DraftTree
 
@@ -26,10 +26,11 @@ def prompts():
     return tinystories_prompts(4, cut_words=6)
 
 
-@pytest.fixture(scope="module")
-def eagle_dec(target64):
-    return treespec.Decoder(target64, drafter="eagle", drafter_options={"head": str(eagle_head_dir())},
-                            builder="opt-tree", builder_options={"nodes": 8})
+DRAFTERS = {
+    "eagle": lambda: ("eagle", {"head": str(eagle_head_dir())}),
+    "model": lambda: (str(STORIES260K), {"layers": 3}),
+    "self": lambda: ("self", {"layers": 2}),
+}
 
 
 def _same(got, want):
@@ -37,12 +38,16 @@ def _same(got, want):
     assert torch.allclose(got.q, want.q, atol=1e-9)
 
 
-def test_eagle_rows_give_each_row_what_its_own_drafter_gives(target64, eagle_dec, prompts):
-    base, rng = eagle_dec.drafter, random.Random(3)
-    ids = [eagle_dec.encode(p) for p in prompts[:3]] + [eagle_dec.encode(prompts[3])[:1]]  # a one-token prompt too
+@pytest.mark.parametrize("kind", list(DRAFTERS))
+def test_batched_rows_give_each_row_what_its_own_drafter_gives(target64, prompts, kind):
+    name, options = DRAFTERS[kind]()
+    dec = treespec.Decoder(target64, drafter=name, drafter_options=options, builder="chain")
+    base, rng = dec.drafter, random.Random(3)
+    wants = base.needs_target_hidden
+    ids = [dec.encode(p) for p in prompts[:3]] + [dec.encode(prompts[3])[:1]]  # a one-token prompt too
     group, singles = base.rows(len(ids)), [base.fork() for _ in ids]
     for row, single, p in zip(group.drafters, singles, ids):
-        hidden = target64.prefill(torch.tensor(p[:-1]), want_hidden=True) if len(p) > 1 else None
+        hidden = target64.prefill(torch.tensor(p[:-1]), want_hidden=True) if len(p) > 1 and wants else None
         ctx = PrefillContext(input_ids=torch.tensor(p), hidden=hidden)
         row.prefill(ctx)
         single.prefill(ctx)
@@ -71,7 +76,7 @@ def test_eagle_rows_give_each_row_what_its_own_drafter_gives(target64, eagle_dec
             path = tree.ancestors[rng.randrange(len(tree))].nonzero().flatten()
             tokens = tree.tokens[path[1:]].tolist() + [rng.randrange(3, 500)]
             hidden = torch.randn(len(tokens), target64.config.hidden_size, dtype=torch.float64,
-                                 generator=torch.Generator().manual_seed(step * 10 + i))
+                                 generator=torch.Generator().manual_seed(step * 10 + i)) if wants else None
             group.drafters[i].commit(Commit(tokens=tokens, hidden=hidden))
             singles[i].commit(Commit(tokens=tokens, hidden=hidden))
             roots[i] = tokens[-1]

@@ -1,0 +1,68 @@
+"""One draft KV cache for a batch's rows, each row with its own length (``DraftRows`` that batch).
+
+The layout is ``treespec.batch_target``'s, for drafters:
+
+    row b:  [ committed prefix: len_b columns | anything: masked | columns appended this step ]
+
+A round appends a [B, T] block for every row (rows with less to feed pad with queries that see only
+themselves), then each row copies what became committed into place after its prefix
+(``kv.move_cache_rows``); the columns appended during a step are cut off at the start of the next
+step, when no row holds tree items. Rows that finish leave by indexing the batch dimension.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from treespec.interfaces import DraftRows
+from treespec.kv import crop_cache
+
+
+class RowsCache(DraftRows):
+    """``DraftRows`` whose rows share ``self.cache`` (batch dimension = row)."""
+
+    batched = True
+
+    def __init__(self, drafters: list[Any]):
+        super().__init__(drafters)
+        for i, row in enumerate(self.drafters):
+            row._group, row._index = self, i
+        self.cache = DynamicCache()
+
+    @property
+    def width(self) -> int:
+        """Columns in the cache (every row has them; most rows' tails are masked)."""
+        return self.cache.get_seq_length() if self.cache.layers else 0
+
+    def cut(self, width: int) -> None:
+        """Drop the columns from ``width`` on (the tails no row needs any more)."""
+        if self.width > width:
+            crop_cache(self.cache, width)
+
+    def keep(self, rows: list[int]) -> None:
+        super().keep(rows)
+        index = torch.tensor(rows, dtype=torch.long)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
+                layer.values = layer.values.index_select(0, index.to(layer.values.device))
+        for i, row in enumerate(self.drafters):
+            row._index = i
+
+    def block(self, sizes: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Empty inputs for a round: ids [B, T], pos [B, T], visible [B, T, W+T] bool with T the
+        largest of ``sizes`` (row -> queries) and every query seeing itself (padding: nothing else)."""
+        b, t, w = len(self.drafters), max(sizes.values()), self.width
+        visible = torch.zeros(b, t, w + t, dtype=torch.bool)
+        visible[:, :, w:] = torch.eye(t, dtype=torch.bool)
+        return torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, dtype=torch.long), visible
+
+    @staticmethod
+    def float_mask(visible: torch.Tensor, dtype: torch.dtype, device: Any) -> torch.Tensor:
+        """[B, T, S] bool → the [B, 1, T, S] additive mask (0 = attend, finfo.min = blocked)."""
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~visible.to(device), torch.finfo(dtype).min)
+        return mask[:, None]
