@@ -50,6 +50,7 @@ import torch
 
 from treespec.acceptance_map import AcceptanceMap
 from treespec.cost import CostModel, load_profile
+from treespec.plugins.batch_budget import BatchBudget
 from treespec.interfaces import PlanNote
 from treespec.tree import DraftTree
 
@@ -136,6 +137,8 @@ class AutoPlanner:
         self._seen = -1  # measured points of the curves when the tables were read
         self.decisions: list[dict[str, Any]] = []  # per step: n, depth, off, predicted seconds, calibrated E
         self.note: PlanNote | None = None
+        self.budget: BatchBudget | None = None  # a batch row's: the budget the rows share (batch_budget.py)
+        self._caps: tuple[int | None, int | None] = (None, None)  # this step's (nodes, depth) caps from it
 
     # ------------------------------------------------------------------ setup
     def attach(self, target: "TargetModel", drafter: "Drafter", batch: int = 1) -> None:
@@ -195,6 +198,8 @@ class AutoPlanner:
     def build(self, drafter: "Drafter", root: int, max_depth: int) -> DraftTree:
         began = time.perf_counter()
         self._tables()
+        if self.budget is not None:
+            self._caps = self.budget.caps
         self.probing = False
         if max_depth > 0 and self.off:
             if self.probe_in > 0:
@@ -209,10 +214,17 @@ class AutoPlanner:
             self._decide(n=0, depth=0, off=True, predicted=seconds, expected=0.0, own=time.perf_counter() - began)
             return DraftTree(root, capacity=1)
         depth_cap = min(max_depth, self.max_depth if self.cost.expand.known else EXPLORE_DEPTH)
+        if self.budget is not None and self._caps[1] is not None:
+            depth_cap = min(depth_cap, self._caps[1])
         return self._grow(drafter, DraftTree(root), depth_cap, began)
 
+    @property
+    def step_cap(self) -> int:
+        """The most nodes this step may verify: ``cap``, or less under a batch's shared budget."""
+        return min(self.cap, self._caps[0]) if self._caps[0] is not None else self.cap
+
     def _grow(self, drafter: "Drafter", tree: DraftTree, depth_cap: int, began: float) -> DraftTree:
-        lam, cap, calib, slope = self.price, self.cap, self.calibration, self._slope
+        lam, cap, calib, slope = self.price, self.step_cap, self.calibration, self._slope
         floor = lam * slope  # the p̂ a node needs to pay for its verification
         # what expanding the j best frontier nodes costs, in tokens: λ · (T_expand(j) + j · ΔT), j = 1..cap
         layer_cost = lam * (self._x[1:] + slope * np.arange(1, self._x.size))  # [cap+1]
@@ -278,7 +290,7 @@ class AutoPlanner:
         """(n, E_n, predicted seconds): the top-n verified, n maximising E_n − λ·T(n) (drafting is spent).
         ``typical``: this step's drafting as the cost curves predict it (for ``wanted``: a probe after a
         long plain stretch also pays the drafter's one-off catch-up, which future steps will not)."""
-        drafted = min(phat.size - 1, self.cap)  # at most cap nodes are verified
+        drafted = min(phat.size - 1, self.step_cap)  # at most cap nodes are verified
         values = -np.sort(-phat[1:])[:drafted]  # [N] descending
         tokens = np.concatenate([[0.0], np.cumsum(values)])  # [N+1] E_n
         t = self._t[: drafted + 1]  # [N+1] T(n)
@@ -307,6 +319,8 @@ class AutoPlanner:
         return n
 
     def _decide(self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float) -> None:
+        if self.budget is not None:
+            self.budget.report(id(self), 0 if off else n, depth, self._caps)
         self.decisions.append({"n": n, "depth": depth, "off": off, "probe": self.probing,
                                "predicted_seconds": predicted, "expected": expected, "own_seconds": own})
         self.note = PlanNote(predicted_seconds=predicted, expected=expected, own_seconds=own)

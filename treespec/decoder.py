@@ -73,10 +73,13 @@ class Decoder:
         """The builders of a batch's rows: row i of every batch of this size keeps the same builder, so
         what it learns (calibrated p̂, cost curves, its rate) carries over from batch to batch, as the
         Decoder's own builder carries over from prompt to prompt."""
-        pool = self._row_builders.setdefault(len(drafters), [])
-        while len(pool) < len(drafters):
-            pool.append(self.fresh_builder(drafters[len(pool)], batch_size=len(drafters)))
-        return pool[: len(drafters)]
+        pool = self._row_builders.get(len(drafters))
+        if pool is None:
+            pool = [self.fresh_builder(d, batch_size=len(drafters)) for d in drafters]
+            for builder in pool:
+                builder.join_batch(pool)
+            self._row_builders[len(drafters)] = pool
+        return pool
 
     def fresh_builder(self, drafter: Drafter, batch_size: int = 1) -> TreeBuilder:
         """A builder like this Decoder's, with no state, attached to ``drafter`` (a row of a batch of

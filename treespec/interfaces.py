@@ -238,6 +238,11 @@ class TreeBuilder(ABC):
         """Called once by the ``Decoder`` that will run this builder, with its target and drafter
         (cost-aware builders look up a saved cost profile for them). The default does nothing."""
 
+    def join_batch(self, peers: list["TreeBuilder"]) -> None:
+        """Called once by the Decoder, after ``attach``, with the builders of all rows of a batch (this
+        one included; ``batch_size`` of them). Builders whose rows should agree on something link up
+        here (the auto planner's shared budget); the default does nothing."""
+
     def start(self, sampling: "DraftSampling | None") -> None:
         """Called by the Decoder at the start of every ``generate``: None for greedy decoding, else the
         draft-side settings (draft temperature, the run's ``torch.Generator``). Builders that can draw
