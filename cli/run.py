@@ -41,8 +41,8 @@ RULE_HELP = "verification rule when sampling: auto, specinfer, deterministic, ta
 ECHO_HELP = "print the prompt (dimmed) before the completion [default: when stdout is a terminal]"
 CHAT_HELP = "the prompt is a user message: apply the target's chat template (instruct and chat models)"
 SYSTEM_HELP = "a system message before the prompt (implies --chat)"
-BATCH_HELP = ("decode --prompt-file as a file of prompts (.jsonl records or blank-line separated .txt), this many at "
-              "a time: one target forward verifies every row's tree")
+BATCH_HELP = ("decode --prompt-file as a file of prompts (.jsonl records or blank-line separated .txt), this many rows "
+              "in flight: one target forward verifies every row's tree, and a finished row's place goes to the next prompt")
 
 
 def run(

@@ -1,15 +1,18 @@
-"""`treespec run --batch-size B --prompt-file F`: decode a file of prompts B at a time.
+"""`treespec run --batch-size B --prompt-file F`: decode a file of prompts, B rows in flight.
 
 F is read as a dataset (``treespec.bench.datasets.load_prompts``): a ``.jsonl`` of records with
 ``prompt``/``text``/``turns``/``question`` fields, or a ``.txt`` whose prompts are separated by blank
-lines. Each batch is one ``Decoder.generate([...])`` call: every step verifies all rows' trees in one
-target forward. Output: with ``--json`` one JSON object per prompt and line, else each completion
-after a ``### prompt N`` header; statistics (one line per batch) go to stderr.
+lines. The prompts go through ``Decoder.generate([...], batch_size=B)`` in chunks of ``4·B``: every
+step verifies all rows' trees in one target forward, and a finished row's place goes to the next
+prompt of the chunk (continuous batching); each chunk's outputs are printed when it is done. Output:
+with ``--json`` one JSON object per prompt and line, else each completion after a ``### prompt N``
+header; statistics (one line per chunk) go to stderr.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,10 @@ import typer
 
 from treespec.cli import fail
 from treespec.errors import DecodingError, TreespecError
+
+CHUNK = 4  # prompts per generate call, in batch sizes: outputs appear chunk by chunk, rows refill within one
+
+CHUNK = 4  # prompts per generate call, in batch sizes: outputs appear chunk by chunk, rows refill within one
 
 
 def run_batches(dec: Any, prompt_file: Path | None, batch_size: int, max_new_tokens: int, sampling: dict[str, Any],
@@ -40,10 +47,11 @@ def run_batches(dec: Any, prompt_file: Path | None, batch_size: int, max_new_tok
     except TreespecError as exc:
         fail(str(exc))
     error = None
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
+    for start in range(0, len(prompts), CHUNK * batch_size):
+        chunk = prompts[start : start + CHUNK * batch_size]
+        began = time.perf_counter()
         try:
-            outs = dec.generate(chunk, max_new_tokens=max_new_tokens, **sampling)
+            outs = dec.generate(chunk, max_new_tokens=max_new_tokens, batch_size=batch_size, **sampling)
         except DecodingError as exc:
             outs, error = getattr(exc, "outputs", [exc.output]), str(exc)
         except TreespecError as exc:
@@ -56,10 +64,10 @@ def run_batches(dec: Any, prompt_file: Path | None, batch_size: int, max_new_tok
             else:
                 print(f"### prompt {n}\n{out.text}", flush=True)
         tokens = sum(len(o.token_ids) for o in outs)
-        seconds = max((o.stats.t_total for o in outs), default=0.0)
+        seconds = time.perf_counter() - began
         steps = sum(len(o.stats.steps) for o in outs)
         tau = tokens / steps if steps else 0.0
-        typer.secho(f"batch of {len(chunk)}: {tokens} tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s), "
+        typer.secho(f"prompts {start + 1}-{start + len(chunk)} ({batch_size} rows): {tokens} tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s), "
                     f"τ {tau:.2f}", fg=typer.colors.CYAN, err=True)
         if error:
             fail(error)

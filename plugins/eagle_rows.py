@@ -39,8 +39,7 @@ class EagleRows(RowsCache):
     drafters: "list[EagleDrafter]"
 
     def __init__(self, base: "EagleDrafter", n: int):
-        super().__init__([base.fork() for _ in range(n)])
-        self.base = base
+        super().__init__([base.fork() for _ in range(n)], base)
 
     @torch.inference_mode()
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:

@@ -36,8 +36,7 @@ class ModelRows(RowsCache):
     drafters: "list[ModelDrafter]"
 
     def __init__(self, base: "ModelDrafter", n: int):
-        super().__init__([base.fork() for _ in range(n)])
-        self.base = base
+        super().__init__([base.fork() for _ in range(n)], base)
 
     @torch.inference_mode()
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:

@@ -126,8 +126,9 @@ def test_batch_errors_are_one_line(target64, prompts):
 
 
 def test_bench_batch_mode_writes_the_throughput_table(tmp_path):
-    """`treespec bench --batch-size 1,2`: every configuration at every batch size, rows checked against
-    each prompt's own greedy generate, results.json, the plot and a report section."""
+    """`treespec bench --batch-size 1,2`: every configuration at every batch size, in batches and with
+    rows refilled, rows checked against each prompt's own greedy generate, results.json, the plot and a
+    report section."""
     import json
 
     from typer.testing import CliRunner
@@ -142,9 +143,10 @@ def test_bench_batch_mode_writes_the_throughput_table(tmp_path):
     result = json.loads((out / "results.json").read_text())
     assert result["mode"] == "batch" and result["command"].startswith("treespec bench")
     rows = result["rows"]
-    assert {(r["kind"], r["batch_size"]) for r in rows} == {("hf-greedy", 1), ("hf-greedy", 2), ("treespec", 1), ("treespec", 2)}
-    assert all(r["lossless"] for r in rows if r["kind"] == "treespec")
-    assert all(r["new_tokens"] == rows[0]["new_tokens"] for r in rows if r["kind"] == "treespec")
+    assert {(r["kind"], r["batch_size"]) for r in rows} == {(k, b) for k in ("hf-greedy", "treespec", "treespec-refill")
+                                                            for b in (1, 2)}
+    assert all(r["lossless"] for r in rows if r["kind"].startswith("treespec"))
+    assert all(r["new_tokens"] == rows[0]["new_tokens"] for r in rows if r["kind"].startswith("treespec"))
     assert (out / "throughput_vs_batch.png").read_bytes()[:4] == b"\x89PNG"
     md = tmp_path / "b.md"
     res = CliRunner().invoke(app, ["bench-report", str(out), "--out", str(md)])
@@ -170,4 +172,39 @@ def test_cli_run_decodes_a_prompt_file_in_batches(tmp_path, greedy_reference, pr
     for p, x in zip(prompts[:3], lines):
         ids = greedy_reference.target.tokenizer(p).input_ids
         assert x["token_ids"] == greedy_reference(ids, 20)
-    assert res.stderr.count("batch of") == 2
+    assert res.stderr.count("(2 rows)") == 1  # one chunk of up to 4 x 2 prompts, rows refilled
+
+
+@pytest.mark.parametrize("key, builder, options", [
+    ("eagle", "opt-tree", {"nodes": 10}), ("model", "chain", {"k": 3}), ("ngram", "chain", {"k": 4}),
+])
+def test_continuous_batching_rows_join_as_others_finish_and_stay_lossless(target64, greedy_reference, key, builder, options):
+    """Six prompts (one of a single token) through two rows: each finished row's place goes to the next
+    prompt, whose cache joins the batch mid-run; every output equals its prompt's greedy generate
+    and takes the steps it takes alone."""
+    name, opts = _drafter(key)
+    dec = treespec.Decoder(target64, drafter=name, drafter_options=opts, builder=builder, builder_options=options)
+    prompts = tinystories_prompts(5, cut_words=4)
+    ids = [dec.encode(p) for p in prompts]
+    ids.insert(2, ids[0][:1])
+    outs = dec.generate(ids, max_new_tokens=40, batch_size=2)
+    assert len(outs) == 6
+    for p, out in zip(ids, outs):
+        assert out.prompt_ids == p and out.token_ids == greedy_reference(p, 40), key
+        alone = dec.generate(p, max_new_tokens=40)
+        assert [s.tree_size for s in out.stats.steps] == [s.tree_size for s in alone.stats.steps]
+        assert out.stats.stop_reason in ("eos", "max_new_tokens")
+    wide = dec.generate(ids, max_new_tokens=40, batch_size=100)  # more rows than prompts: all at once
+    assert [o.token_ids for o in wide] == [o.token_ids for o in outs]
+
+
+def test_continuous_batching_sampled_rows_keep_their_seeds(target64, prompts):
+    dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3}, builder="static",
+                           builder_options={"shape": "kary-2-3", "sample": True})
+    outs = dec.generate(prompts[:4], max_new_tokens=24, temperature=0.9, seed=5, batch_size=2)
+    for i, (prompt, out) in enumerate(zip(prompts[:4], outs)):
+        assert out.token_ids == dec.generate(prompt, max_new_tokens=24, temperature=0.9, seed=5 + i).token_ids, i
+    with pytest.raises(treespec.ConfigError, match="batch_size must be"):
+        dec.generate(prompts[:2], batch_size=0)
+    with pytest.raises(treespec.ConfigError, match="batch_size is for a list of prompts"):
+        dec.generate(prompts[0], batch_size=2)

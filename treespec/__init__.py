@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from treespec.errors import ConfigError, DecodingError, Interrupted, ModelLoadError, PluginError, TreespecError
 from treespec.hookspecs import hookimpl
-from treespec.interfaces import Commit, Drafter, PlanNote, PluginSpec, PrefillContext, Proposals, TreeBuilder
+from treespec.interfaces import (Commit, Drafter, DraftRows, Expansion, PlanNote, PluginSpec, PrefillContext, Proposals,
+                                 TreeBuilder)
 from treespec.config import PluginConfig
 
 __version__ = "0.1.0"
@@ -53,6 +54,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Commit", "ConfigError", "DecodingError", "Drafter", "Interrupted", "ModelLoadError", "PluginConfig", "PluginError",
-    "PlanNote", "PluginSpec", "PrefillContext", "Proposals", "TreeBuilder", "TreespecError", "hookimpl", *_LAZY,
+    "Commit", "ConfigError", "DecodingError", "Drafter", "DraftRows", "Expansion", "Interrupted", "ModelLoadError",
+    "PluginConfig", "PluginError", "PlanNote", "PluginSpec", "PrefillContext", "Proposals", "TreeBuilder", "TreespecError", "hookimpl", *_LAZY,
 ]

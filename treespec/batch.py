@@ -45,12 +45,15 @@ class _Row:
     def __init__(self, index: int, ids: list[int], drafter: Any, builder: Any, accept: Any, out: "Output"):
         self.index, self.ids, self.drafter, self.builder, self.accept, self.out = index, ids, drafter, builder, accept, out
         self.committed = list(ids)
+        self.admitted = time.perf_counter()
 
 
-def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, sampling: dict[str, Any]) -> list["Output"]:
-    """Decode every prompt; returns one ``Output`` per prompt, in order (see the module docstring)."""
+def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, sampling: dict[str, Any],
+                   batch_size: int | None = None) -> list["Output"]:
+    """Decode every prompt, at most ``batch_size`` rows at a time (default: all at once); a finished
+    row's place goes to the next prompt waiting. Returns one ``Output`` per prompt, in order."""
     from treespec import inputs
-    from treespec.decoder import Output, step_stats
+    from treespec.decoder import Output
 
     ids_list = []
     for i, p in enumerate(prompts):
@@ -59,106 +62,132 @@ def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, samp
         except ConfigError as exc:
             raise ConfigError(f"prompt {i + 1} of {len(prompts)}: {exc}") from None
     max_new_tokens = inputs.positive_int("max_new_tokens", max_new_tokens)
-    seed = sampling.get("seed")
-    rows = []
-    group = dec.drafter.rows(len(ids_list))
-    builders = dec.row_builders(group.drafters)
-    for i, ids in enumerate(ids_list):
-        drafter, builder = group.drafters[i], builders[i]
-        row_seed = None if seed is None else int(seed) + i
-        params, draft = dec._sampling(sampling.get("temperature"), sampling.get("top_p"), sampling.get("top_k"),
-                                      row_seed, sampling.get("draft_temperature"), sampling.get("rule", "auto"), builder)
-        accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, sampling.get("rule", "auto"))
-        builder.start(draft)
-        out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
-        rows.append(_Row(i, ids, drafter, builder, accept, out))
-    bt = BatchTarget(dec.target)
-    want = step.hidden_request(dec.drafter)
-    eos = dec.target.eos_token_ids
-    t_start = time.perf_counter()
+    width = len(ids_list) if batch_size is None else min(inputs.positive_int("batch_size", batch_size), len(ids_list))
+    outs = [Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids))) for ids in ids_list]
+    run: _Batch | None = None
     try:
-        _run(dec, bt, group, rows, max_new_tokens, want, eos, step_stats)
+        run = _Batch(dec, ids_list, outs, width, max_new_tokens, sampling)
+        run.loop()
     except KeyboardInterrupt:
         raise  # the Decoder's caller sees Ctrl-C; every row's Output keeps what it generated
     except Exception as exc:
-        outs = [r.out for r in rows]
-        for r in rows:
-            r.out.text = dec.text_of(r.out.token_ids, r.ids)
-            r.out.stats.stop_reason = r.out.stats.stop_reason or "error"
+        for i, out in enumerate(outs):
+            out.text = dec.text_of(out.token_ids, ids_list[i])
+            out.stats.stop_reason = out.stats.stop_reason or ("error" if run is not None and i < run.next else "not started")
         reason = str(exc) if isinstance(exc, TreespecError) else f"{type(exc).__name__}: {exc}"
         err = DecodingError(f"batched decoding stopped: {reason}", outs[0])
-        err.outputs = outs  # every row's partial output
+        err.outputs = outs  # every prompt's partial output
         raise err from exc
     finally:
-        for r in rows:
-            r.out.stats.t_total = time.perf_counter() - t_start
-    for r in rows:
-        r.out.text = dec.text_of(r.out.token_ids, r.ids)
-    return [r.out for r in rows]
+        for r in run.active if run is not None else []:
+            r.out.stats.t_total = time.perf_counter() - r.admitted
+    for i, out in enumerate(outs):
+        out.text = dec.text_of(out.token_ids, ids_list[i])
+    return outs
 
 
-def _run(dec: "Decoder", bt: BatchTarget, group: DraftRows, rows: list[_Row], max_new: int, want: Any, eos: set[int],
-         step_stats: Any) -> None:
-    t0 = time.perf_counter()
-    hidden = bt.prefill([r.ids for r in rows], want_hidden=want)
-    for r, h in zip(rows, hidden):
-        r.drafter.prefill(PrefillContext(input_ids=torch.tensor(r.ids, dtype=torch.long), hidden=h))
-        r.out.stats.t_prefill = time.perf_counter() - t0
-    active = list(rows)
-    last = time.perf_counter()  # the end of the previous step
-    while active:
-        # rows with no room left (context) stop before drafting
-        rooms = [dec._room(r.committed, max_new - len(r.out.token_ids)) for r in active]
-        keep = [i for i, room in enumerate(rooms) if room > 0]
-        for i, r in enumerate(active):
-            if rooms[i] <= 0:
-                r.out.stats.stop_reason = "max_new_tokens" if len(r.out.token_ids) >= max_new else "context"
-        if len(keep) < len(active):
-            bt.keep(keep)
-            group.keep(keep)
-            active, rooms = [active[i] for i in keep], [rooms[i] for i in keep]
-            if not active:
-                return
-        t_draft = time.perf_counter()
-        trees = lockstep.draft_rows(group, [r.builder for r in active], [r.committed[-1] for r in active],
-                                    [room - 1 for room in rooms])
-        t_draft = time.perf_counter() - t_draft
-        tts = [t.tensors(int(bt.lens[i]), dtype=bt.dtype) for i, t in enumerate(trees)]
-        t_verify = time.perf_counter()
-        logits, hiddens = bt.forward_trees(tts, want_hidden=want)
-        t_verify = time.perf_counter() - t_verify
-        accs = [r.accept(tree, tt, lg) for r, tree, tt, lg in zip(active, trees, tts, logits)]
-        bt.commit([a.nodes for a in accs])
-        done_rows, steps = [], []
-        for i, (r, tree, acc, h) in enumerate(zip(active, trees, accs, hiddens)):
-            r.builder.verified(tree, acc.nodes)
-            tokens = acc.tokens + [acc.bonus]
-            r.drafter.commit(Commit(tokens=tokens, hidden=h[acc.nodes.to(h.device)] if h is not None else None))
-            new = tokens
-            hit = next((j for j, t in enumerate(new) if t in eos), None)
-            if hit is not None:
-                new = new[: hit + 1]
-            r.committed += new
-            r.out.token_ids += new
-            r.out.stats.new_tokens = len(r.out.token_ids)
-            steps.append((r, step.Step(verdict=step.Verdict(tree=tree, acceptance=acc, hidden=None), tokens=tokens,
-                                       seconds={}), len(new)))
-            if hit is not None:
-                r.out.stats.stop_reason = "eos"
-                done_rows.append(i)
+class _Batch:
+    """The rows in flight, the prompts waiting, and the shared target cache and draft rows."""
+
+    def __init__(self, dec: "Decoder", ids_list: list[list[int]], outs: list["Output"], width: int, max_new: int,
+                 sampling: dict[str, Any]):
+        self.dec, self.ids_list, self.outs, self.max_new, self.sampling = dec, ids_list, outs, max_new, sampling
+        self.group: DraftRows = dec.drafter.rows(width)
+        self.free = list(dec.row_builders(self.group.drafters))  # builders of no row (kept from batch to batch)
+        self.bt = BatchTarget(dec.target)
+        self.want = step.hidden_request(dec.drafter)
+        self.eos = dec.target.eos_token_ids
+        self.active: list[_Row] = []
+        self.next = 0  # the next prompt to admit
+        self._admit(self.group.drafters)
+
+    def _admit(self, drafters: list[Any]) -> None:
+        """Prompts ``next``, ``next + 1``, … take the rows of ``drafters`` (new rows at the batch's end)."""
+        dec, s = self.dec, self.sampling
+        rows = []
+        for drafter in drafters:
+            i, builder = self.next, self.free.pop(0)
+            self.next += 1
+            seed = None if s.get("seed") is None else int(s["seed"]) + i
+            params, draft = dec._sampling(s.get("temperature"), s.get("top_p"), s.get("top_k"), seed,
+                                          s.get("draft_temperature"), s.get("rule", "auto"), builder)
+            accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, s.get("rule", "auto"))
+            builder.start(draft)
+            rows.append(_Row(i, self.ids_list[i], drafter, builder, accept, self.outs[i]))
+        t0 = time.perf_counter()
+        prompts = [r.ids for r in rows]
+        hidden = self.bt.add(prompts, want_hidden=self.want) if self.active else self.bt.prefill(prompts, want_hidden=self.want)
+        for r, h in zip(rows, hidden):
+            r.drafter.prefill(PrefillContext(input_ids=torch.tensor(r.ids, dtype=torch.long), hidden=h))
+            r.out.stats.t_prefill = time.perf_counter() - t0
+        self.active += rows
+
+    def _leave(self, gone: list[int], reasons: list[str]) -> None:
+        """Rows ``gone`` (indices into ``active``) are finished: they leave, and waiting prompts take
+        their places."""
         now = time.perf_counter()
-        # every row waited for the whole step: its times are the step's (drafting, the shared forward)
-        seconds = {"draft": t_draft, "verify": t_verify, "bookkeeping": max(0.0, now - last - t_draft - t_verify)}
-        for r, done, emitted in steps:
-            done.seconds.update(seconds)
-            r.out.stats.steps.append(step_stats(done, emitted=emitted, wall=now - last, note=r.builder.plan_note()))
-            r.builder.observe(r.out.stats.steps[-1])
-        last = time.perf_counter()
-        if done_rows:
-            keep = [i for i in range(len(active)) if i not in done_rows]
-            bt.keep(keep)
-            group.keep(keep)
-            active = [active[i] for i in keep]
+        for i, why in zip(gone, reasons):
+            r = self.active[i]
+            r.out.stats.stop_reason = why
+            r.out.stats.t_total = now - r.admitted
+            self.free.append(r.builder)
+        keep = [i for i in range(len(self.active)) if i not in set(gone)]
+        self.bt.keep(keep)
+        self.group.keep(keep)
+        self.active = [self.active[i] for i in keep]
+        waiting = min(len(gone), len(self.ids_list) - self.next)
+        if waiting > 0:
+            self._admit(self.group.add(waiting))
+
+    def loop(self) -> None:
+        from treespec.decoder import step_stats
+
+        dec, bt = self.dec, self.bt
+        last = time.perf_counter()  # the end of the previous step
+        while self.active:
+            # rows with no room left (max_new_tokens, context) stop before drafting
+            rooms = [dec._room(r.committed, self.max_new - len(r.out.token_ids)) for r in self.active]
+            full = [i for i, room in enumerate(rooms) if room <= 0]
+            if full:
+                self._leave(full, ["max_new_tokens" if len(self.active[i].out.token_ids) >= self.max_new else "context"
+                                   for i in full])
+                continue
+            active = self.active
+            t_draft = time.perf_counter()
+            trees = lockstep.draft_rows(self.group, [r.builder for r in active], [r.committed[-1] for r in active],
+                                        [room - 1 for room in rooms])
+            t_draft = time.perf_counter() - t_draft
+            tts = [t.tensors(int(bt.lens[i]), dtype=bt.dtype) for i, t in enumerate(trees)]
+            t_verify = time.perf_counter()
+            logits, hiddens = bt.forward_trees(tts, want_hidden=self.want)
+            t_verify = time.perf_counter() - t_verify
+            accs = [r.accept(tree, tt, lg) for r, tree, tt, lg in zip(active, trees, tts, logits)]
+            bt.commit([a.nodes for a in accs])
+            ended, steps = [], []
+            for i, (r, tree, acc, h) in enumerate(zip(active, trees, accs, hiddens)):
+                r.builder.verified(tree, acc.nodes)
+                tokens = acc.tokens + [acc.bonus]
+                r.drafter.commit(Commit(tokens=tokens, hidden=h[acc.nodes.to(h.device)] if h is not None else None))
+                new = tokens
+                hit = next((j for j, t in enumerate(new) if t in self.eos), None)
+                if hit is not None:
+                    new = new[: hit + 1]
+                    ended.append(i)
+                r.committed += new
+                r.out.token_ids += new
+                r.out.stats.new_tokens = len(r.out.token_ids)
+                steps.append((r, step.Step(verdict=step.Verdict(tree=tree, acceptance=acc, hidden=None), tokens=tokens,
+                                           seconds={}), len(new)))
+            now = time.perf_counter()
+            # every row waited for the whole step: its times are the step's (drafting, the shared forward)
+            seconds = {"draft": t_draft, "verify": t_verify, "bookkeeping": max(0.0, now - last - t_draft - t_verify)}
+            for r, done, emitted in steps:
+                done.seconds.update(seconds)
+                r.out.stats.steps.append(step_stats(done, emitted=emitted, wall=now - last, note=r.builder.plan_note()))
+                r.builder.observe(r.out.stats.steps[-1])
+            if ended:
+                self._leave(ended, ["eos"] * len(ended))
+            last = time.perf_counter()
 
 
 def check_batch_settings(stream: Any) -> None:

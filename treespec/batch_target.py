@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.errors import ConfigError, TreespecError
-from treespec.kv import crop_cache, move_cache_rows
+from treespec.kv import concat_caches, crop_cache, move_cache_rows
 from treespec.target import TargetModel
 from treespec.tree import TreeTensors
 
@@ -125,6 +125,20 @@ class BatchTarget:
         move_cache_rows(self.cache, rows, src, dst)
         self.lens, self.width, self._tree = new, int(new.max()), None
         crop_cache(self.cache, self.width)
+
+    @torch.inference_mode()
+    def add(self, prompts: list[list[int]], want_hidden: Any = False) -> list[torch.Tensor | None]:
+        """New rows join the batch (a finished row's place is taken: continuous batching): their prompts
+        are prefilled in a batch of their own, then their caches are appended along the batch dimension
+        (the narrower side padded with masked columns). Returns their hidden states as ``prefill``."""
+        if self.cache is None or not len(self.lens):
+            return self.prefill(prompts, want_hidden)
+        other = BatchTarget(self.target)
+        hidden = other.prefill(prompts, want_hidden)
+        self.cache = concat_caches(self.cache, self.width, other.cache, other.width, len(self.lens), len(prompts))
+        self.lens = torch.cat([self.lens, other.lens])
+        self.width = max(self.width, other.width)
+        return hidden
 
     def keep(self, rows: list[int]) -> None:
         """Keep only the batch rows ``rows`` (finished rows leave the batch)."""

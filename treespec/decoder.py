@@ -141,6 +141,7 @@ class Decoder:
         seed: int | None = None,
         draft_temperature: float | None = None,
         rule: str = "auto",
+        batch_size: int | None = None,
         **unknown: Any,
     ) -> Output:
         """Decode. With ``temperature`` None or 0 (the default): greedily, and the output equals the
@@ -155,6 +156,8 @@ class Decoder:
 
         A list of prompts (texts or lists of ids) decodes them as one batch (``treespec.batch``): one
         target forward verifies every row's tree each step; returns a list of ``Output``, one per prompt.
+        ``batch_size`` B keeps at most B rows in flight: when a row finishes, the next prompt takes its
+        place (continuous batching); by default every prompt is a row from the start.
 
         Calls on one Decoder are serialised: a second thread's call waits for the first to finish
         (the target's and the drafter's caches are per Decoder). Bad arguments raise ``ConfigError``;
@@ -163,7 +166,7 @@ class Decoder:
         if unknown:
             raise ConfigError(
                 f"generate() got unknown argument(s) {', '.join(map(repr, unknown))}; it takes prompt, max_new_tokens, "
-                "stream, temperature, top_p, top_k, seed, draft_temperature, rule"
+                "stream, temperature, top_p, top_k, seed, draft_temperature, rule, batch_size"
             )
         from treespec import batch
 
@@ -172,7 +175,9 @@ class Decoder:
             sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             draft_temperature=draft_temperature, rule=rule)
             with self._exclusive():
-                return batch.generate_batch(self, list(prompt), max_new_tokens, sampling)
+                return batch.generate_batch(self, list(prompt), max_new_tokens, sampling, batch_size)
+        if batch_size is not None:
+            raise ConfigError("batch_size is for a list of prompts: pass [prompt, ...], or leave batch_size out")
         with self._exclusive():
             return self._generate(prompt, max_new_tokens, stream, temperature, top_p, top_k, seed, draft_temperature, rule)
 

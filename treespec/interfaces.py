@@ -119,7 +119,7 @@ class Drafter(ABC):
         """Drafters for ``n`` sequences decoded together (a batch), sharing this one's weights. The
         default: ``n`` forks that expand one after another. Drafters that can expand every row's
         frontier in ONE draft forward return a ``DraftRows`` with ``batched = True`` (EAGLE's)."""
-        return DraftRows([self.fork() for _ in range(n)])
+        return DraftRows([self.fork() for _ in range(n)], base=self)
 
     @abstractmethod
     def prefill(self, context: PrefillContext) -> None:
@@ -176,8 +176,9 @@ class DraftRows:
     #: True: ``expand_together`` does one forward for all rows (the lockstep driver is worth it)
     batched: ClassVar[bool] = False
 
-    def __init__(self, drafters: list[Drafter]):
+    def __init__(self, drafters: list[Drafter], base: Drafter | None = None):
         self.drafters = drafters
+        self.base = base if base is not None else drafters[0]  # what new rows are forks of
 
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:
         """``{row: Expansion}`` → ``{row: Proposals}``: the same answers as ``drafters[row].expand``."""
@@ -186,6 +187,13 @@ class DraftRows:
     def keep(self, rows: list[int]) -> None:
         """Only the rows ``rows`` (indices into ``drafters``) go on: finished rows leave the batch."""
         self.drafters = [self.drafters[i] for i in rows]
+
+    def add(self, n: int) -> list[Drafter]:
+        """``n`` new rows join at the end (new sequences taking finished rows' places); returns their
+        drafters, which the Decoder then prefills. The default: forks of ``base``."""
+        new = [self.base.fork() for _ in range(n)]
+        self.drafters += new
+        return new
 
 
 class TreeBuilder(ABC):

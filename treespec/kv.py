@@ -186,3 +186,31 @@ def move_cache_rows(cache: Any, rows: torch.Tensor, src: torch.Tensor, dst: torc
         r, a, b = rows.to(dev), src.to(dev), dst.to(dev)
         layer.keys[r, :, b] = layer.keys[r, :, a]  # [K, H_kv, D]
         layer.values[r, :, b] = layer.values[r, :, a]
+
+
+def concat_caches(a: Any, width_a: int, b: Any, width_b: int, rows_a: int, rows_b: int) -> Any:
+    """Cache ``a`` ([rows_a, ·, width_a, ·] per layer) with cache ``b``'s rows appended along the batch
+    dimension; the narrower one is padded with zero columns up to the wider width (columns the rows'
+    masks never show). Either may have no columns yet (prompts of one token): its rows are zeros.
+    Returns the grown cache (``a``, or ``b`` if only ``b`` has tensors)."""
+    def tensors(cache: Any) -> Any:
+        return cache if cache.layers and getattr(cache.layers[0], "keys", None) is not None else None
+
+    ca, cb = tensors(a), tensors(b)
+    if ca is None and cb is None:
+        return a
+    like = ca if ca is not None else cb  # the shapes of the zero rows
+    width = max(width_a if ca is not None else 0, width_b if cb is not None else 0)
+
+    def part(cache: Any, i: int, rows: int, w: int, which: str) -> torch.Tensor:
+        ref = getattr(like.layers[i], which)
+        if cache is None:
+            return ref.new_zeros(rows, ref.shape[1], width, ref.shape[3])
+        t = getattr(cache.layers[i], which)[:, :, :w]
+        return torch.nn.functional.pad(t, (0, 0, 0, width - w)) if w < width else t
+
+    for i, layer in enumerate(like.layers):
+        keys = torch.cat([part(ca, i, rows_a, width_a, "keys"), part(cb, i, rows_b, width_b, "keys")])  # [A+B, H, W, D]
+        values = torch.cat([part(ca, i, rows_a, width_a, "values"), part(cb, i, rows_b, width_b, "values")])
+        layer.keys, layer.values = keys, values
+    return like

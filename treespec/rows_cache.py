@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.interfaces import DraftRows
-from treespec.kv import crop_cache
+from treespec.kv import concat_caches, crop_cache
 
 
 class RowsCache(DraftRows):
@@ -26,8 +26,8 @@ class RowsCache(DraftRows):
 
     batched = True
 
-    def __init__(self, drafters: list[Any]):
-        super().__init__(drafters)
+    def __init__(self, drafters: list[Any], base: Any):
+        super().__init__(drafters, base)
         for i, row in enumerate(self.drafters):
             row._group, row._index = self, i
         self.cache = DynamicCache()
@@ -41,6 +41,17 @@ class RowsCache(DraftRows):
         """Drop the columns from ``width`` on (the tails no row needs any more)."""
         if self.width > width:
             crop_cache(self.cache, width)
+
+    def add(self, n: int) -> list[Any]:
+        """``n`` new rows (forks of ``self.base``) join the batch, their cache rows empty (all masked)."""
+        new = [self.base.fork() for _ in range(n)]
+        for row in new:
+            row._group = self
+        self.drafters += new
+        self.cache = concat_caches(self.cache, self.width, DynamicCache(), 0, len(self.drafters) - n, n)
+        for i, row in enumerate(self.drafters):
+            row._index = i
+        return new
 
     def keep(self, rows: list[int]) -> None:
         super().keep(rows)

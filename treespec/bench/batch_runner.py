@@ -3,7 +3,10 @@ batched greedy ``generate`` (left-padded), at every batch size, on the same prom
 
 For each batch size B the prompts are cut into batches of B (in order; the last may be smaller). For
 each batch every configuration runs once, interleaved (the order rotates batch by batch), and is timed
-end to end; throughput = new tokens of all rows / seconds. Every row is compared token for token
+end to end; throughput = new tokens of all rows / seconds. Every treespec configuration also runs as
+``… | refill``: all prompts in one ``generate(prompts, batch_size=B)`` call, at most B rows in flight
+and a finished row's place given to the next prompt (continuous batching; Hugging Face's ``generate``
+has no such mode: its rows of a batch start and stop together), right after that B's batches. Every row is compared token for token
 with its prompt's own greedy ``generate`` (batch of one, computed first): treespec rows must equal it;
 Hugging Face's batched rows are reported as they come (left padding changes a row's arithmetic, so a
 near-tie can flip). Memory: the process's resident set after each batch (peak per B, and its growth
@@ -37,7 +40,7 @@ def rss_mb() -> float:
 class BatchRun:
     tokens: int
     seconds: float
-    forwards: int  # target forwards (treespec: steps of the longest row; HF: generate's forward calls)
+    forwards: int  # the target model's forward calls (prefills included)
     outputs: list[list[int]]
     rss: float
 
@@ -45,8 +48,8 @@ class BatchRun:
 @dataclass
 class BatchConfig:
     label: str
-    kind: str  # "hf-greedy" | "treespec"
-    run: Callable[[list[list[int]], int], BatchRun] = field(repr=False)
+    kind: str  # "hf-greedy" | "treespec" | "treespec-refill"
+    run: Callable[..., BatchRun] = field(repr=False)  # (prompts, max_new) or, refill: (prompts, max_new, B)
 
 
 class BatchBench:
@@ -63,18 +66,24 @@ class BatchBench:
                     label = " ".join([b_name, *(f"{k}={v}" for k, v in b_opts.items())]) + " | " + \
                         " ".join([d_name, *(f"{k}={v}" for k, v in d_opts.items())])
                     self.configs.append(BatchConfig(label, "treespec", self._treespec(name, opts, b_name, b_opts)))
+        self.refills = [BatchConfig(c.label + " | refill", "treespec-refill", c.run) for c in self.configs
+                        if c.kind == "treespec"]
 
     def _treespec(self, name: str, opts: dict[str, Any], b_name: str, b_opts: dict[str, Any]) -> Callable:
         from treespec.decoder import Decoder
 
         dec = Decoder(self.target, drafter=make_drafter(name, opts, self.target), builder=b_name, builder_options=b_opts)
 
-        def run(prompts: list[list[int]], max_new: int) -> BatchRun:
-            t = time.perf_counter()
-            outs = dec.generate(prompts, max_new_tokens=max_new)
-            seconds = time.perf_counter() - t
-            return BatchRun(sum(len(o.token_ids) for o in outs), seconds, max(len(o.stats.steps) for o in outs),
-                            [o.token_ids for o in outs], rss_mb())
+        def run(prompts: list[list[int]], max_new: int, rows: int | None = None) -> BatchRun:
+            calls = [0]
+            hook = self.target.model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+            try:
+                t = time.perf_counter()
+                outs = dec.generate(prompts, max_new_tokens=max_new, batch_size=rows)
+                seconds = time.perf_counter() - t
+            finally:
+                hook.remove()
+            return BatchRun(sum(len(o.token_ids) for o in outs), seconds, calls[0], [o.token_ids for o in outs], rss_mb())
 
         return run
 
@@ -119,13 +128,16 @@ class BatchBench:
                 for c in order:
                     runs[(c.label, b)].append((start, c.run(chunk, self.max_new)))
                     progress(f"B={b} {c.label[:40]}")
+            for c in self.refills:  # every prompt in one call, B rows in flight
+                runs[(c.label, b)] = [(0, c.run(prompts, self.max_new, b))]
+                progress(f"B={b} {c.label[:40]}")
         if 1 in self.sizes:  # each prompt's own greedy generate: the hf-greedy row at B = 1 ran exactly that
             reference = [o for _, r in runs[("hf-greedy", 1)] for o in r.outputs]
         else:
             reference = [self._hf([p], self.max_new).outputs[0] for p in prompts]
         progress("references")
         for b in self.sizes:
-            for c in self.configs:
+            for c in self.configs + self.refills:
                 got = runs[(c.label, b)]
                 outs = [o for start, r in got for o in r.outputs]
                 tokens, seconds = sum(r.tokens for _, r in got), sum(r.seconds for _, r in got)
