@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from treespec.block_verify import block_verify, is_chain
 from treespec.sampling import RULES, sample_rows, uniform
 from treespec.tree import TreeTensors
 
@@ -61,7 +62,8 @@ def sampling_verify(
     logits: [N, V], row i = the target's logits after node i's path. ``rule``: ``"auto"`` (SpecInfer's
     rule where the tree records sampled children, which is the deterministic rule for ranked ones),
     ``"specinfer"`` (the same, but named), ``"deterministic"`` (every child as a deterministic proposal,
-    q = 1) or ``"target-only"`` (sample the target at each node and follow the matching child).
+    q = 1), ``"target-only"`` (sample the target at each node and follow the matching child) or
+    ``"block"`` (a chain verified jointly, ``treespec.block_verify``; ``auto`` does that on chains).
     """
     n, dev = logits.shape[0], logits.device
     # The processors (top-p sorts the vocabulary) run only on the rows the walk reads: nodes with
@@ -116,6 +118,10 @@ def verify_batch(
     """
     if rule not in RULES:
         raise ValueError(f"unknown verification rule {rule!r}; rules: {', '.join(RULES)}")
+    if rule in ("auto", "block") and probs.shape[1] > 1 and is_chain(tt):
+        return block_verify(tt, tokens, probs, generator, draw_dist, fill)  # a chain: verified jointly
+    if rule == "block":
+        rule = "auto"  # a tree with branches: token by token (treespec.block_verify is for chains)
     dev = probs.device
     B, N, V = probs.shape
     parents = tt.parents.to(dev)
