@@ -43,6 +43,8 @@ class BatchRun:
     forwards: int  # the target model's forward calls (prefills included)
     outputs: list[list[int]]
     rss: float
+    nodes: int = 0  # drafted nodes verified, summed over every row's steps (treespec)
+    row_steps: int = 0  # every row's steps, summed
 
 
 @dataclass
@@ -83,7 +85,9 @@ class BatchBench:
                 seconds = time.perf_counter() - t
             finally:
                 hook.remove()
-            return BatchRun(sum(len(o.token_ids) for o in outs), seconds, calls[0], [o.token_ids for o in outs], rss_mb())
+            steps = [st for o in outs for st in o.stats.steps]
+            return BatchRun(sum(len(o.token_ids) for o in outs), seconds, calls[0], [o.token_ids for o in outs], rss_mb(),
+                            sum(st.tree_size for st in steps), len(steps))
 
         return run
 
@@ -145,6 +149,8 @@ class BatchBench:
                 rows.append({"config": c.label, "kind": c.kind, "batch_size": b, "new_tokens": tokens, "seconds": seconds,
                              "tokens_per_s": tokens / seconds if seconds else None,
                              "forwards": sum(r.forwards for _, r in got), "mismatches": mism, "lossless": mism == 0,
+                             "nodes_per_row_step": (sum(r.nodes for _, r in got) / sum(r.row_steps for _, r in got)
+                                                    if sum(r.row_steps for _, r in got) else None),
                              "peak_rss_mb": max(r.rss for _, r in got), "rss_growth_mb": got[-1][1].rss - got[0][1].rss})
         for row in rows:
             hf = next(r for r in rows if r["kind"] == "hf-greedy" and r["batch_size"] == row["batch_size"])
@@ -154,13 +160,15 @@ class BatchBench:
 
 def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
     """The throughput table of a batch run (report.markdown)."""
-    out = ["| config | batch | tokens/s | × HF batched greedy | target forwards | lossless vs own greedy | peak RSS MiB | RSS growth MiB |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| config | batch | tokens/s | × HF batched greedy | target forwards | drafted nodes per row-step | "
+           "lossless vs own greedy | peak RSS MiB | RSS growth MiB |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cell = r["config"].replace("|", "\\|")
         same = "yes" if r["lossless"] else "no ({} rows differ)".format(r["mismatches"])
-        out.append(f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {r['vs_hf']:.2f} | {r['forwards']} | {same} | "
-                   f"{r['peak_rss_mb']:.0f} | {r['rss_growth_mb']:+.0f} |")
+        nodes = f"{r['nodes_per_row_step']:.1f}" if r.get("nodes_per_row_step") is not None else "—"
+        out.append(f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {r['vs_hf']:.2f} | {r['forwards']} | {nodes} | "
+                   f"{same} | {r['peak_rss_mb']:.0f} | {r['rss_growth_mb']:+.0f} |")
     return out
 
 
