@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
 from treespec.errors import ConfigError
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
 from treespec.plugins.configs import EagleConfig
 from treespec.plugins.eagle_head import load_head, target_dims
 from treespec.kv import causal_mask, crop_cache, tree_mask
+from treespec.slack_cache import slack_cache
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
 
@@ -85,7 +85,7 @@ class EagleDrafter(Drafter):
 
     def _new_sequence(self) -> None:
         """Per-sequence state (``prefill``; the per-step part: ``_clear_tree``)."""
-        self.cache = DynamicCache()
+        self.cache = slack_cache()
         self.stable = 0  # committed items in the cache: item j at row j, position j
         self.root_feature: torch.Tensor | None = None  # [H] f̂ at the root (None: one-token prompt)
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # committed items not fed yet: (features, tokens)

@@ -25,6 +25,7 @@ from treespec.kv import attention_windows, cache_keyword, causal_mask, crop_cach
 from treespec.lean import LeanCausalLM, lean_reason
 from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from treespec.plugins.configs import ModelDrafterConfig
+from treespec.slack_cache import slack_cache
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
 
@@ -87,7 +88,7 @@ class ModelDrafter(Drafter):
 
     # ------------------------------------------------------------------ lifecycle
     def prefill(self, context: PrefillContext) -> None:
-        self.cache = DynamicCache()  # full layers: committed row i holds position i
+        self.cache = slack_cache()  # full layers: committed row i holds position i
         self.cache_len = 0
         self.pending = context.input_ids[:-1].tolist()
         self.root_token = int(context.input_ids[-1])

@@ -26,7 +26,8 @@ import torch
 from transformers import DynamicCache
 
 from treespec.errors import ConfigError, TreespecError
-from treespec.kv import concat_caches, crop_cache, move_cache_rows
+from treespec.kv import concat_caches, crop_cache, grouped_sdpa, move_cache_rows
+from treespec.slack_cache import slack_cache
 from treespec.target import TargetModel
 from treespec.tree import TreeTensors
 
@@ -56,9 +57,10 @@ class BatchTarget:
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible.to(self.device), torch.finfo(self.dtype).min)
         try:
-            return self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
-                              attention_mask=mask[:, None], use_cache=True, return_dict=True,
-                              output_hidden_states=bool(want_hidden), **{self.target.cache_keyword: self.cache})
+            with grouped_sdpa(self.target.grouped_sdpa):
+                return self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
+                                  attention_mask=mask[:, None], use_cache=True, return_dict=True,
+                                  output_hidden_states=bool(want_hidden), **{self.target.cache_keyword: self.cache})
         except Exception as exc:
             if self.cache is not None and self.cache.get_seq_length() > self.width:
                 crop_cache(self.cache, self.width)
@@ -69,7 +71,7 @@ class BatchTarget:
         """Start B sequences: cache ``prompt_b[:-1]`` of each (each prompt's last token is its first root).
         Returns each row's hidden states [L_b - 1, ·] if asked (``TargetModel.hidden_of``), else Nones."""
         self.target._where()
-        self.cache = DynamicCache()
+        self.cache = slack_cache()
         lens = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)  # [B]
         if int(lens.min()) < 0:
             raise ConfigError("every prompt needs at least one token")

@@ -15,9 +15,11 @@ sequence, followed during a step by rows of tree nodes. Three facts shape this m
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -151,6 +153,37 @@ def cache_keyword(module: Any) -> str:
         return "past_key_values"
     return "cache" if "cache" in params else "past_key_values"
 
+
+
+def grouped_sdpa_helps(model: Any) -> bool:
+    """Whether ``grouped_sdpa`` speeds up ``model``'s masked forwards: SDPA attention with grouped KV
+    heads (fewer KV heads than query heads), on a CPU."""
+    cfg = text_config(model.config)
+    heads, kv_heads = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return (getattr(cfg, "_attn_implementation", None) == "sdpa" and device.type == "cpu"
+            and isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads < heads)
+
+
+@contextlib.contextmanager
+def grouped_sdpa(on: bool) -> Iterator[None]:
+    """Let transformers' SDPA attention pass grouped KV heads to torch as they are (``enable_gqa``)
+    during a masked forward, instead of first expanding them to one copy per query head (``repeat_kv``:
+    a copy of every layer's whole cache, every forward). transformers does so only without a mask,
+    because CUDA's fast kernels refuse masked GQA; torch's CPU kernel takes it. Same arithmetic, less
+    copying: measured at B = 16 rows of the default target, 5–10% of a verification forward
+    (docs/design.md, "Batches"). The switch is transformers' own ``TRANSFORMERS_SDPA_FORCE_GQA``, read
+    at every attention call; it is set only for the duration of the forward (``on``: see
+    ``grouped_sdpa_helps``), and a value the user set is left alone."""
+    name = "TRANSFORMERS_SDPA_FORCE_GQA"
+    if not on or name in os.environ:
+        yield
+        return
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 def crop_cache(cache: Any, length: int) -> None:

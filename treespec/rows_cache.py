@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from treespec.interfaces import DraftRows
 from treespec.kv import concat_caches, crop_cache
+from treespec.slack_cache import slack_cache
 
 
 class RowsCache(DraftRows):
@@ -30,7 +30,7 @@ class RowsCache(DraftRows):
         super().__init__(drafters, base)
         for i, row in enumerate(self.drafters):
             row._group, row._index = self, i
-        self.cache = DynamicCache()
+        self.cache = slack_cache()
 
     @property
     def width(self) -> int:
@@ -48,7 +48,7 @@ class RowsCache(DraftRows):
         for row in new:
             row._group = self
         self.drafters += new
-        self.cache = concat_caches(self.cache, self.width, DynamicCache(), 0, len(self.drafters) - n, n)
+        self.cache = concat_caches(self.cache, self.width, slack_cache(), 0, len(self.drafters) - n, n)
         for i, row in enumerate(self.drafters):
             row._index = i
         return new

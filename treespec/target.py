@@ -18,7 +18,17 @@ import torch
 from transformers import DynamicCache
 
 from treespec.errors import ConfigError, TreespecError
-from treespec.kv import attention_windows, cache_keyword, crop_cache, keep_rows, max_positions, tree_refusal
+from treespec.kv import (
+    attention_windows,
+    cache_keyword,
+    crop_cache,
+    grouped_sdpa,
+    grouped_sdpa_helps,
+    keep_rows,
+    max_positions,
+    tree_refusal,
+)
+from treespec.slack_cache import slack_cache
 from treespec.tree import TreeTensors
 
 
@@ -37,6 +47,7 @@ class TargetModel:
         self.config = model.config
         self.cache: DynamicCache | None = None
         self.cache_keyword = cache_keyword(model)  # `cache` (transformers ≥ 5.2x) or `past_key_values`
+        self.grouped_sdpa = grouped_sdpa_helps(model)  # masked forwards pass grouped KV heads as they are (kv.grouped_sdpa)
         self.lock = threading.Lock()  # one sequence at a time: Decoder.generate holds it (thread safety)
         self.decoding_thread: int | None = None
         self.past_len = 0
@@ -124,7 +135,8 @@ class TargetModel:
     # ------------------------------------------------------------------ the three calls
     def reset(self) -> None:
         self._where()  # the model may have been moved since the last sequence
-        self.cache = DynamicCache()  # full layers: row i holds position i (windows: treespec.kv.AttentionWindows)
+        self.grouped_sdpa = grouped_sdpa_helps(self.model)
+        self.cache = slack_cache()  # full layers: row i holds position i (windows: treespec.kv.AttentionWindows)
         self.past_len = 0
         self._tree_len: int | None = None  # nodes of the last forward_tree, until commit
 
@@ -216,7 +228,8 @@ class TargetModel:
         before = self.past_len
         self._tree_len = None
         try:
-            out = self.model(**{self.cache_keyword: self.cache}, use_cache=True, return_dict=True, **kwargs)
+            with grouped_sdpa(self.grouped_sdpa and kwargs.get("attention_mask") is not None):
+                out = self.model(**{self.cache_keyword: self.cache}, use_cache=True, return_dict=True, **kwargs)
         except Exception as exc:
             if self.cache is not None and self.cache.get_seq_length() > before:
                 crop_cache(self.cache, before)  # a failed forward may have appended to the cache

@@ -3,7 +3,10 @@ batched greedy ``generate`` (left-padded), at every batch size, on the same prom
 
 For each batch size B the prompts are cut into batches of B (in order; the last may be smaller). For
 each batch every configuration runs once, interleaved (the order rotates batch by batch), and is timed
-end to end; throughput = new tokens of all rows / seconds. Every treespec configuration also runs as
+end to end; throughput = new tokens of all rows / seconds. Before the timed runs of a batch size, every
+configuration decodes one untimed batch of that size (8 tokens): one-off costs — the allocator growing, ``opt-tree
+nodes=auto`` measuring its batched cost curves for that size (``cost_measure.quick``) — are paid there, once per
+process as in a server, and reported per row (``warmup_seconds``). Every treespec configuration also runs as
 ``… | refill``: all prompts in one ``generate(prompts, batch_size=B)`` call, at most B rows in flight
 and a finished row's place given to the next prompt (continuous batching; Hugging Face's ``generate``
 has no such mode: its rows of a batch start and stop together), right after that B's batches. Every row is compared token for token
@@ -119,12 +122,16 @@ class BatchBench:
 
     def run(self, prompts: list[list[int]], progress: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
         """Every configuration at every batch size; returns the rows of results.json."""
-        for c in self.configs:  # warm-up: one small batch each
-            c.run(prompts[: min(2, len(prompts))], min(8, self.max_new))
         rows = []
         runs: dict[tuple[str, int], list[tuple[int, BatchRun]]] = {(c.label, b): [] for c in self.configs for b in self.sizes}
+        self.warmup: dict[tuple[str, int], float] = {}  # seconds of each configuration's untimed warm-up batch
         n = 0
         for b in self.sizes:
+            for c in self.configs:  # warm-up at this batch size, untimed: one-off costs (auto's quick cost
+                # measurement at size b, allocator growth) are paid here, once per process, as in a server
+                t = time.perf_counter()
+                c.run(prompts[: min(b, len(prompts))], min(8, self.max_new))
+                self.warmup[(c.label, b)] = time.perf_counter() - t
             for start in range(0, len(prompts), b):
                 chunk = prompts[start : start + b]
                 order = self.configs[n % len(self.configs):] + self.configs[: n % len(self.configs)]
@@ -151,7 +158,8 @@ class BatchBench:
                              "forwards": sum(r.forwards for _, r in got), "mismatches": mism, "lossless": mism == 0,
                              "nodes_per_row_step": (sum(r.nodes for _, r in got) / sum(r.row_steps for _, r in got)
                                                     if sum(r.row_steps for _, r in got) else None),
-                             "peak_rss_mb": max(r.rss for _, r in got), "rss_growth_mb": got[-1][1].rss - got[0][1].rss})
+                             "peak_rss_mb": max(r.rss for _, r in got), "rss_growth_mb": got[-1][1].rss - got[0][1].rss,
+                             "warmup_seconds": self.warmup.get((c.label.removesuffix(" | refill"), b))})
         for row in rows:
             hf = next(r for r in rows if r["kind"] == "hf-greedy" and r["batch_size"] == row["batch_size"])
             row["vs_hf"] = row["tokens_per_s"] / hf["tokens_per_s"] if hf["tokens_per_s"] else None
