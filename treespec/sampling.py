@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from treespec.tree import DraftTree
 
 #: verification rules of the sampling verifier (docs/sampling.md)
-RULES = ("auto", "specinfer", "deterministic", "target-only", "block")
+RULES = ("auto", "specinfer", "deterministic", "target-only", "block", "traversal")
 
 
 class IgnoredOptionWarning(UserWarning):

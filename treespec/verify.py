@@ -10,6 +10,7 @@ import torch
 
 from treespec.block_verify import block_verify, is_chain
 from treespec.sampling import RULES, sample_rows, uniform
+from treespec.traversal_verify import traversal_verify
 from treespec.tree import TreeTensors
 
 if TYPE_CHECKING:
@@ -62,8 +63,9 @@ def sampling_verify(
     logits: [N, V], row i = the target's logits after node i's path. ``rule``: ``"auto"`` (SpecInfer's
     rule where the tree records sampled children, which is the deterministic rule for ranked ones),
     ``"specinfer"`` (the same, but named), ``"deterministic"`` (every child as a deterministic proposal,
-    q = 1), ``"target-only"`` (sample the target at each node and follow the matching child) or
-    ``"block"`` (a chain verified jointly, ``treespec.block_verify``; ``auto`` does that on chains).
+    q = 1), ``"target-only"`` (sample the target at each node and follow the matching child),
+    ``"block"`` (a chain verified jointly, ``treespec.block_verify``; ``auto`` does that on chains) or
+    ``"traversal"`` (any tree verified leaf to root, ``treespec.traversal_verify``).
     """
     n, dev = logits.shape[0], logits.device
     # The processors (top-p sorts the vocabulary) run only on the rows the walk reads: nodes with
@@ -118,6 +120,8 @@ def verify_batch(
     """
     if rule not in RULES:
         raise ValueError(f"unknown verification rule {rule!r}; rules: {', '.join(RULES)}")
+    if rule == "traversal":  # any tree, leaf to root (Weng et al.)
+        return traversal_verify(tt, tokens, probs, generator, draw_dist, fill)
     if rule in ("auto", "block") and probs.shape[1] > 1 and is_chain(tt):
         return block_verify(tt, tokens, probs, generator, draw_dist, fill)  # a chain: verified jointly
     if rule == "block":
