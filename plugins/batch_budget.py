@@ -1,43 +1,252 @@
-"""One budget for a batch's rows: the rows' auto planners agree on a common tree size and depth.
+"""One shape for a batch's step: the rows of an auto batch draft D rounds of W nodes and verify N each.
 
-In a batch, one target forward verifies [B, N_max] nodes and one draft forward serves each round of
-expansions: a row's tree costs the batch its *largest* tree and its *deepest* drafting, not the sum
-of what each row asked for. A row planning alone (even with the batched step's cost curves, whose
-price per node is right when every row does the same) cannot see that: with 16 rows, the few rows
-that want 48 nodes and 20 levels set the step for all (measured: `docs/bench/batch-default-pair`).
+In a batch, ONE target forward verifies [B, N_max] nodes and ONE draft forward serves each round of
+expansions, so the step costs what its largest tree and its deepest, widest drafting cost:
 
-So the rows' planners share one ``BatchBudget``. After every step each row reports what it planned
-(n nodes, depth) and whether the budget stopped it; the next step's caps are the MEDIAN of the rows'
-wishes (a row stopped by a cap wishes a quarter more than it got, so the caps can grow back): half
-the rows get all they want, and no row's outlier sets the step. Rows decoding plainly (off) do not
-vote. Like every planning decision it changes tree shapes, never tokens.
+    C(N, D, W) = T(N) + T_first + (D − 1) · T_expand(W)      (the batch's curves, ``cost_measure.measure_batch``)
+
+Rows planning alone get this wrong three ways (measured on the default pair, 40 HumanEval prompts):
+a row whose tree is smaller than the largest pays for padding it does not use; a row that stops
+drafting early waits for the others' rounds anyway; and a row that turns speculation off decodes
+plainly inside a step that still drafts and verifies trees for its neighbours — it saves the batch
+nothing and gives up its own accepted tokens (at B = 4, a third of the rows' steps were such plain
+steps). So the batch chooses the shape, and every row fills it:
+
+    each row drafts D layers, each layer the W best candidates by p̂ (W = 1: a chain of the draft's
+        best guesses, with its runners-up as candidates), and reports its table
+        E_r[d, n] = the calibrated expected accepted length of its best n-node tree within depth d
+    the plan keeps, per width W, a moving average Ē_W of the rows' tables and picks
+        (N, D, W) = argmax (1 + Ē_W[D, N]) / C(N, D, W)      against plain decoding's 1 / T(0)
+    every row verifies its top-N nodes by p̂: no row pads, no row drafts a round the step does not pay for
+
+Widths are tried from ``WIDTHS``; every ``EXPLORE_EVERY``-th step drafts one round deeper than the shape,
+alternately at its width and at the next width in turn, so the tables can show when another shape pays
+(a shape changes only where drafted trees say it does). When plain decoding wins, every row decodes
+plainly, and a probe every ``gap`` steps (doubling to ``GAP_MAX``) drafts the last shape again. The
+plan changes tree shapes, never tokens.
 """
 
 from __future__ import annotations
 
-import math
-from statistics import median
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from treespec.plugins.cost_aware import AutoPlanner
+
+WIDTHS = (1, 2, 4, 8)  # layer widths the plan tries
+EXPLORE_EVERY = 3  # steps between exploring steps
+EMA = 0.25  # weight of a step's mean table in the moving average
+GAP_START, GAP_MAX = 16, 256  # plain steps between probes while the batch decodes plainly (a probe after a plain stretch
+# also pays every row's draft catch-up: at B = 16 about 50 ms)
 
 
-class BatchBudget:
+@dataclass(frozen=True)
+class Shape:
+    nodes: int  # N: nodes each row verifies (0: the root alone, plain decoding)
+    rounds: int  # D: draft rounds (tree levels drafted)
+    width: int  # W: candidates kept per layer (and expanded next)
+
+
+PLAIN = Shape(0, 0, 0)
+FIRST = Shape(4, 4, 2)  # before any tree was drafted
+
+
+def expectation_table(phat: np.ndarray, depths: np.ndarray) -> np.ndarray:
+    """E[d, n] ([D + 1, M + 1]): Σ of the n largest p̂ among the drafted nodes of depth ≤ d (the best
+    n-node tree within depth d: p̂ never grows along a path, so the n largest form a tree); E[0, ·] = 0,
+    and beyond the nodes there are, E stays flat. ``phat``/``depths``: the drafted nodes (root excluded)."""
+    top, m = int(depths.max()) if depths.size else 0, int(phat.size)
+    table = np.zeros((top + 1, m + 1))
+    for d in range(1, top + 1):
+        run = np.concatenate([[0.0], np.cumsum(-np.sort(-phat[depths <= d]))])  # [K + 1] best-first sums
+        table[d, : run.size] = run
+        table[d, run.size :] = run[-1]
+    return table
+
+
+def _grow_to(table: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """``table`` padded to ``shape`` with its last row and column (no data: no further gain)."""
+    pad = ((0, shape[0] - table.shape[0]), (0, shape[1] - table.shape[1]))
+    return np.pad(table, pad, mode="edge") if any(p[1] for p in pad) else table
+
+
+class _Average:
+    """A per-cell moving average of E tables, over the cells the trees reached."""
+
     def __init__(self) -> None:
-        self.wishes: dict[int, tuple[int, int]] = {}  # row -> (nodes, depth) it wanted at its last step
+        self.mean: np.ndarray | None = None  # [D + 1, M + 1]
+        self.seen: np.ndarray | None = None
 
-    def report(self, row: int, n: int, depth: int, caps: tuple[int | None, int | None]) -> None:
-        """Row ``row`` planned ``n`` nodes of ``depth`` under ``caps``; n = 0: it decodes plainly."""
-        if n <= 0:
-            self.wishes.pop(row, None)
+    def fold(self, tables: list[np.ndarray]) -> None:
+        size = (max(t.shape[0] for t in tables), max(t.shape[1] for t in tables))
+        if self.mean is not None:
+            size = (max(size[0], self.mean.shape[0]), max(size[1], self.mean.shape[1]))
+        step = np.mean([_grow_to(t, size) for t in tables], axis=0)  # [D + 1, M + 1]
+        reached = np.zeros(size, dtype=bool)
+        reached[: min(t.shape[0] for t in tables), : min(t.shape[1] for t in tables)] = True
+        if self.mean is None:
+            self.mean, self.seen = step, reached
             return
-        cap_n, cap_d = caps
-        want_n = n + n // 4 + 1 if cap_n is not None and n >= cap_n else n
-        want_d = depth + depth // 4 + 1 if cap_d is not None and depth >= cap_d else depth
-        self.wishes[row] = (want_n, want_d)
+        mean = _grow_to(self.mean, size)
+        seen = np.pad(self.seen, ((0, size[0] - self.seen.shape[0]), (0, size[1] - self.seen.shape[1])))
+        self.mean = np.where(reached & seen, mean + EMA * (step - mean), np.where(reached, step, mean))
+        self.seen = seen | reached
+
+
+class StepCost:
+    """The batch step's seconds, fitted to the batch's own measured steps:
+
+        C(N, D, W) = c0 + c1 · N + c2 · D + c3 · (D − 1) · W        a speculative step
+        C_plain    = the plain steps' mean wall                       (the root alone; no drafting)
+
+    by least squares over the last ``WINDOW`` speculative steps, with the cost curves' prediction
+    (T(N) + T_first + (D − 1) · T_expand(W) at a few shapes) as a weak prior, so the first steps and
+    shapes far from those measured still get an estimate. Measured walls include what the curves miss:
+    every row's bookkeeping, the drafters' catch-up, padding, the machine's own load."""
+
+    WINDOW = 256
+    PRIOR_WEIGHT = 0.5  # each prior point counts as half a measured step
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, float, float, float]] = []  # (N, D, (D-1)W, wall) measured
+        self.plain_walls: list[float] = []
+        self.prior_rows: list[tuple[float, float, float, float]] = []
+        self.prior_plain = 0.0
+        self.coef: np.ndarray | None = None
+
+    def prior(self, t: np.ndarray, x: np.ndarray, first: float) -> None:
+        """The cost curves' view (refreshed whenever the plan chooses)."""
+        pts = [(n, d, w) for n in (1, 4, 8, 16) for d in (1, 3, 6) for w in (1, 4) if n < t.size and w < x.size]
+        self.prior_rows = [(n, d, (d - 1) * w, float(t[n] + first + (d - 1) * x[w])) for n, d, w in pts]
+        self.prior_plain = float(t[0])
+        self.coef = None
+
+    def add(self, shape: "Shape", wall: float) -> None:
+        if shape.nodes == 0:
+            self.plain_walls = (self.plain_walls + [wall])[-self.WINDOW :]
+        else:
+            self.rows = (self.rows + [(shape.nodes, shape.rounds, (shape.rounds - 1) * shape.width, wall)])[-self.WINDOW :]
+        self.coef = None
 
     @property
-    def caps(self) -> tuple[int | None, int | None]:
-        """The caps a row's next step plans under: the medians of the speculating rows' latest wishes
-        (None: no cap, e.g. before any row has planned)."""
-        if not self.wishes:
-            return (None, None)
-        return (math.ceil(median(w[0] for w in self.wishes.values())),
-                math.ceil(median(w[1] for w in self.wishes.values())))
+    def plain(self) -> float:
+        return float(np.median(self.plain_walls)) if len(self.plain_walls) >= 4 else self.prior_plain
+
+    def _fit(self) -> np.ndarray:
+        rows = np.array(self.rows + self.prior_rows, dtype=np.float64).reshape(-1, 4)  # [K, 4]
+        weight = np.r_[np.ones(len(self.rows)), np.full(len(self.prior_rows), self.PRIOR_WEIGHT)]  # [K]
+        a = np.c_[np.ones(len(rows)), rows[:, :3]] * np.sqrt(weight)[:, None]  # [K, 4]
+        coef, *_ = np.linalg.lstsq(a, rows[:, 3] * np.sqrt(weight), rcond=None)
+        return np.maximum(coef, 0.0)  # more nodes, rounds or width never make a step cheaper
+
+    def predict(self, n: np.ndarray, d: np.ndarray, w: int) -> np.ndarray:
+        if self.coef is None:
+            self.coef = self._fit()
+        c = self.coef
+        return c[0] + c[1] * n + c[2] * d + c[3] * (d - 1) * w
+
+
+class BatchPlan:
+    """The shape a batch's auto rows share (see the module docstring). ``shape(planner)`` is asked by
+    every row at the start of its build; ``report(planner, table)`` after it drafted."""
+
+    def __init__(self) -> None:
+        self.tables: dict[int, _Average] = {}  # width -> moving average of the rows' E tables
+        self.current: Shape = FIRST
+        self.draft: Shape = FIRST  # what rows draft this step (the shape, or an exploring variant)
+        self.last_spec: Shape = FIRST  # the last speculative shape (probes draft it)
+        self.observed = False  # a row's step was observed since the current step began
+        self.cost = StepCost()
+        self.step_tables: list[np.ndarray] = []  # this step's reports
+        self.steps = 0
+        self.gap, self.probe_in, self.spec_run = GAP_START, 0, 0
+        self.turn = 0  # which width the next exploring step tries
+        self.predicted: tuple[float, float] = (0.0, 0.0)  # (seconds, E per row) of the current shape
+        self.history: list[Shape] = []  # every step's shape
+        # per shape: [row-steps, Σ predicted seconds, Σ measured wall, Σ tokens emitted, Σ predicted tokens]
+        self.measured: dict[Shape, list[float]] = {}
+
+    # ------------------------------------------------------------------ rows' calls
+    def shape(self, planner: "AutoPlanner") -> tuple[Shape, Shape]:
+        """(the step's shape, what to draft this step: the shape, or one round deeper / another width).
+        Every row asks before it drafts and is observed after the step's verification, so the first
+        ask after an observation starts a new step (rows drafting side by side or one after another)."""
+        if self.observed:  # a new step: fold in the last one's reports, choose again
+            self.observed = False
+            self._new_step(planner)
+        return self.current, self.draft
+
+    def report(self, planner: "AutoPlanner", table: np.ndarray) -> None:
+        """A row's E table of the tree it just drafted (at this step's drafting width)."""
+        self.step_tables.append(table)
+
+    def observe(self, planner: "AutoPlanner", wall: float, emitted: int) -> None:
+        """A row's measured step: its wall time fits the step cost (once per step), and it is kept per
+        shape (steps, predicted and measured seconds, tokens), so a run can show how the plan's
+        predictions held up (``measured``)."""
+        if not self.observed:  # the step's first row: every row waited for the same step
+            self.cost.add(self.draft if self.current != PLAIN else PLAIN, wall)
+        self.observed = True
+        acc = self.measured.setdefault(self.current, [0, 0.0, 0.0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += self.predicted[0]
+        acc[2] += wall
+        acc[3] += emitted
+        acc[4] += 1.0 + self.predicted[1]
+
+    # ------------------------------------------------------------------ the choice
+    def _new_step(self, planner: "AutoPlanner") -> None:
+        self.steps += 1
+        if self.step_tables:
+            self.tables.setdefault(self.draft.width, _Average()).fold(self.step_tables)
+        self.step_tables = []
+        if self.current == PLAIN and self.probe_in > 0:
+            self.probe_in -= 1  # plain, until the next probe
+        elif self.current == PLAIN:  # a probe: draft the last shape again, and see
+            self.current = self.draft = self.last_spec
+        else:
+            self._choose(planner)
+        self.history.append(self.current)
+
+    def _choose(self, planner: "AutoPlanner") -> None:
+        """argmax over (N, D, W) of (1 + Ē_W[D, N]) / C(N, D, W), against the root alone; then explore."""
+        t, x, first = planner._t, planner._x, planner._first  # T(n) [cap + 2], T_expand(m) [cap + 2], T_first
+        if not planner._known:
+            return
+        self.cost.prior(t, x, first)
+        best, best_rate, best_seconds, best_e = None, 0.0, 0.0, 0.0
+        # trust region: shapes near those measured (the fit is linear; the tables flat beyond the trees)
+        n_cap = max(4, int(1.5 * max((r[0] for r in self.cost.rows), default=FIRST.nodes)))
+        for width, avg in self.tables.items():
+            mean = avg.mean
+            n_top = min(mean.shape[1] - 1, t.size - 1, n_cap)
+            if mean.shape[0] < 2 or n_top < 1 or width >= x.size:
+                continue
+            n = np.arange(1, n_top + 1)  # [N]
+            d = np.arange(1, mean.shape[0])  # [D]
+            seconds = self.cost.predict(n[None, :], d[:, None], width)  # [D, N] C(n, d, W)
+            rate = (1.0 + mean[1:, 1 : n_top + 1]) / seconds  # [D, N] tokens per second per row
+            di, ni = np.unravel_index(int(np.argmax(rate)), rate.shape)
+            if rate[di, ni] > best_rate:
+                best, best_rate = Shape(int(n[ni]), int(d[di]), width), float(rate[di, ni])
+                best_seconds, best_e = float(seconds[di, ni]), float(mean[d[di], n[ni]])
+        plain = 1.0 / self.cost.plain if self.cost.plain > 0 else 0.0
+        if best is None or best_rate <= plain:  # the root alone wins: every row decodes plainly until a probe
+            self.current = self.draft = PLAIN
+            self.probe_in, self.gap = self.gap, min(2 * self.gap, GAP_MAX)
+            self.predicted, self.spec_run = (self.cost.plain, 0.0), 0
+            return
+        self.spec_run += 1
+        if self.spec_run >= 16:  # speculation keeps winning: probes start from a short gap again
+            self.gap = GAP_START
+        self.current = self.last_spec = best
+        self.predicted = (best_seconds, best_e)
+        self.draft = best
+        if self.steps % EXPLORE_EVERY == 0:  # one round deeper, alternately at this width and another
+            self.turn += 1
+            others = [w for w in WIDTHS if w != best.width and w < x.size]
+            width = best.width if self.turn % 2 or not others else others[(self.turn // 2) % len(others)]
+            self.draft = Shape(best.nodes, best.rounds + 1, width)

@@ -50,7 +50,7 @@ import torch
 
 from treespec.acceptance_map import AcceptanceMap
 from treespec.cost import CostModel, load_profile
-from treespec.plugins.batch_budget import BatchBudget
+from treespec.plugins.batch_budget import BatchPlan, Shape, expectation_table
 from treespec.interfaces import PlanNote
 from treespec.tree import DraftTree
 
@@ -137,8 +137,7 @@ class AutoPlanner:
         self._seen = -1  # measured points of the curves when the tables were read
         self.decisions: list[dict[str, Any]] = []  # per step: n, depth, off, predicted seconds, calibrated E
         self.note: PlanNote | None = None
-        self.budget: BatchBudget | None = None  # a batch row's: the budget the rows share (batch_budget.py)
-        self._caps: tuple[int | None, int | None] = (None, None)  # this step's (nodes, depth) caps from it
+        self.plan: BatchPlan | None = None  # a batch row's: the shape the rows share (batch_budget.py)
 
     # ------------------------------------------------------------------ setup
     def attach(self, target: "TargetModel", drafter: "Drafter", batch: int = 1) -> None:
@@ -198,8 +197,8 @@ class AutoPlanner:
     def build(self, drafter: "Drafter", root: int, max_depth: int) -> DraftTree:
         began = time.perf_counter()
         self._tables()
-        if self.budget is not None:
-            self._caps = self.budget.caps
+        if self.plan is not None:  # a row of a batch: the batch chose the step's shape
+            return self._grow_shape(drafter, root, *self.plan.shape(self), max_depth, began)
         self.probing = False
         if max_depth > 0 and self.off:
             if self.probe_in > 0:
@@ -214,14 +213,12 @@ class AutoPlanner:
             self._decide(n=0, depth=0, off=True, predicted=seconds, expected=0.0, own=time.perf_counter() - began)
             return DraftTree(root, capacity=1)
         depth_cap = min(max_depth, self.max_depth if self.cost.expand.known else EXPLORE_DEPTH)
-        if self.budget is not None and self._caps[1] is not None:
-            depth_cap = min(depth_cap, self._caps[1])
         return self._grow(drafter, DraftTree(root), depth_cap, began)
 
     @property
     def step_cap(self) -> int:
-        """The most nodes this step may verify: ``cap``, or less under a batch's shared budget."""
-        return min(self.cap, self._caps[0]) if self._caps[0] is not None else self.cap
+        """The most nodes this step may verify."""
+        return self.cap
 
     def _grow(self, drafter: "Drafter", tree: DraftTree, depth_cap: int, began: float) -> DraftTree:
         lam, cap, calib, slope = self.price, self.step_cap, self.calibration, self._slope
@@ -276,6 +273,59 @@ class AutoPlanner:
                      own=time.perf_counter() - began - drafting)
         return chosen
 
+    def _grow_shape(self, drafter: "Drafter", root: int, shape: Shape, draft: Shape, max_depth: int,
+                    began: float) -> DraftTree:
+        """A batch row's step in the shape the batch chose (``BatchPlan``): ``draft.rounds`` layers, each
+        the ``draft.width`` best candidates by p̂, all of them expanded next; then the top
+        ``shape.nodes`` by p̂ verified (every row fills the shape: the batch pays for the largest tree
+        anyway). ``draft`` is the shape itself, or on exploring steps one round deeper or another width.
+        A plain shape (N = 0): the root alone, for every row."""
+        self.probing = False
+        n_verify = shape.nodes
+        # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up):
+        # not what a round costs
+        catching_up = bool(self.decisions) and self.decisions[-1]["off"]
+        if n_verify <= 0 or max_depth <= 0:
+            self._decide(n=0, depth=0, off=True, predicted=float(self._t[0]) if self._known else 0.0, expected=0.0,
+                         own=time.perf_counter() - began)
+            return DraftTree(root, capacity=1)
+        width, rounds = draft.width, min(max_depth, self.max_depth, draft.rounds)
+        calib, k = self.calibration, min(CHILDREN, width)
+        tree = DraftTree(root)
+        phat = np.zeros(width * rounds + 1)  # calibrated p̂ of the drafted nodes, in tree order (root: 1)
+        phat[0] = 1.0
+        depths = np.zeros(phat.size, dtype=np.int64)
+        size, drafting = 0, 0.0
+        frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
+        start = time.perf_counter()
+        for depth in range(1, rounds + 1):
+            m = int(frontier.size)
+            prop = drafter.expand(tree, torch.from_numpy(frontier), k)  # tokens, q: [M, k]
+            drafting += time.perf_counter() - start
+            q = prop.q.numpy()  # [M, k]
+            f = calib.lookup(q, depth) if calib is not None else q.astype(np.float64)
+            cand = (phat[frontier, None] * f).ravel()  # [M*k] p̂ of every candidate
+            order = np.argsort(-cand, kind="stable")[:width]  # the layer: the `width` best
+            order = order[cand[order] > 0]  # q = 0 padding never enters
+            if order.size:
+                frontier = tree.append(frontier[order // k], prop.tokens.numpy().ravel()[order], q.ravel()[order])
+                phat[size + 1 : size + 1 + order.size] = cand[order]
+                depths[size + 1 : size + 1 + order.size] = depth
+                size += int(order.size)
+            took = time.perf_counter() - start  # the round: the batch's draft forward and this row's share of planning
+            if self.refine and not (depth == 1 and catching_up):
+                (self.cost.first.observe(1, took) if depth == 1 else self.cost.expand.observe(m, took))
+            start += took
+            if order.size == 0:
+                break
+        self.plan.report(self, expectation_table(phat[1 : size + 1], depths[1 : size + 1]))
+        n = min(n_verify, size)
+        chosen = tree if n == size else tree.select(torch.from_numpy(_top_np(phat[: size + 1], depths[: size + 1], n)))
+        expected = float(np.sort(phat[1 : size + 1])[::-1][:n].sum())
+        self._decide(n=n, depth=chosen.depth, off=n == 0, predicted=self.plan.predicted[0], expected=expected,
+                     own=time.perf_counter() - began - drafting)
+        return chosen
+
     @staticmethod
     def _frontier_size(total: np.ndarray, ratio: float, lam: float, layer_cost: np.ndarray) -> int:
         """How many of the new nodes (p̂ descending, ``total`` = their running Σ p̂) to expand: the j
@@ -319,8 +369,6 @@ class AutoPlanner:
         return n
 
     def _decide(self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float) -> None:
-        if self.budget is not None:
-            self.budget.report(id(self), 0 if off else n, depth, self._caps)
         self.decisions.append({"n": n, "depth": depth, "off": off, "probe": self.probing,
                                "predicted_seconds": predicted, "expected": expected, "own_seconds": own})
         self.note = PlanNote(predicted_seconds=predicted, expected=expected, own_seconds=own)
@@ -343,9 +391,13 @@ class AutoPlanner:
         else:  # reproducible: judge steps by the profile's times, never this run's clock
             wall = (self.decisions[-1]["predicted_seconds"] if self.decisions else 0.0) or wall
         self.run_rate.add(stats.emitted, wall)
+        if self.plan is not None:
+            self.plan.observe(self, wall, stats.emitted)
         last = self.decisions[-1] if self.decisions else {"off": False, "probe": False}
         if last["off"]:
             self.plain.add(stats.emitted, wall)
+            return
+        if self.plan is not None:  # a batch row: the batch's plan turns speculation on and off, for every row
             return
         if last["probe"]:
             self._after_probe()

@@ -27,7 +27,7 @@ import torch
 
 from treespec.acceptance_map import AcceptanceMap
 from treespec.interfaces import Drafter, TreeBuilder
-from treespec.plugins.batch_budget import BatchBudget
+from treespec.plugins.batch_budget import BatchPlan
 from treespec.plugins.cost_aware import AutoPlanner, top_by
 from treespec.plugins.configs import OptTreeConfig
 from treespec.tree import DraftTree
@@ -67,11 +67,11 @@ class OptTreeBuilder(TreeBuilder):
             self.planner.attach(target, drafter, self.batch_size)
 
     def join_batch(self, peers: list[TreeBuilder]) -> None:
-        """Auto: the rows' planners share one budget (``batch_budget.BatchBudget``)."""
+        """Auto: the rows' planners share one shape per step (``batch_budget.BatchPlan``)."""
         if self.planner is None:
             return
-        shared = [p.planner.budget for p in peers if isinstance(p, OptTreeBuilder) and p.planner and p.planner.budget]
-        self.planner.budget = shared[0] if shared else BatchBudget()
+        shared = [p.planner.plan for p in peers if isinstance(p, OptTreeBuilder) and p.planner and p.planner.plan]
+        self.planner.plan = shared[0] if shared else BatchPlan()
 
     def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
         if self.calibration is not None:

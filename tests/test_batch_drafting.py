@@ -131,22 +131,24 @@ def test_a_failing_builder_stops_the_batch_with_every_rows_output(target64, prom
     assert len(_Failing.unwound) == 6  # 3 rows finished step 1, then all 3 builders of step 2 left (one raised, two unwound)
 
 
-def test_the_rows_auto_planners_share_one_budget_the_median_of_their_wishes(target64, greedy_reference, prompts):
-    from treespec.plugins.batch_budget import BatchBudget
+def test_the_rows_auto_planners_share_one_shape_per_step(target64, greedy_reference, prompts):
+    """An auto batch's rows share one BatchPlan: in every step every row verifies the same number of
+    nodes (the shape's N, or fewer only where its drafting found fewer), no row decodes plainly while
+    another speculates, and every row stays lossless."""
+    import numpy as np
 
-    budget = BatchBudget()
-    assert budget.caps == (None, None)  # nothing planned yet: no cap
-    for row, (n, depth) in enumerate([(4, 2), (40, 12), (6, 3), (0, 0)]):  # one outlier, one plain row
-        budget.report(row, n, depth, (None, None))
-    assert budget.caps == (6, 3)  # the median of the speculating rows: the outlier does not set the step
-    budget.report(0, 6, 3, (6, 3))  # stopped by both caps: wishes a quarter more
-    budget.report(2, 6, 3, (6, 3))
-    assert budget.caps == (8, 4)  # so the caps grow back when rows keep hitting them
     dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3}, builder="opt-tree",
                            builder_options={"nodes": "auto"})
     outs = dec.generate(prompts, max_new_tokens=48)
     builders = dec._row_builders[len(prompts)]
-    assert len({id(b.planner.budget) for b in builders}) == 1 and builders[0].planner.budget is not None
+    plan = builders[0].planner.plan
+    assert plan is not None and all(b.planner.plan is plan for b in builders)
     assert all(b.batch_size == len(prompts) and b.planner.cost.key.get("batch") == len(prompts) for b in builders)
+    steps = min(len(o.stats.steps) for o in outs)
+    for k in range(steps):
+        sizes = [o.stats.steps[k].tree_size for o in outs]
+        assert (min(sizes) == 0) == (max(sizes) == 0), (k, sizes)  # all plain or none
+    assert len(plan.history) >= steps - 1 and plan.cost.rows + [(0, 0, 0, w) for w in plan.cost.plain_walls]
+    assert np.all(np.diff(plan.tables[next(iter(plan.tables))].mean[1:], axis=1) >= -1e-12)  # E grows with n
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == greedy_reference(dec.encode(prompt), 48)

@@ -31,6 +31,7 @@ from treespec.batch_target import BatchTarget
 from treespec.errors import ConfigError, DecodingError, TreespecError
 from treespec.interfaces import Commit, DraftRows, PrefillContext
 from treespec.stats import RunStats
+from treespec.verify_rows import greedy_rows
 
 if TYPE_CHECKING:
     from treespec.decoder import Decoder, Output
@@ -151,6 +152,7 @@ class _Batch:
             if full:
                 self._leave(full, ["max_new_tokens" if len(self.active[i].out.token_ids) >= self.max_new else "context"
                                    for i in full])
+                last = time.perf_counter()  # newcomers' prefill is not the next step's cost
                 continue
             active = self.active
             t_draft = time.perf_counter()
@@ -161,7 +163,10 @@ class _Batch:
             t_verify = time.perf_counter()
             logits, hiddens = bt.forward_trees(tts, want_hidden=self.want)
             t_verify = time.perf_counter() - t_verify
-            accs = [r.accept(tree, tt, lg) for r, tree, tt, lg in zip(active, trees, tts, logits)]
+            if all(r.accept is step.greedy for r in active):  # one pass over [B, N_max] (verify_rows)
+                accs = greedy_rows(tts, bt.logits)
+            else:  # each row's own rule and generator
+                accs = [r.accept(tree, tt, lg) for r, tree, tt, lg in zip(active, trees, tts, logits)]
             bt.commit([a.nodes for a in accs])
             ended, steps = [], []
             for i, (r, tree, acc, h) in enumerate(zip(active, trees, accs, hiddens)):

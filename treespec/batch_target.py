@@ -43,6 +43,7 @@ class BatchTarget:
         self.lens = torch.zeros(0, dtype=torch.long)  # [B] committed[:-1] rows of each row
         self.width = 0  # S: cache rows before a tree block
         self._tree: int | None = None  # N_max of the last forward_trees, until commit
+        self.logits: torch.Tensor | None = None  # [B, N_max, V] of the last forward_trees
 
     @property
     def device(self) -> torch.device:
@@ -109,6 +110,7 @@ class BatchTarget:
         out = self._forward(ids, pos, visible, want_hidden)
         self._tree = n
         hidden = TargetModel.hidden_of(out, want_hidden)  # [B, N, ·] or None
+        self.logits = out.logits  # [B, N, V] every row's, padded (batched acceptance reads them at once)
         logits = [out.logits[r, :size] for r, size in enumerate(sizes)]  # [N_b, V]
         return logits, [hidden[r, :size] if hidden is not None else None for r, size in enumerate(sizes)]
 

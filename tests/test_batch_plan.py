@@ -1,0 +1,115 @@
+"""``plugins/batch_budget.py``: the shape an auto batch's rows share, chosen from the rows' expectation
+tables and the batch's measured step costs. The tables are checked against brute force, the cost fit
+against the walls it was fitted to, and the choice against cases whose answer is known: a cheap step
+with confident drafts speculates deep, an expensive one (or a draft that is never right) decodes plainly."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from treespec.plugins.batch_budget import PLAIN, BatchPlan, Shape, StepCost, expectation_table
+
+
+def brute(phat, depths, parents, d, n):
+    """The best E of a connected n-node subtree (root excluded) using nodes of depth <= d."""
+    ids = [i for i in range(len(phat)) if depths[i] <= d]
+    best = 0.0
+    for k in range(1, min(n, len(ids)) + 1):
+        for sub in itertools.combinations(ids, k):
+            chosen = set(sub)
+            if all(parents[i] < 0 or parents[i] in chosen for i in sub):
+                best = max(best, sum(phat[i] for i in sub))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_expectation_table_is_the_best_subtree(seed):
+    rng = np.random.default_rng(seed)
+    parents, depths, phat = [], [], []
+    for i in range(9):  # a random tree: node i's parent is an earlier node or the root (-1)
+        p = int(rng.integers(-1, i)) if i else -1
+        parents.append(p)
+        depths.append(1 if p < 0 else depths[p] + 1)
+        phat.append((1.0 if p < 0 else phat[p]) * float(rng.uniform(0.05, 0.95)))
+    table = expectation_table(np.array(phat), np.array(depths))
+    for d in range(1, max(depths) + 1):
+        for n in range(1, 10):
+            assert table[d, n] == pytest.approx(brute(phat, depths, parents, d, n)), (d, n)
+    assert table.shape == (max(depths) + 1, 10) and np.all(table[0] == 0)
+
+
+def test_step_cost_fits_measured_walls():
+    cost = StepCost()
+    cost.prior(np.linspace(0.005, 0.02, 40), np.linspace(0.001, 0.004, 40), 0.002)
+    truth = lambda n, d, w: 0.004 + 0.0007 * n + 0.0015 * d + 0.0002 * (d - 1) * w  # noqa: E731
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n, d, w = int(rng.integers(1, 12)), int(rng.integers(1, 8)), int(rng.choice([1, 2, 4, 8]))
+        cost.add(Shape(n, d, w), truth(n, d, w) * float(rng.uniform(0.97, 1.03)))
+    for n, d, w in [(2, 2, 1), (8, 5, 2), (10, 7, 4)]:
+        assert cost.predict(np.array(n), np.array(d), w) == pytest.approx(truth(n, d, w), rel=0.05)
+    for _ in range(4):
+        cost.add(PLAIN, 0.003)
+    assert cost.plain == pytest.approx(0.003)
+
+
+class _Planner:
+    """What the plan reads of a row's planner: its cost tables (T(n), T_expand(m), T_first)."""
+
+    def __init__(self, t0: float, per_node: float, per_round: float):
+        self._t = t0 + per_node * np.arange(66)
+        self._x = per_round * np.ones(66)
+        self._first = per_round
+        self._known = True
+
+
+def _run(plan: BatchPlan, planner: _Planner, accept: float, wall, steps: int = 40) -> list[Shape]:
+    """Drive ``plan`` as 4 rows would: each row asks, 'drafts' a chain-like table whose node at depth
+    d has p̂ = accept^d (plus a runner-up at half of it), reports it, and is observed with ``wall(shape)``."""
+    shapes = []
+    for _ in range(steps):
+        for _ in range(4):
+            shape, draft = plan.shape(planner)
+        shapes.append(shape)
+        if shape != PLAIN:
+            depths = np.repeat(np.arange(1, draft.rounds + 1), min(draft.width, 2))
+            phat = accept ** depths * np.where(np.arange(depths.size) % 2, 0.5, 1.0)[: depths.size]
+            for _ in range(4):
+                plan.report(planner, expectation_table(phat, depths))
+        for _ in range(4):
+            plan.observe(planner, wall(shape), 1)
+    return shapes
+
+
+def test_cheap_steps_and_good_drafts_speculate_deep():
+    planner = _Planner(t0=0.010, per_node=0.0002, per_round=0.0005)
+    wall = lambda s: 0.010 if s == PLAIN else 0.010 + 0.0002 * s.nodes + 0.0005 * s.rounds  # noqa: E731
+    shapes = _run(BatchPlan(), planner, accept=0.95, wall=wall)
+    last = shapes[-10:]
+    assert all(s != PLAIN for s in last) and min(s.rounds for s in last) >= 4, last
+
+
+def _plain_but_probes(shapes: list[Shape]) -> bool:
+    """Plain decoding, apart from single probe steps (never two speculative steps in a row)."""
+    return all(a == PLAIN or b == PLAIN for a, b in zip(shapes, shapes[1:])) and shapes.count(PLAIN) >= 0.85 * len(shapes)
+
+
+def test_dear_steps_or_bad_drafts_decode_plainly():
+    planner = _Planner(t0=0.010, per_node=0.004, per_round=0.006)
+    wall = lambda s: 0.010 if s == PLAIN else 0.010 + 0.004 * s.nodes + 0.006 * s.rounds  # noqa: E731
+    assert _plain_but_probes(_run(BatchPlan(), planner, accept=0.9, wall=wall)[2:])
+    cheap = _Planner(t0=0.010, per_node=0.0002, per_round=0.0005)
+    wall = lambda s: 0.010 if s == PLAIN else 0.010 + 0.0002 * s.nodes + 0.0005 * s.rounds  # noqa: E731
+    assert _plain_but_probes(_run(BatchPlan(), cheap, accept=0.01, wall=wall)[2:])
+
+
+def test_a_plain_batch_probes_and_comes_back_when_drafts_improve():
+    planner = _Planner(t0=0.010, per_node=0.0002, per_round=0.0005)
+    wall = lambda s: 0.010 if s == PLAIN else 0.010 + 0.0002 * s.nodes + 0.0005 * s.rounds  # noqa: E731
+    plan = BatchPlan()
+    assert _plain_but_probes(_run(plan, planner, accept=0.01, wall=wall, steps=30)[2:])
+    later = _run(plan, planner, accept=0.95, wall=wall, steps=80)
+    assert later[-1] != PLAIN  # a probe saw the better drafts and the batch speculates again
