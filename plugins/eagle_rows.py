@@ -59,6 +59,10 @@ class EagleRows(RowsCache):
             return answers
         flush = [i for i in live if rows[i].pending]
         if flush:
+            for i in self.alone(flush, lambda i: sum(int(t.shape[0]) for _, t in rows[i].pending)):
+                self._catch_up_alone(i)
+            flush = [i for i in flush if rows[i].pending]
+        if flush:
             self._catch_up(flush)
         levels = {i: rows[i].missing_levels(req.tree, req.nodes.tolist()) for i, (req, _) in live.items()}
         for depth in range(max(len(v) for v in levels.values())):
@@ -110,6 +114,26 @@ class EagleRows(RowsCache):
             r.stable += n
             r.root_feature = out[i, n - 1]
             r._clear_tree()
+
+    def _catch_up_alone(self, i: int) -> None:
+        """Row i's pending items in a forward of its own (a prompt that just joined the batch: in the
+        rows' block it would pad every other row to its length): its committed prefix is copied into a
+        one-row cache, the items run through the head there, and their KV columns are written back
+        after the prefix (``RowsCache.splice``)."""
+        r, base = self.drafters[i], self.base
+        f, t = torch.cat([f for f, _ in r.pending]), torch.cat([t for _, t in r.pending])  # [n, H], [n]
+        r.pending = []
+        n, s = int(t.shape[0]), r.stable
+        cache = self.prefix_cache(i, s)
+        visible = torch.ones(1, n, s + n, dtype=torch.bool)  # [1, n, s+n]: the prefix, then causal
+        visible[0, :, s:] = torch.ones(n, n, dtype=torch.bool).tril()
+        dev, dtype = base.device, base.dtype
+        out = base.forward(f[None].to(dev, dtype), base._embed(t[None].to(dev)), torch.arange(s, s + n)[None].to(dev),
+                           self.float_mask(visible, dtype, dev), cache)  # [1, n, H]
+        self.splice(i, cache, s, n)
+        r.stable += n
+        r.root_feature = out[0, n - 1]
+        r._clear_tree()
 
     def _feed_level(self, level: dict[int, tuple[DraftTree, list[int]]]) -> None:
         """Feed one tree level of each row in ``level`` in one forward: node n of row b is the item

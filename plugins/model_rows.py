@@ -55,6 +55,8 @@ class ModelRows(RowsCache):
             if new:
                 feed[i] = new
         if feed:
+            for i in self.alone(list(feed), lambda i: len(rows[i].pending)):
+                self._pending_alone(i)
             self._feed({i: (requests[i].tree, new) for i, new in feed.items()})
         for i, req in requests.items():
             if i in answers:
@@ -64,6 +66,23 @@ class ModelRows(RowsCache):
             q, tokens = r.probs[index].topk(k, dim=-1)  # [M, k]
             answers[i] = Proposals(tokens=tokens.cpu(), q=q.float().cpu())
         return answers
+
+    def _pending_alone(self, i: int) -> None:
+        """Row i's pending tokens in a forward of its own (a prompt that just joined the batch: in the
+        rows' block it would pad every other row to its length), into place after its prefix
+        (``RowsCache.prefix_cache`` / ``splice``)."""
+        r, base = self.drafters[i], self.base
+        p, past = len(r.pending), r.cache_len
+        cache = self.prefix_cache(i, past)
+        visible = torch.ones(1, p, past + p, dtype=torch.bool)  # [1, p, past+p]: the prefix, then causal
+        visible[0, :, past:] = torch.ones(p, p, dtype=torch.bool).tril()
+        base.forward(input_ids=torch.tensor([r.pending], dtype=torch.long).to(base.device),
+                     position_ids=torch.arange(past, past + p)[None].to(base.device),
+                     attention_mask=self.float_mask(visible, base.dtype, base.device),
+                     **{base.cache_keyword: cache}, use_cache=True)
+        self.splice(i, cache, past, p)
+        r.cache_len += p
+        r.pending = []
 
     def _feed(self, feed: dict) -> None:
         """One forward: each row's pending tokens (first round of its step) and its new tree nodes."""

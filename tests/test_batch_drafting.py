@@ -152,3 +152,33 @@ def test_the_rows_auto_planners_share_one_shape_per_step(target64, greedy_refere
     assert np.all(np.diff(plan.tables[next(iter(plan.tables))].mean[1:], axis=1) >= -1e-12)  # E grows with n
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == greedy_reference(dec.encode(prompt), 48)
+
+def test_rows_with_long_catch_ups_feed_them_alone_and_give_the_same_proposals(target64, greedy_reference, prompts,
+                                                                              monkeypatch):
+    """A prompt joining a running batch feeds its hundreds of items in a forward of its own
+    (``RowsCache.alone``): with the thresholds lowered so that every longer-than-median catch-up goes
+    alone, the EAGLE rounds still equal each row's own drafter, and continuous batching with EAGLE and
+    draft-model rows (whose newcomers feed their prompts alone) stays lossless."""
+    from treespec.plugins.eagle_rows import EagleRows
+    from treespec.plugins.model_rows import ModelRows
+    from treespec.rows_cache import RowsCache
+
+    monkeypatch.setattr(RowsCache, "ALONE_MIN", 1)
+    monkeypatch.setattr(RowsCache, "ALONE_RATIO", 1)
+    alone = []
+    for cls, name in ((EagleRows, "_catch_up_alone"), (ModelRows, "_pending_alone")):
+        orig = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, i, orig=orig: (alone.append(i), orig(self, i))[1])
+    test_batched_rows_give_each_row_what_its_own_drafter_gives(target64, prompts, "eagle")
+    assert alone
+    ids = None
+    for kind in ("eagle", "model"):
+        alone.clear()
+        name, options = DRAFTERS[kind]()
+        dec = treespec.Decoder(target64, drafter=name, drafter_options=options, builder="opt-tree",
+                               builder_options={"nodes": 8})
+        ids = ids or [dec.encode(p) for p in tinystories_prompts(5, cut_words=12)]
+        outs = dec.generate(ids, max_new_tokens=30, batch_size=2)  # newcomers join with their whole prompt pending
+        assert alone, kind
+        for p, out in zip(ids, outs):
+            assert out.token_ids == greedy_reference(p, 30), kind

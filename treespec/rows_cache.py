@@ -63,6 +63,40 @@ class RowsCache(DraftRows):
         for i, row in enumerate(self.drafters):
             row._index = i
 
+    #: a row feeds its items alone when it has more than ALONE_MIN of them and more than ALONE_RATIO
+    #: times the (lower) median row of its round (padding every row of the block to its length would cost more)
+    ALONE_MIN, ALONE_RATIO = 32, 4
+
+    def alone(self, rows: list[int], count: Any) -> list[int]:
+        """Which of ``rows`` (with ``count(i)`` items each to feed) feed them alone: a prompt that just
+        joined a running batch has hundreds of items where the others have a few (the cache must
+        already hold the other rows: a batch's first round feeds every prompt together)."""
+        if len(rows) < 2 or not self.width:
+            return []
+        sizes = {i: count(i) for i in rows}
+        middle = sorted(sizes.values())[(len(sizes) - 1) // 2]  # the lower median: of two rows, the shorter
+        return [i for i, n in sizes.items() if n > self.ALONE_MIN and n > self.ALONE_RATIO * max(middle, 1)]
+
+    def prefix_cache(self, i: int, length: int) -> Any:
+        """A one-row cache holding row i's first ``length`` columns (its committed prefix)."""
+        cache = slack_cache()
+        if length:
+            for j, layer in enumerate(self.cache.layers):
+                cache.update(layer.keys[i : i + 1, :, :length], layer.values[i : i + 1, :, :length], j)
+        return cache
+
+    def splice(self, i: int, cache: Any, start: int, n: int) -> None:
+        """Write columns start..start+n of the one-row ``cache`` into row i of the rows' cache (widened
+        with masked columns if it is narrower)."""
+        need = start + n
+        for layer, own in zip(self.cache.layers, cache.layers):
+            if layer.keys.shape[2] < need:
+                pad = (0, 0, 0, need - layer.keys.shape[2])
+                layer.keys = torch.nn.functional.pad(layer.keys, pad)
+                layer.values = torch.nn.functional.pad(layer.values, pad)
+            layer.keys[i, :, start:need] = own.keys[0, :, start:need]
+            layer.values[i, :, start:need] = own.values[0, :, start:need]
+
     def block(self, sizes: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Empty inputs for a round: ids [B, T], pos [B, T], visible [B, T, W+T] bool with T the
         largest of ``sizes`` (row -> queries) and every query seeing itself (padding: nothing else)."""
