@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from treespec.config import PluginConfig
+from treespec.errors import ConfigError
 
 
 LEAN_HELP = (
@@ -28,7 +29,9 @@ class OptTreeConfig(PluginConfig):
     nodes: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
         "auto", description="node budget n: drafted nodes per tree (root excluded), or auto: each step's budget "
         "and depth maximise expected tokens per second under the measured cost model (docs/cost-aware.md)")
-    threshold: float = Field(0.5, ge=0.0, description="δ (fixed nodes): keep adding layers while E(A) grows by more than this")
+    threshold: float = Field(0.5, ge=0.0, description="δ (fixed nodes): keep adding layers while E(A) grows by more than "
+                             "this (sample=true, when sampling: while a later layer could still add more than δ, "
+                             "n × the newest layer's best p̂; docs/sampling.md)")
     max_depth: int | None = Field(None, gt=0, description="deepest layer of the tree (default: 10 with a fixed "
                                   "budget, as in the paper; 32 with auto, whose layers stop when they no longer pay)")
     cap: int = Field(64, gt=0, description="auto: the most drafted nodes one tree may have")
@@ -40,6 +43,16 @@ class OptTreeConfig(PluginConfig):
         "profile of this target, drafter, device, dtype and thread count if there is one; none: start empty")
     refine: bool = Field(True, description="auto: refine the cost model from every step's timings (off + a "
                          "profile: the same decisions on every run)")
+    sample: bool = sample_field()
+
+    @model_validator(mode="after")
+    def _sample_needs_a_fixed_budget(self) -> "OptTreeConfig":
+        if self.sample and self.nodes == "auto":
+            raise ConfigError(
+                "opt-tree: sample=true needs a fixed budget (the nodes=auto planner ranks children only): "
+                "use nodes=N, e.g. -B nodes=25,sample=true"
+            )
+        return self
 
 
 class ChainConfig(PluginConfig):
@@ -90,6 +103,7 @@ class Eagle2Config(PluginConfig):
     total_tokens: int = Field(60, gt=0, description="drafted nodes kept after reranking by p̂ (root excluded)")
     calibrate: bool = Field(False, description="rank by calibrated p̂ (an online map from draft confidence to "
                             "observed acceptance, docs/cost-aware.md) instead of the draft's raw p̂")
+    sample: bool = sample_field()
 
 
 class NgramConfig(PluginConfig):

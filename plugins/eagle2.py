@@ -45,6 +45,18 @@ Differences from the reference, none of which changes a tree except on exact tie
 ``calibrate=true`` ranks the frontier and the final selection by calibrated p̂ (the product of
 ``treespec.acceptance_map``'s f(q, depth) along the path, learnt from every verified tree) instead
 of the draft's raw p̂; off by default, so that the builder is the published algorithm.
+
+``sample=true`` (sampling with temperature > 0): every expanded node's k children are its first k
+draws without replacement from the draft (``sampled_expand``, in draw order), and the frontier and
+the final selection rank the j-th child of u by its slot value
+
+    ŝ = ŝ(u) · q_u↓j      (q_u↓j: the j-th largest probability of the distribution drawn from)
+
+instead of its own p̂ — the value rank j would have, known before the draw. So which draws are kept
+never depends on what was drawn (keeping a draw for its own probability biases the verifier,
+docs/sampling.md), ŝ never increases along a node's draws (the selection keeps a prefix of each
+node's draws) and ŝ(child) ≤ ŝ(parent) (it is still a tree). Depth and k are as above; greedy
+decoding ranks as always.
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ from treespec.acceptance_map import AcceptanceMap
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import Eagle2Config
 from treespec.plugins.cost_aware import top_by
+from treespec.plugins.opt_tree import expand_slots
 from treespec.tree import DraftTree
 
 
@@ -75,24 +88,27 @@ class Eagle2Builder(TreeBuilder):
             self.calibration.learn(tree, path)
 
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
-        k, n, calib = self.config.top_k, self.config.total_tokens, self.calibration
+        k, n, calib, sampling = self.config.top_k, self.config.total_tokens, self.calibration, self.sampling
         tree = DraftTree(root_token)
-        scores = tree.phat  # [N] what the builder ranks by: p̂, or calibrated p̂ (calibrate=true)
+        # [N] what the builder ranks by: p̂, or calibrated p̂ (calibrate=true); sampled: the slot values ŝ
+        scores = tree.phat
         frontier = torch.zeros(1, dtype=torch.long)  # [M] node ids to expand: the root, then ≤ k per layer
         for depth in range(1, min(self.config.depth, max_depth) + 1):
-            prop = drafter.expand(tree, frontier, k)  # tokens, q: [M, k]
-            q = prop.q.to(tree.phat)  # [M, k]
+            slots = expand_slots(drafter, tree, frontier, k, sampling)  # tokens, q, value: [M, k]
+            q = slots.value.to(tree.phat)  # [M, k] (ranked: the children's q)
             cols = q.shape[1]
             real = (q > 0).flatten().nonzero().flatten()  # [C] candidates in (frontier, rank) order, padding skipped
             if real.numel() == 0:
                 break
             parents = frontier[real // cols]
-            layer = tree.add_children(parents, prop.tokens.flatten()[real], q.flatten()[real])  # [C] every candidate
-            if calib is None:  # becomes a node (the reranking pool)
+            child_q = q if sampling is None else slots.q.to(q)  # [M, k] what the tree stores: each child's q
+            # [C] every candidate becomes a node (the reranking pool)
+            layer = tree.add_children(parents, slots.tokens.flatten()[real], child_q.flatten()[real])
+            if calib is None and sampling is None:
                 scores = tree.phat
             else:
-                f = calib(q.flatten()[real], torch.full((real.numel(),), depth)).to(scores)  # [C]
-                scores = torch.cat([scores, scores[parents] * f])
+                f = q.flatten()[real] if calib is None else calib(q.flatten()[real], torch.full((real.numel(),), depth))
+                scores = torch.cat([scores, scores[parents] * f.to(scores)])  # [N]
             order = torch.argsort(scores[layer], descending=True, stable=True)  # ties: older first
             frontier = layer[order[:k]]  # the next expansion: the k best of this layer
         return tree.select(top_by(scores, tree.depths, n))

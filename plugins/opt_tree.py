@@ -17,10 +17,26 @@ towards the shallower node, so a parent sorts before its child). Differences fro
 code are listed in docs/opt-tree.md: each layer is scored as soon as it is drafted (the reference
 scores it one draft forward later, then throws that forward away) and the tree can reach max_depth
 (the reference stops one layer short).
+
+``sample=true`` (fixed budget; sampling with temperature > 0): the same search over *slots*. Node
+u's j-th slot is its j-th draw without replacement from the draft (``sampled_expand``), and the
+search ranks it by its value
+
+    ŝ(u, j) = ŝ(u) · q_u↓j,     q_u↓j = the j-th largest probability of the distribution u's
+                                children are drawn from (ŝ(root) = 1)
+
+— what the ranked search would give rank j, known before the draw. Ranking a draw by its OWN
+probability would keep or drop it depending on what was drawn, and that biases every exact
+verifier (docs/sampling.md, "Sampled opt-tree and eagle2"); ŝ never looks at the draws it ranks.
+ŝ is non-increasing along a node's slots, so every cut keeps a prefix of each node's draws, and
+ŝ(child) ≤ ŝ(parent), so the top n still form a tree. The layers stop when no later layer could
+add more than δ (n · the newest layer's best ŝ ≤ δ) or reach the top n: the measured gain
+E_d − E_{d−1} would read the draws below nodes that a deeper layer may still cut.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +46,7 @@ from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.batch_budget import BatchPlan
 from treespec.plugins.cost_aware import AutoPlanner, top_by
 from treespec.plugins.configs import OptTreeConfig
+from treespec.sampling import DraftSampling, sampled_expand
 from treespec.tree import DraftTree
 
 
@@ -40,6 +57,57 @@ AUTO_MAX_DEPTH = 32  # auto: layers stop when they no longer pay; this only boun
 def top_n_by_phat(tree: DraftTree, n: int) -> torch.Tensor:
     """Ids of the root plus the n drafted nodes with the largest p̂ (ties: shallower, then older)."""
     return top_by(tree.phat, tree.depths, n)
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Up to k child slots for each of M expanded nodes; column j is the node's j-th child.
+
+    Ranked (no sampling): the drafter's top-k, best first, and a slot's value is its q. Sampled: the
+    j-th draw without replacement, in draw order (``sampled_expand``, recorded in the tree), and a
+    slot's value is q↓j, the j-th largest probability of the distribution drawn from: what rank j is
+    worth, whatever was drawn. Values never increase along a row, so any cut by value keeps a
+    prefix of each node's slots; padding (q = 0) is always a suffix, with value 0 in both cases.
+    """
+
+    tokens: torch.Tensor  # [M, k] long: the children
+    q: torch.Tensor  # [M, k] float: each child's draft probability, what the tree stores (0: padding)
+    value: torch.Tensor  # [M, k] float: what the builder ranks the slot by
+
+    @property
+    def cols(self) -> int:
+        return int(self.q.shape[1])
+
+
+def expand_slots(drafter: Drafter, tree: DraftTree, nodes: torch.Tensor, k: int,
+                 sampling: DraftSampling | None) -> Slots:
+    """The k child slots of every node in ``nodes`` [M]: ranked (``sampling`` None) or drawn."""
+    if sampling is None:
+        prop = drafter.expand(tree, nodes, k)  # tokens, q: [M, k]
+        return Slots(prop.tokens, prop.q, prop.q)
+    prop = sampled_expand(drafter, tree, nodes, k, sampling)  # [M, k] in draw order
+    drawn_from = tree.draw_dist[tree.draw_row[nodes]]  # [M, V'] what each node's children were drawn from
+    value = drawn_from.topk(prop.q.shape[1], dim=-1).values  # [M, k] q↓1 ≥ q↓2 ≥ ...: no draw looked at
+    return Slots(prop.tokens, prop.q, value.float().cpu())
+
+
+def slot_order(values: torch.Tensor, n: int) -> torch.Tensor:
+    """Flat indices [≤ n] of the n best slots of ``values`` [M, k] with value > 0, best first. The
+    sort is stable, so equal values keep their column order: a node's chosen slots are a prefix."""
+    order = torch.argsort(values.flatten(), descending=True, stable=True)  # [M*k]
+    return order[: min(n, int((values > 0).sum()))]
+
+
+def sampled_layers_done(scores: torch.Tensor, depths: torch.Tensor, layer: torch.Tensor, n: int, delta: float) -> bool:
+    """Stop drafting layers of a sampled search after ``layer`` (the newest node ids, [L]; ``scores`` [N]
+    the slot values ŝ of every node). Every later node is worth at most the newest layer's best ŝ, so
+    a later layer adds at most n · max ŝ to E(A): stop when that is ≤ δ, or when no node of the layer
+    is among the top n (then none below it ever will be, and stopping changes nothing). Both read
+    only the layer's best ŝ and the ranking above it, never draws below a node a later layer may cut."""
+    if n * float(scores[layer].max()) <= delta:
+        return True
+    kept = top_by(scores, depths, n)  # [n+1] the root and the n best so far
+    return not bool((kept >= int(layer.min())).any())
 
 
 class OptTreeBuilder(TreeBuilder):
@@ -95,29 +163,34 @@ class OptTreeBuilder(TreeBuilder):
         return self._fixed(drafter, root_token, max_depth)
 
     def _fixed(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
-        n, delta, calib = int(self.config.nodes), self.config.threshold, self.calibration
+        n, delta, calib, sampling = int(self.config.nodes), self.config.threshold, self.calibration, self.sampling
         tree = DraftTree(root_token)
-        scores = tree.phat  # [N] p̂ the search ranks by: the raw product of q, or calibrated (calibrate=true)
+        # [N] what the search ranks by: p̂ (the raw product of q, or calibrated with calibrate=true); sampled:
+        # the slot values ŝ (module docstring), which never read the drawn tokens' own q
+        scores = tree.phat
         frontier = torch.zeros(1, dtype=torch.long)  # [M] the last layer's node ids
         best = 0.0  # E(A) of the best n-node tree so far
         for depth in range(1, min(self.max_depth, max_depth) + 1):
-            prop = drafter.expand(tree, frontier, n)  # tokens, q: [M, n]
-            q = prop.q.to(scores)  # [M, n]
+            slots = expand_slots(drafter, tree, frontier, n, sampling)  # tokens, q, value: [M, n]
+            q = slots.value.to(scores)  # [M, n]
             if calib is not None:
                 q = torch.where(q > 0, calib(q.flatten(), torch.full((q.numel(),), depth)).view_as(q).to(q), q)
-            phat = scores[frontier][:, None] * q  # [M, n] p̂ of every candidate
-            order = torch.argsort(phat.flatten(), descending=True, stable=True)  # [M*n]
-            order = order[: min(n, int((phat > 0).sum()))]  # this layer: the n best
+            phat = scores[frontier][:, None] * q  # [M, n] p̂ (sampled: ŝ) of every candidate
+            order = slot_order(phat, n)  # this layer: the n best
             if order.numel() == 0:
                 break
-            cols = phat.shape[1]
             frontier = tree.add_children(
-                frontier[order // cols], prop.tokens.flatten()[order], prop.q.flatten()[order]
+                frontier[order // slots.cols], slots.tokens.flatten()[order], slots.q.flatten()[order]
             )
-            scores = tree.phat if calib is None else torch.cat([scores, phat.flatten()[order]])
-            drafted = scores[1:]  # [N-1]
-            e = float(drafted.topk(min(n, drafted.numel())).values.sum())  # E(A) of the best n-node tree
-            gain, best = e - best, e
-            if gain <= delta:
-                break
+            if sampling is not None:  # the stopping rule that never reads draws a later layer may cut
+                scores = torch.cat([scores, phat.flatten()[order]])
+                if sampled_layers_done(scores, tree.depths, frontier, n, delta):
+                    break
+            else:
+                scores = tree.phat if calib is None else torch.cat([scores, phat.flatten()[order]])
+                drafted = scores[1:]  # [N-1]
+                e = float(drafted.topk(min(n, drafted.numel())).values.sum())  # E(A) of the best n-node tree
+                gain, best = e - best, e
+                if gain <= delta:
+                    break
         return tree.select(top_by(scores, tree.depths, n))

@@ -60,12 +60,14 @@ def sampling_verify(
     """Lossless speculative *sampling* over the tree: the accepted tokens and the bonus token are
     distributed exactly as sampling from the target with ``params`` (docs/sampling.md).
 
-    logits: [N, V], row i = the target's logits after node i's path. ``rule``: ``"auto"`` (SpecInfer's
-    rule where the tree records sampled children, which is the deterministic rule for ranked ones),
-    ``"specinfer"`` (the same, but named), ``"deterministic"`` (every child as a deterministic proposal,
-    q = 1), ``"target-only"`` (sample the target at each node and follow the matching child),
-    ``"block"`` (a chain verified jointly, ``treespec.block_verify``; ``auto`` does that on chains) or
-    ``"traversal"`` (any tree verified leaf to root, ``treespec.traversal_verify``).
+    logits: [N, V], row i = the target's logits after node i's path. ``rule``: ``"auto"`` (the best exact
+    rule for the tree: ``block`` on a chain, ``traversal`` on a tree with sampled children, else the
+    token-level rule, which is the deterministic rule for ranked children), ``"specinfer"`` (the
+    token-level rule: SpecInfer's where the tree records sampled children, deterministic for ranked
+    ones), ``"deterministic"`` (every child as a deterministic proposal, q = 1), ``"target-only"``
+    (sample the target at each node and follow the matching child), ``"block"`` (a chain verified
+    jointly, ``treespec.block_verify``) or ``"traversal"`` (any tree verified leaf to root,
+    ``treespec.traversal_verify``).
     """
     n, dev = logits.shape[0], logits.device
     # The processors (top-p sorts the vocabulary) run only on the rows the walk reads: nodes with
@@ -124,6 +126,10 @@ def verify_batch(
         return traversal_verify(tt, tokens, probs, generator, draw_dist, fill)
     if rule in ("auto", "block") and probs.shape[1] > 1 and is_chain(tt):
         return block_verify(tt, tokens, probs, generator, draw_dist, fill)  # a chain: verified jointly
+    if rule == "auto" and tt.draw_row is not None and bool((tt.draw_row[tt.parents[1:]] >= 0).any()):
+        # sampled children: leaf to root accepts at least what SpecInfer's token-level rule does (on ranked
+        # children the two are equal in expectation, and the token-level rule is cheaper)
+        return traversal_verify(tt, tokens, probs, generator, draw_dist, fill)
     if rule == "block":
         rule = "auto"  # a tree with branches: token by token (treespec.block_verify is for chains)
     dev = probs.device
