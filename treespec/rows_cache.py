@@ -67,11 +67,12 @@ class RowsCache(DraftRows):
     #: times the (lower) median row of its round (padding every row of the block to its length would cost more)
     ALONE_MIN, ALONE_RATIO = 32, 4
 
-    def alone(self, rows: list[int], count: Any) -> list[int]:
+    def alone(self, rows: list[int], count: Any, started: bool = True) -> list[int]:
         """Which of ``rows`` (with ``count(i)`` items each to feed) feed them alone: a prompt that just
-        joined a running batch has hundreds of items where the others have a few (the cache must
-        already hold the other rows: a batch's first round feeds every prompt together)."""
-        if len(rows) < 2 or not self.width:
+        joined a running batch has hundreds of items where the others have a few, and a batch's first
+        round has prompts of very different lengths. ``started``: only once the cache holds columns
+        (the caller feeds the alone rows before the block)."""
+        if len(rows) < 2 or (started and not self.width):
             return []
         sizes = {i: count(i) for i in rows}
         middle = sorted(sizes.values())[(len(sizes) - 1) // 2]  # the lower median: of two rows, the shorter
