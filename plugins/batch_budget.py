@@ -19,7 +19,9 @@ steps). So the batch chooses the shape, and every row fills it:
         (N, D, W) = argmax (1 + Ē_W[D, N]) / C(N, D, W)      against plain decoding's 1 / T(0)
     every row verifies its top-N nodes by p̂: no row pads, no row drafts a round the step does not pay for
 
-Widths are tried from ``WIDTHS``; every ``EXPLORE_EVERY``-th step drafts one round deeper than the shape,
+A shape verified as drafted for ``MEASURED_MIN`` row-steps is judged by its measured rate (tokens over
+wall, decayed) instead of the model's. Widths are tried from ``WIDTHS``; every ``EXPLORE_EVERY``-th step
+drafts one round deeper than the shape,
 alternately at its width and at the next width in turn, so the tables can show when another shape pays
 (a shape changes only where drafted trees say it does). When plain decoding wins, every row decodes
 plainly, and a probe every ``gap`` steps (doubling to ``GAP_MAX``) drafts the last shape again. The
@@ -37,8 +39,10 @@ if TYPE_CHECKING:
     from treespec.plugins.cost_aware import AutoPlanner
 
 WIDTHS = (1, 2, 4, 8)  # layer widths the plan tries
-EXPLORE_EVERY = 3  # steps between exploring steps
+EXPLORE_EVERY = 8  # steps between exploring steps (an exploring step drafts more than it verifies)
 EMA = 0.25  # weight of a step's mean table in the moving average
+MEASURED_MIN = 16  # row-steps after which a shape is judged by its measured rate, not the model's
+RATE_DECAY = 0.98  # per row-step: a measured rate follows the last ~50 row-steps of its shape
 GAP_START, GAP_MAX = 16, 256  # plain steps between probes while the batch decodes plainly (a probe after a plain stretch
 # also pays every row's draft catch-up: at B = 16 about 50 ms)
 
@@ -168,6 +172,8 @@ class BatchPlan:
         self.history: list[Shape] = []  # every step's shape
         # per shape: [row-steps, Σ predicted seconds, Σ measured wall, Σ tokens emitted, Σ predicted tokens]
         self.measured: dict[Shape, list[float]] = {}
+        # per shape verified as drafted: decayed Σ tokens, Σ seconds, row-steps (a measured rate)
+        self.rates: dict[Shape, list[float]] = {}
 
     # ------------------------------------------------------------------ rows' calls
     def shape(self, planner: "AutoPlanner") -> tuple[Shape, Shape]:
@@ -196,6 +202,11 @@ class BatchPlan:
         acc[2] += wall
         acc[3] += emitted
         acc[4] += 1.0 + self.predicted[1]
+        if self.draft == self.current and self.current != PLAIN:  # the shape's own rate, recent steps weigh most
+            rate = self.rates.setdefault(self.current, [0.0, 0.0, 0])
+            rate[0] = RATE_DECAY * rate[0] + emitted
+            rate[1] = RATE_DECAY * rate[1] + wall
+            rate[2] += 1
 
     # ------------------------------------------------------------------ the choice
     def _new_step(self, planner: "AutoPlanner") -> None:
@@ -229,6 +240,9 @@ class BatchPlan:
             d = np.arange(1, mean.shape[0])  # [D]
             seconds = self.cost.predict(n[None, :], d[:, None], width)  # [D, N] C(n, d, W)
             rate = (1.0 + mean[1:, 1 : n_top + 1]) / seconds  # [D, N] tokens per second per row
+            for shape, (tokens, secs, count) in self.rates.items():  # measured shapes: their own rate
+                if shape.width == width and count >= MEASURED_MIN and shape.nodes <= n_top and shape.rounds < mean.shape[0]:
+                    rate[shape.rounds - 1, shape.nodes - 1] = tokens / secs
             di, ni = np.unravel_index(int(np.argmax(rate)), rate.shape)
             if rate[di, ni] > best_rate:
                 best, best_rate = Shape(int(n[ni]), int(d[di]), width), float(rate[di, ni])

@@ -136,7 +136,7 @@ class OptTreeBuilder(TreeBuilder):
 
     def join_batch(self, peers: list[TreeBuilder]) -> None:
         """Auto: the rows' planners share one shape per step (``batch_budget.BatchPlan``)."""
-        if self.planner is None:
+        if self.planner is None or len(peers) <= 1:  # a batch of one plans as a single sequence does
             return
         shared = [p.planner.plan for p in peers if isinstance(p, OptTreeBuilder) and p.planner and p.planner.plan]
         self.planner.plan = shared[0] if shared else BatchPlan()
