@@ -38,7 +38,7 @@ import numpy as np
 if TYPE_CHECKING:
     from treespec.plugins.cost_aware import AutoPlanner
 
-WIDTHS = (1, 2, 4, 8)  # layer widths the plan tries
+WIDTHS = (1, 2)  # layer widths the plan tries (wider layers cost a batch more than they found: measured)
 EXPLORE_EVERY = 8  # steps between exploring steps (an exploring step drafts more than it verifies)
 EMA = 0.25  # weight of a step's mean table in the moving average
 MEASURED_MIN = 16  # row-steps after which a shape is judged by its measured rate, not the model's
@@ -55,7 +55,7 @@ class Shape:
 
 
 PLAIN = Shape(0, 0, 0)
-FIRST = Shape(4, 4, 2)  # before any tree was drafted
+FIRST = Shape(4, 4, 1)  # before any tree was drafted
 
 
 def expectation_table(phat: np.ndarray, depths: np.ndarray) -> np.ndarray:
@@ -163,6 +163,7 @@ class BatchPlan:
         self.draft: Shape = FIRST  # what rows draft this step (the shape, or an exploring variant)
         self.last_spec: Shape = FIRST  # the last speculative shape (probes draft it)
         self.observed = False  # a row's step was observed since the current step began
+        self.catch_up = False  # a row of this step also fed its drafter a backlog (its wall is not the shape's)
         self.cost = StepCost()
         self.step_tables: list[np.ndarray] = []  # this step's reports
         self.steps = 0
@@ -185,15 +186,18 @@ class BatchPlan:
             self._new_step(planner)
         return self.current, self.draft
 
-    def report(self, planner: "AutoPlanner", table: np.ndarray) -> None:
-        """A row's E table of the tree it just drafted (at this step's drafting width)."""
+    def report(self, planner: "AutoPlanner", table: np.ndarray, catching_up: bool = False) -> None:
+        """A row's E table of the tree it just drafted (at this step's drafting width); ``catching_up``:
+        its drafter also fed what it skipped (a new prompt, or the tokens of a plain stretch), so this
+        step's wall is not what the shape costs."""
         self.step_tables.append(table)
+        self.catch_up = self.catch_up or catching_up
 
     def observe(self, planner: "AutoPlanner", wall: float, emitted: int) -> None:
         """A row's measured step: its wall time fits the step cost (once per step), and it is kept per
         shape (steps, predicted and measured seconds, tokens), so a run can show how the plan's
         predictions held up (``measured``)."""
-        if not self.observed:  # the step's first row: every row waited for the same step
+        if not self.observed and not self.catch_up:  # the step's first row: every row waited for the same step
             self.cost.add(self.draft if self.current != PLAIN else PLAIN, wall)
         self.observed = True
         acc = self.measured.setdefault(self.current, [0, 0.0, 0.0, 0.0, 0.0])
@@ -202,7 +206,7 @@ class BatchPlan:
         acc[2] += wall
         acc[3] += emitted
         acc[4] += 1.0 + self.predicted[1]
-        if self.draft == self.current and self.current != PLAIN:  # the shape's own rate, recent steps weigh most
+        if self.draft == self.current and self.current != PLAIN and not self.catch_up:  # the shape's own rate
             rate = self.rates.setdefault(self.current, [0.0, 0.0, 0])
             rate[0] = RATE_DECAY * rate[0] + emitted
             rate[1] = RATE_DECAY * rate[1] + wall
@@ -211,6 +215,7 @@ class BatchPlan:
     # ------------------------------------------------------------------ the choice
     def _new_step(self, planner: "AutoPlanner") -> None:
         self.steps += 1
+        self.catch_up = False
         if self.step_tables:
             self.tables.setdefault(self.draft.width, _Average()).fold(self.step_tables)
         self.step_tables = []

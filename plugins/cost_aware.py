@@ -284,7 +284,8 @@ class AutoPlanner:
         n_verify = shape.nodes
         # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up):
         # not what a round costs
-        catching_up = bool(self.decisions) and self.decisions[-1]["off"]
+        catching_up = getattr(self, "_fresh", False) or (bool(self.decisions) and self.decisions[-1]["off"])
+        self._fresh = False
         if n_verify <= 0 or max_depth <= 0:
             self._decide(n=0, depth=0, off=True, predicted=float(self._t[0]) if self._known else 0.0, expected=0.0,
                          own=time.perf_counter() - began)
@@ -318,7 +319,7 @@ class AutoPlanner:
             start += took
             if order.size == 0:
                 break
-        self.plan.report(self, expectation_table(phat[1 : size + 1], depths[1 : size + 1]))
+        self.plan.report(self, expectation_table(phat[1 : size + 1], depths[1 : size + 1]), catching_up)
         n = min(n_verify, size)
         chosen = tree if n == size else tree.select(torch.from_numpy(_top_np(phat[: size + 1], depths[: size + 1], n)))
         expected = float(np.sort(phat[1 : size + 1])[::-1][:n].sum())
@@ -376,6 +377,7 @@ class AutoPlanner:
     # ------------------------------------------------------------------ feedback
     def start(self) -> None:
         """A new generate (nothing to reset: prices and curves carry over between prompts)."""
+        self._fresh = True  # the next step's first round also feeds the new prompt to the drafter
 
     def observe(self, stats: "StepStats") -> None:
         """Refine the cost curves with the step's measured times, update λ, then judge speculation.
