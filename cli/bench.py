@@ -38,6 +38,8 @@ BASELINE_HELP = (
     '[prompt_lookup_num_tokens=..]"; "none" for none [default: hf-assisted with its defaults, hf-assisted at '
     "each chain k (constant, no confidence stop), hf-lookup]"
 )
+RULES_HELP = ("under sampling, run every treespec configuration once per verification rule, e.g. "
+              "specinfer,traversal,auto (docs/sampling.md): same prompts, same seeds")
 TEMPERATURE_HELP = ("0 = greedy; > 0 = sampling in every row (treespec exact speculative sampling, Hugging Face "
                     "generate(do_sample=True)); outputs are then not compared token for token")
 BATCH_HELP = ("throughput mode: decode the prompts in batches of these sizes (e.g. 1,4,8,16) against Hugging Face's "
@@ -72,9 +74,11 @@ def bench(
     out: Annotated[Path, typer.Option(help="folder for results.json, steps.jsonl and the plots")] = Path("bench-out"),
     report_to: Annotated[Optional[Path], typer.Option("--report", help=REPORT_HELP)] = None,
     batch_size: Annotated[Optional[str], typer.Option(help=BATCH_HELP, show_default=False)] = None,
+    sampling_rule: Annotated[Optional[str], typer.Option(help=RULES_HELP, show_default=False)] = None,
 ) -> None:
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
     sampling = _sampling(temperature, top_p, top_k)
+    rules = _rules(sampling_rule, sampling)
     if limit is not None and limit <= 0:
         fail(f"--limit must be > 0, got {limit}")
     if max_new_tokens <= 0:
@@ -94,6 +98,9 @@ def bench(
     if batch_size is not None:
         from treespec.cli.bench_batch import bench_batches
 
+        if rules:
+            fail("--sampling-rule compares rules under sampling; --batch-size measures greedy throughput: use one or the other")
+
         bench_batches(ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
                       placement, dataset, out, report_to, sampling)
         if report_to is not None:
@@ -101,13 +108,14 @@ def bench(
         return
     baseline = _baselines(baseline, builder)
     runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
-                     placement)
+                     placement, rules)
     result = {
         "command": " ".join(_quote(a) for a in command_line(ctx, {"target": target, "drafter": drafter,
                                                                   "builder": builder, "baseline": baseline or ["none"]})),
         "dataset": dataset, "category": category, "prompts": 0, "truncated": 0, "max_new_tokens": max_new_tokens,
         "target": target, "seed": seed, "temperature": temperature,
         "top_p": top_p if sampling else None, "top_k": top_k if sampling else None,
+        "sampling_rules": rules,
     }
     _measure(runner, items, result, out)
     if report_to is not None:
@@ -118,6 +126,21 @@ def _quote(arg: str) -> str:
     import shlex
 
     return shlex.quote(arg)
+
+
+def _rules(value: str | None, sampling: dict[str, Any] | None) -> list[str] | None:
+    """--sampling-rule a,b,...: every treespec configuration once per rule (same prompts, same seeds)."""
+    if value is None:
+        return None
+    from treespec.sampling import RULES
+
+    rules = [r.strip() for r in value.split(",") if r.strip()]
+    unknown = [r for r in rules if r not in RULES]
+    if not rules or unknown:
+        fail(f"--sampling-rule {value!r}: rules are {', '.join(RULES)} (several: separated by commas)")
+    if sampling is None:
+        fail("--sampling-rule needs sampling: add --temperature T (T > 0); greedy decoding has no rule to choose")
+    return list(dict.fromkeys(rules))
 
 
 def _sampling(temperature: float, top_p: float, top_k: int) -> dict[str, Any] | None:
@@ -156,7 +179,7 @@ def _baselines(baseline: list[str] | None, builder: list[str]) -> list[str]:
 
 def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[str], max_new_tokens: int,
             device: str | None, dtype: str | None, sampling: dict | None, seed: int, threads: int | None,
-            placement: dict[str, Any]) -> Any:
+            placement: dict[str, Any], rules: list[str] | None = None) -> Any:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -170,7 +193,7 @@ def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[
         torch.set_num_threads(threads)
     try:
         return Bench(target, drafter, builder, baseline, max_new_tokens, device=device, dtype=dtype,
-                     sampling=sampling, seed=seed, placement=placement)
+                     sampling=sampling, seed=seed, placement=placement, rules=rules)
     except TreespecError as exc:
         fail(str(exc))
 

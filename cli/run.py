@@ -37,7 +37,8 @@ TEMPERATURE_HELP = "0 = greedy (lossless token for token); > 0 = exact speculati
 TOP_P_HELP = "nucleus sampling: keep the smallest set of tokens with probability >= top_p (1 = off)"
 TOP_K_HELP = "keep the k likeliest tokens (0 = off; Hugging Face's generate defaults to 50)"
 DRAFT_T_HELP = "the draft's temperature for builders with sample=true [default: --temperature]"
-RULE_HELP = "verification rule when sampling: auto, specinfer, deterministic, target-only, block (docs/sampling.md)"
+RULE_HELP = ("verification rule when sampling: auto (the best exact rule for each tree), specinfer, deterministic, "
+             "target-only, block, traversal (docs/sampling.md)")
 ECHO_HELP = "print the prompt (dimmed) before the completion [default: when stdout is a terminal]"
 CHAT_HELP = "the prompt is a user message: apply the target's chat template (instruct and chat models)"
 SYSTEM_HELP = "a system message before the prompt (implies --chat)"

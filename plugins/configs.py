@@ -17,10 +17,12 @@ LEAN_HELP = (
 
 
 def sample_field() -> Any:
-    """The ``sample`` option of the builders that can draw children at random (chain, static, sequoia)."""
+    """The ``sample`` option of the builders that can draw children at random (chain, static, sequoia,
+    opt-tree and eagle2 with fixed budgets)."""
     return Field(
         False, description="with temperature > 0: draw children at random from the draft's distribution "
-        "(without replacement, at the draft temperature) instead of its top-k, verified by SpecInfer's rule; "
+        "(without replacement, at the draft temperature) instead of its top-k, verified by the matching exact rule "
+        "(auto: block on chains, traversal on trees); "
         "needs a drafter with full distributions (model, self, eagle)",
     )
 

@@ -173,6 +173,20 @@ def test_sampled_bench_rows_are_seeded_and_not_compared_token_for_token():
     assert rows[0]["speedup"] == 1.0 and all(r["new_tokens"] == 24 for r in rows)
 
 
+def test_rule_sweep_runs_every_configuration_once_per_rule_with_the_same_seeds():
+    """--sampling-rule a,b: one row per (configuration, rule), each told its rule; the same prompts and
+    seeds, so the rows differ only by the rule (block and traversal on a chain are the same rule:
+    the very same tokens)."""
+    bench = Bench(str(STORIES260K), [f"{STORIES260K} layers=4"], ["chain k=3 sample=true"], [], max_new_tokens=12,
+                  sampling={"temperature": 1.0, "top_p": 1.0, "top_k": 0}, seed=5, rules=["block", "traversal", "specinfer"])
+    labels = [c.label for c in bench.configs]
+    assert labels[1:] == [f"chain k=3 sample=true | stories260K layers=4 | rule={r}" for r in ("block", "traversal", "specinfer")]
+    assert [c.options["rule"] for c in bench.configs[1:]] == ["block", "traversal", "specinfer"]
+    runs = bench.run(datasets.load_prompts("tinystories", PROMPTS, limit=2), warmup=False)
+    by_rule = {c.options["rule"]: [s.token_ids for s in runs[c.label]] for c in bench.configs[1:]}
+    assert by_rule["block"] == by_rule["traversal"]
+
+
 # ------------------------------------------------------------------ the command
 def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     out = tmp_path / "run"
@@ -219,6 +233,13 @@ def test_bench_bad_input(tmp_path):
     assert res.exit_code == 2 and "top_p" in res.stderr
     res = runner.invoke(app, ["bench", "--limit", "1", "--builder", "opt-tree nodes=0", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "greater than 0" in res.stderr
+    res = runner.invoke(app, ["bench", "--sampling-rule", "specinfer", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "needs sampling" in res.stderr
+    res = runner.invoke(app, ["bench", "--temperature", "1", "--sampling-rule", "specinfer,best", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "rules are" in res.stderr
+    res = runner.invoke(app, ["bench", "--temperature", "1", "--sampling-rule", "auto", "--batch-size", "2",
+                              "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "one or the other" in res.stderr
     res = runner.invoke(app, ["bench-report", str(tmp_path / "missing")])
     assert res.exit_code == 2 and "no such results.json" in res.stderr
 

@@ -152,7 +152,7 @@ class Decoder:
         ``seed`` makes a sampled run reproducible (without it the seed comes from torch's global RNG);
         ``draft_temperature`` (default: ``temperature``) is the draft's temperature for builders that
         draw children at random (``sample=true``); ``rule`` picks the verification rule:
-        ``auto`` | ``specinfer`` | ``deterministic`` | ``target-only`` | ``block``.
+        ``auto`` | ``specinfer`` | ``deterministic`` | ``target-only`` | ``block`` | ``traversal``.
 
         A list of prompts (texts or lists of ids) decodes them as one batch (``treespec.batch``): one
         target forward verifies every row's tree each step; returns a list of ``Output``, one per prompt.

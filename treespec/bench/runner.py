@@ -91,13 +91,16 @@ class Bench:
         sampling: dict[str, Any] | None = None,
         seed: int = 0,
         placement: dict[str, Any] | None = None,
+        rules: list[str] | None = None,
     ):
         """``sampling``: None for greedy decoding, else ``{"temperature": t, "top_p": p, "top_k": k}``
         (t > 0) for every configuration: treespec samples exactly, the Hugging Face rows call
         ``generate(do_sample=True, ...)``; prompt n runs with seed ``seed + n`` in every row. Under
         sampling the reference row is ``hf-sample`` and outputs are not compared token for token
-        (exactness in distribution is what tests/test_sampling_*.py check)."""
+        (exactness in distribution is what tests/test_sampling_*.py check). ``rules``: under sampling,
+        every treespec configuration once per verification rule (docs/sampling.md), labelled ``| rule=R``."""
         self.max_new = max_new_tokens
+        self.rules = rules or [None]
         self.sampling = dict(sampling) if sampling and sampling.get("temperature") else None
         if self.sampling is not None:
             from treespec.sampling import SamplingParams
@@ -128,12 +131,14 @@ class Bench:
                         and (opts["model"], opts.get("layers")) not in {key for key, _, _ in hf_drafts}:
                     hf_drafts.append(((opts["model"], opts.get("layers")), d_label, drafter.model))  # once per model
                 for b_name, b_opts in builder_variants:
-                    builder = make_builder(b_name, b_opts)
-                    self.configs.append(Config(
-                        f"{_label(b_name, b_opts)} | {d_label}", "treespec", b_name, dict(builder.config),
-                        d_label, {k: v for k, v in dict(drafter.config).items() if v is not None},
-                        run=self._treespec_runner(drafter, builder),
-                    ))
+                    for rule in self.rules:
+                        builder = make_builder(b_name, b_opts)
+                        options = dict(builder.config) | ({"rule": rule} if rule else {})
+                        self.configs.append(Config(
+                            f"{_label(b_name, b_opts)} | {d_label}" + (f" | rule={rule}" if rule else ""), "treespec",
+                            b_name, options, d_label, {k: v for k, v in dict(drafter.config).items() if v is not None},
+                            run=self._treespec_runner(drafter, builder, rule),
+                        ))
         return hf_drafts
 
     def _add_baselines(self, baselines: list[str], hf_drafts: list[tuple[Any, str, Any]]) -> None:
@@ -160,11 +165,11 @@ class Bench:
                                                run=self._hf_runner(settings)))
 
     # ------------------------------------------------------------------ runners
-    def _treespec_runner(self, drafter: Any, builder: Any) -> Callable[[list[int], int], Sample]:
+    def _treespec_runner(self, drafter: Any, builder: Any, rule: str | None = None) -> Callable[[list[int], int], Sample]:
         from treespec.decoder import Decoder
 
         dec = Decoder(self.target, drafter=drafter, builder=builder)
-        sampling = self.sampling or {}
+        sampling = dict(self.sampling or {}) | ({"rule": rule} if rule else {})
 
         def run(ids: list[int], max_new: int, seed: int) -> Sample:
             out = dec.generate(ids, max_new_tokens=max_new, seed=seed, **sampling)
