@@ -96,7 +96,9 @@ class _Average:
             return
         mean = _grow_to(self.mean, size)
         seen = np.pad(self.seen, ((0, size[0] - self.seen.shape[0]), (0, size[1] - self.seen.shape[1])))
-        self.mean = np.where(reached & seen, mean + EMA * (step - mean), np.where(reached, step, mean))
+        mean = np.where(reached & seen, mean + EMA * (step - mean), np.where(reached, step, mean))
+        # E never falls with more nodes or more depth; cells averaged over different steps can disagree
+        self.mean = np.maximum.accumulate(np.maximum.accumulate(mean, axis=0), axis=1)
         self.seen = seen | reached
 
 

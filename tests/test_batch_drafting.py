@@ -145,9 +145,11 @@ def test_the_rows_auto_planners_share_one_shape_per_step(target64, greedy_refere
     assert plan is not None and all(b.planner.plan is plan for b in builders)
     assert all(b.batch_size == len(prompts) and b.planner.cost.key.get("batch") == len(prompts) for b in builders)
     steps = min(len(o.stats.steps) for o in outs)
+    done = [[sum(s.emitted for s in o.stats.steps[:k]) for k in range(steps)] for o in outs]  # tokens before step k
     for k in range(steps):
-        sizes = [o.stats.steps[k].tree_size for o in outs]
-        assert (min(sizes) == 0) == (max(sizes) == 0), (k, sizes)  # all plain or none
+        # rows with room for a tree (a row one token from its end verifies its root alone, whatever the shape)
+        sizes = [o.stats.steps[k].tree_size for o, d in zip(outs, done) if 48 - d[k] > 1]
+        assert not sizes or (min(sizes) == 0) == (max(sizes) == 0), (k, sizes)  # all plain or none
     assert len(plan.history) >= steps - 1 and plan.cost.rows + [(0, 0, 0, w) for w in plan.cost.plain_walls]
     assert np.all(np.diff(plan.tables[next(iter(plan.tables))].mean[1:], axis=1) >= -1e-12)  # E grows with n
     for prompt, out in zip(prompts, outs):
