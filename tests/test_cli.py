@@ -92,7 +92,7 @@ def test_plugins_lists_builtins_without_torch():
     assert {("builder", "opt-tree"), ("builder", "chain"), ("drafter", "model")} <= set(names)
     opt = {o["name"]: o["default"] for o in names[("builder", "opt-tree")]["options"]}
     assert opt == {"nodes": "auto", "threshold": 0.5, "max_depth": None, "cap": 64, "calibrate": None, "profile": None,
-                   "refine": True}
+                   "refine": True, "sample": False}
     assert names[("builder", "opt-tree")]["package"] == "treespec"
 
 
