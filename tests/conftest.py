@@ -47,6 +47,18 @@ def pytest_configure(config):
         raise pytest.UsageError(f"{STORIES260K} is missing: the tests need ../shared (set TREESPEC_SHARED)")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module (the exactness harness's vectorised verifications: their
+    statistics do not depend on it, their speed does when -n 0 leaves torch the whole machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tinystories_prompts(n: int, cut_words: int = 25) -> list[str]:
     """The first n validation stories, each without its last ``cut_words`` words (at least 12 kept):
     real text, and some runs reach the story's end within 128 tokens."""

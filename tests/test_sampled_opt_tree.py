@@ -48,12 +48,7 @@ RULES = ("auto", "specinfer", "traversal")
 N_TREES = 3000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class FastTableDrafter(TableDrafter):

@@ -44,12 +44,7 @@ from treespec.sampling_bound import (
 from treespec.verify import verify_batch
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def random_dist(rng: random.Random, v: int, zeros: int = 0) -> list[Fraction]:

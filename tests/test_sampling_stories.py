@@ -28,12 +28,7 @@ N_TRIALS = 20_000
 ISSUE = SamplingParams(temperature=0.7, top_p=0.9)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
