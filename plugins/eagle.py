@@ -166,14 +166,18 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        """The head's softmax [M, V] after each of ``nodes`` (fed by this step's ``expand`` calls);
-        zeros where there is no feature (a one-token prompt's first step)."""
+        """The head's own softmax [M, V] after each of ``nodes`` (fed by this step's ``expand`` calls),
+        at temperature 1: what the head predicts the target says next, the proposal sampled children
+        are drawn from (at the draft temperature). Not the calibration temperature of ``_q``: that one
+        is fitted so that q ranks nodes by their greedy acceptance (the default pair's head: T = 0.15,
+        nearly a point mass), and drawing from it would propose the top-1 token almost every time.
+        Zeros where there is no feature (a one-token prompt's first step)."""
         out = torch.zeros(int(nodes.shape[0]), self.vocab, device=self.device)
         rows = self.node_row
         have = [i for i, n in enumerate(nodes.tolist()) if n < len(rows) and rows[n] >= 0]
         if have:
             index = torch.tensor([rows[int(nodes[i])] for i in have])
-            out[have] = self._q(self.feats[index])  # [M', V]
+            out[have] = torch.softmax(self._head(self.feats[index])[:, : self.vocab].float(), dim=-1)  # [M', V]
         return out
 
     def _q(self, feats: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,26 @@ def reference_probs(d: EagleDrafter, target, committed: list[int], path: list[in
         return torch.softmax(d.lm_head(feats[-1]).float() / d.temperature, dim=-1)
 
 
+def test_sampled_children_are_drawn_from_the_heads_own_softmax_not_its_calibrated_q(target64, trained_head):
+    """``distribution`` (what sampled children are drawn from) is the head's temperature-1 softmax;
+    ``expand``'s q carry the calibration temperature (fitted for greedy ranking: the default pair's is
+    0.15, almost a point mass, which would propose the top-1 token nearly every time)."""
+    d = EagleDrafter(EagleConfig(head=str(trained_head[0]), temperature=0.2), target64)
+    prompt = target64.tokenizer(tinystories_prompts(1)[0]).input_ids
+    hidden = target64.prefill(torch.tensor(prompt[:-1]), want_hidden=True)
+    d.prefill(PrefillContext(input_ids=torch.tensor(prompt), hidden=hidden))
+    tree = DraftTree(prompt[-1])
+    prop = d.expand(tree, torch.tensor([0]), 4)
+    kids = tree.add_children(torch.zeros(4, dtype=torch.long), prop.tokens[0], prop.q[0])
+    d.expand(tree, kids[:2], 4)
+    dist = d.distribution(tree, torch.tensor([0, int(kids[0]), int(kids[1])]))  # [3, V]
+    for row, path in zip(dist, ([], [int(prop.tokens[0, 0])], [int(prop.tokens[0, 1])])):
+        calibrated = reference_probs(d, target64, prompt, path)  # softmax(logits / 0.2)
+        raw = torch.softmax(torch.log(calibrated.double()) * d.temperature, dim=-1)  # back to temperature 1
+        assert torch.allclose(row.double(), raw, atol=1e-6)
+        assert float(row.max()) < float(calibrated.max())  # flatter than the calibrated q
+
+
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "module-forward"])
 def test_drafts_equal_a_cache_free_run_across_steps_and_out_of_order_expansion(target64, trained_head, lean):
     d = drafter(target64, trained_head[0], lean)
