@@ -1,31 +1,28 @@
 """One shape for a batch's step: the rows of an auto batch draft D rounds of W nodes and verify N each.
 
 In a batch, ONE target forward verifies [B, N_max] nodes and ONE draft forward serves each round of
-expansions, so the step costs what its largest tree and its deepest, widest drafting cost:
-
-    C(N, D, W) = T(N) + T_first + (D − 1) · T_expand(W)      (the batch's curves, ``cost_measure.measure_batch``)
-
-Rows planning alone get this wrong three ways (measured on the default pair, 40 HumanEval prompts):
-a row whose tree is smaller than the largest pays for padding it does not use; a row that stops
-drafting early waits for the others' rounds anyway; and a row that turns speculation off decodes
-plainly inside a step that still drafts and verifies trees for its neighbours — it saves the batch
-nothing and gives up its own accepted tokens (at B = 4, a third of the rows' steps were such plain
-steps). So the batch chooses the shape, and every row fills it:
+expansions, so a step costs what its largest tree and its deepest, widest drafting cost, C(N, D, W).
+Rows planning alone get this wrong three ways: a row whose tree is smaller than the largest pays for
+padding it does not use; a row that stops drafting early waits for the others' rounds anyway; and a
+row that turns speculation off decodes plainly inside a step that still drafts and verifies trees
+for its neighbours — it saves the batch nothing and gives up its own accepted tokens. So the batch
+chooses the shape, and every row fills it:
 
     each row drafts D layers, each layer the W best candidates by p̂ (W = 1: a chain of the draft's
         best guesses, with its runners-up as candidates), and reports its table
         E_r[d, n] = the calibrated expected accepted length of its best n-node tree within depth d
     the plan keeps, per width W, a moving average Ē_W of the rows' tables and picks
-        (N, D, W) = argmax (1 + Ē_W[D, N]) / C(N, D, W)      against plain decoding's 1 / T(0)
+        (N, D, W) = argmax (1 + Ē_W[D, N]) / C(N, D, W)      against plain decoding's 1 / C_plain
     every row verifies its top-N nodes by p̂: no row pads, no row drafts a round the step does not pay for
 
-A shape verified as drafted for ``MEASURED_MIN`` row-steps is judged by its measured rate (tokens over
-wall, decayed) instead of the model's. Widths are tried from ``WIDTHS``; every ``EXPLORE_EVERY``-th step
-drafts one round deeper than the shape,
-alternately at its width and at the next width in turn, so the tables can show when another shape pays
-(a shape changes only where drafted trees say it does). When plain decoding wins, every row decodes
-plainly, and a probe every ``gap`` steps (doubling to ``GAP_MAX``) drafts the last shape again. The
-plan changes tree shapes, never tokens.
+C is fitted to the batch's own measured step walls (``StepCost``; the batch's cost curves of
+``cost_measure.measure_batch`` are its prior), leaving out steps whose drafters also fed a backlog (a
+new prompt, the tokens of a plain stretch). A shape verified as drafted for ``MEASURED_MIN`` row-steps
+is judged by its measured rate (tokens over wall, decayed) instead. Widths are tried from ``WIDTHS``;
+every ``EXPLORE_EVERY``-th step drafts one round deeper than the shape, alternately at its width and
+at another, so the tables can show when another shape pays (a shape changes only where drafted trees
+say it does). When plain decoding wins, every row decodes plainly, and a probe every ``gap`` steps
+(doubling to ``GAP_MAX``) drafts the last shape again. The plan changes tree shapes, never tokens.
 """
 
 from __future__ import annotations
@@ -38,13 +35,13 @@ import numpy as np
 if TYPE_CHECKING:
     from treespec.plugins.cost_aware import AutoPlanner
 
-WIDTHS = (1, 2)  # layer widths the plan tries (wider layers cost a batch more than they found: measured)
+WIDTHS = (1, 2)  # layer widths the plan tries (wider layers cost a batch more rounds' time than they found)
 EXPLORE_EVERY = 8  # steps between exploring steps (an exploring step drafts more than it verifies)
 EMA = 0.25  # weight of a step's mean table in the moving average
 MEASURED_MIN = 16  # row-steps after which a shape is judged by its measured rate, not the model's
 RATE_DECAY = 0.98  # per row-step: a measured rate follows the last ~50 row-steps of its shape
-GAP_START, GAP_MAX = 16, 256  # plain steps between probes while the batch decodes plainly (a probe after a plain stretch
-# also pays every row's draft catch-up: at B = 16 about 50 ms)
+GAP_START, GAP_MAX = 16, 256  # plain steps between probes while the batch decodes plainly (a probe after a
+# plain stretch also pays every row's draft catch-up of that stretch)
 
 
 @dataclass(frozen=True)

@@ -171,8 +171,7 @@ def grouped_sdpa(on: bool) -> Iterator[None]:
     during a masked forward, instead of first expanding them to one copy per query head (``repeat_kv``:
     a copy of every layer's whole cache, every forward). transformers does so only without a mask,
     because CUDA's fast kernels refuse masked GQA; torch's CPU kernel takes it. Same arithmetic, less
-    copying: measured at B = 16 rows of the default target, 5–10% of a verification forward
-    (docs/design.md, "Batches"). The switch is transformers' own ``TRANSFORMERS_SDPA_FORCE_GQA``, read
+    copying (docs/design.md, "Batches"). The switch is transformers' own ``TRANSFORMERS_SDPA_FORCE_GQA``, read
     at every attention call; it is set only for the duration of the forward (``on``: see
     ``grouped_sdpa_helps``), and a value the user set is left alone."""
     name = "TRANSFORMERS_SDPA_FORCE_GQA"

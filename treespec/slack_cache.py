@@ -2,9 +2,9 @@
 
 Transformers' ``DynamicLayer.update`` appends a forward's keys and values with ``torch.cat``: every
 forward copies the layer's whole cache, [B, H_kv, S, D] per layer, twice (keys and values). One
-sequence of a few hundred tokens hardly notices; a batch does. Measured on this 2-core CPU with the
-default target (8 layers, 4 KV heads of 32, S = 400): at B = 16 the two ``cat``s of a verification
-forward took 3.8 ms of its 11.6 ms (``docs/design.md``, "Batches").
+sequence of a few hundred tokens hardly notices; a batch does: for 16 rows of the default target
+(8 layers, 4 KV heads of 32, S = 400) the two ``cat``s were a large share of a verification forward in
+torch's profiler.
 
 ``SlackLayer`` keeps each layer's rows at the front of a larger buffer ([B, H_kv, capacity, D]) and
 exposes ``keys`` / ``values`` as views of the first ``S`` rows, so a forward writes only its own new
