@@ -27,6 +27,7 @@ say it does). When plain decoding wins, every row decodes plainly, and a probe e
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -169,7 +170,7 @@ class BatchPlan:
         self.gap, self.probe_in, self.spec_run = GAP_START, 0, 0
         self.turn = 0  # which width the next exploring step tries
         self.predicted: tuple[float, float] = (0.0, 0.0)  # (seconds, E per row) of the current shape
-        self.history: list[Shape] = []  # every step's shape
+        self.history: deque[Shape] = deque(maxlen=4096)  # the last steps' shapes
         # per shape: [row-steps, Σ predicted seconds, Σ measured wall, Σ tokens emitted, Σ predicted tokens]
         self.measured: dict[Shape, list[float]] = {}
         # per shape verified as drafted: decayed Σ tokens, Σ seconds, row-steps (a measured rate)
