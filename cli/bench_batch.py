@@ -56,7 +56,10 @@ def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: 
             rows = runner.run(prompts, progress=lambda what: progress.update(task, advance=1, description=what))
     except TreespecError as exc:
         fail(str(exc))
-    result = {"mode": "batch", "command": " ".join(command_line(ctx, {"target": target, "drafter": drafter, "builder": builder})),
+    from treespec.cli.bench import _quote
+
+    line = command_line(ctx, {"target": target, "drafter": drafter, "builder": builder})
+    result = {"mode": "batch", "command": " ".join(_quote(a) for a in line),
               "dataset": dataset, "category": None, "prompts": len(prompts), "truncated": 0, "max_new_tokens": max_new_tokens,
               "target": target, "seed": seed, "temperature": 0.0, "environment": report.environment(), "rows": rows,
               "partial": False}
