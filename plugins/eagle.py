@@ -177,13 +177,14 @@ class EagleDrafter(Drafter):
         have = [i for i, n in enumerate(nodes.tolist()) if n < len(rows) and rows[n] >= 0]
         if have:
             index = torch.tensor([rows[int(nodes[i])] for i in have])
-            out[have] = torch.softmax(self._head(self.feats[index])[:, : self.vocab].float(), dim=-1)  # [M', V]
+            out[have] = self._q(self.feats[index], temperature=1.0)  # [M', V]
         return out
 
-    def _q(self, feats: torch.Tensor) -> torch.Tensor:
-        """The draft distribution [M, V] from predicted features [M, H]."""
+    def _q(self, feats: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
+        """The draft distribution [M, V] from predicted features [M, H], at the calibration temperature
+        (or ``temperature``)."""
         logits = self._head(feats)[:, : self.vocab]  # [M, V]
-        return torch.softmax(logits.float() / self.temperature, dim=-1)
+        return torch.softmax(logits.float() / (temperature or self.temperature), dim=-1)
 
     @torch.inference_mode()
     def commit(self, commit: Commit) -> None:

@@ -72,9 +72,10 @@ class Eagle3Drafter(EagleDrafter):
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
         self._new_sequence()
 
-    def _q(self, feats: torch.Tensor) -> torch.Tensor:
-        """The draft distribution over TARGET ids [M, V] from the head's outputs [M, H]."""
-        q = torch.softmax(self.head.logits(feats).float() / self.temperature, dim=-1)  # [M, Vd]
+    def _q(self, feats: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
+        """The draft distribution over TARGET ids [M, V] from the head's outputs [M, H], at the
+        calibration temperature (or ``temperature``)."""
+        q = torch.softmax(self.head.logits(feats).float() / (temperature or self.temperature), dim=-1)  # [M, Vd]
         if self.full_vocab:
             return q
         out = torch.zeros(q.shape[0], self.vocab, device=q.device, dtype=q.dtype)  # [M, V]
