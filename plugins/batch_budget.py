@@ -8,8 +8,8 @@ row that turns speculation off decodes plainly inside a step that still drafts a
 for its neighbours — it saves the batch nothing and gives up its own accepted tokens. So the batch
 chooses the shape, and every row fills it:
 
-    each row drafts D layers, each layer the W best candidates by p̂ (W = 1: a chain of the draft's
-        best guesses, with its runners-up as candidates), and reports its table
+    each row drafts D layers, each layer the W best candidates by p̂ among the children of the
+        last layer's nodes (W = 1: a chain of the draft's best guesses), and reports its table
         E_r[d, n] = the calibrated expected accepted length of its best n-node tree within depth d
     the plan keeps, per width W, a moving average Ē_W of the rows' tables and picks
         (N, D, W) = argmax (1 + Ē_W[D, N]) / C(N, D, W)      against plain decoding's 1 / C_plain
@@ -171,8 +171,6 @@ class BatchPlan:
         self.turn = 0  # which width the next exploring step tries
         self.predicted: tuple[float, float] = (0.0, 0.0)  # (seconds, E per row) of the current shape
         self.history: deque[Shape] = deque(maxlen=4096)  # the last steps' shapes
-        # per shape: [row-steps, Σ predicted seconds, Σ measured wall, Σ tokens emitted, Σ predicted tokens]
-        self.measured: dict[Shape, list[float]] = {}
         # per shape verified as drafted: decayed Σ tokens, Σ seconds, row-steps (a measured rate)
         self.rates: dict[Shape, list[float]] = {}
 
@@ -194,18 +192,11 @@ class BatchPlan:
         self.catch_up = self.catch_up or catching_up
 
     def observe(self, planner: "AutoPlanner", wall: float, emitted: int) -> None:
-        """A row's measured step: its wall time fits the step cost (once per step), and it is kept per
-        shape (steps, predicted and measured seconds, tokens), so a run can show how the plan's
-        predictions held up (``measured``)."""
+        """A row's measured step: its wall time fits the step cost (once per step), and a shape verified
+        as drafted keeps its own measured rate."""
         if not self.observed and not self.catch_up:  # the step's first row: every row waited for the same step
             self.cost.add(self.draft if self.current != PLAIN else PLAIN, wall)
         self.observed = True
-        acc = self.measured.setdefault(self.current, [0, 0.0, 0.0, 0.0, 0.0])
-        acc[0] += 1
-        acc[1] += self.predicted[0]
-        acc[2] += wall
-        acc[3] += emitted
-        acc[4] += 1.0 + self.predicted[1]
         if self.draft == self.current and self.current != PLAIN and not self.catch_up:  # the shape's own rate
             rate = self.rates.setdefault(self.current, [0.0, 0.0, 0])
             rate[0] = RATE_DECAY * rate[0] + emitted

@@ -138,6 +138,7 @@ class AutoPlanner:
         self.decisions: list[dict[str, Any]] = []  # per step: n, depth, off, predicted seconds, calibrated E
         self.note: PlanNote | None = None
         self.plan: BatchPlan | None = None  # a batch row's: the shape the rows share (batch_budget.py)
+        self._fresh = False  # a new prompt: the next step's drafter also feeds it (a batch row's catch-up)
 
     # ------------------------------------------------------------------ setup
     def attach(self, target: "TargetModel", drafter: "Drafter", batch: int = 1) -> None:
@@ -284,7 +285,7 @@ class AutoPlanner:
         n_verify = shape.nodes
         # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up):
         # not what a round costs
-        catching_up = getattr(self, "_fresh", False) or (bool(self.decisions) and self.decisions[-1]["off"])
+        catching_up = self._fresh or (bool(self.decisions) and self.decisions[-1]["off"])
         self._fresh = False
         if n_verify <= 0 or max_depth <= 0:
             self._decide(n=0, depth=0, off=True, predicted=float(self._t[0]) if self._known else 0.0, expected=0.0,

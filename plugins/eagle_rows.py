@@ -60,9 +60,8 @@ class EagleRows(RowsCache):
         flush = [i for i in live if rows[i].pending]
         if flush:  # the rows' block first, then long catch-ups (prompts that just joined) one by one
             long = self.alone(flush, lambda i: sum(int(t.shape[0]) for _, t in rows[i].pending), started=False)
-            short = [i for i in flush if i not in long]
-            self._catch_up(short or flush)
-            for i in long if short else []:
+            self._catch_up([i for i in flush if i not in long])  # never empty: the lower median row stays
+            for i in long:
                 self._catch_up_alone(i)
         levels = {i: rows[i].missing_levels(req.tree, req.nodes.tolist()) for i, (req, _) in live.items()}
         for depth in range(max(len(v) for v in levels.values())):

@@ -131,4 +131,39 @@ def test_grouped_sdpa_changes_no_logit(stories64, monkeypatch):
     assert torch.allclose(plain, grouped, atol=1e-12, rtol=0)
     layers = stories64.config.num_hidden_layers
     assert seen == [(False, 8)] * layers + [(True, 4)] * layers
-    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in __import__("os").environ
+    assert not kv._GROUPED.get()  # only inside the context
+
+
+@torch.inference_mode()
+def test_grouped_sdpa_holds_only_in_its_own_thread(stories64, monkeypatch):
+    """The switch is a context variable: a forward in another thread while one thread is inside
+    ``grouped_sdpa(True)`` takes transformers' own path (the KV heads expanded)."""
+    import threading
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((threading.current_thread().name, kwargs.get("enable_gqa", False)))
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids = torch.tensor([[1, 403, 407, 261, 378]])
+    mask = kv.float_mask(torch.ones(5, 5, dtype=torch.bool).tril(), torch.float64)[None, None]
+    inside, outside = threading.Event(), threading.Event()
+
+    def other() -> None:
+        inside.wait()
+        with torch.inference_mode():
+            stories64(input_ids=ids, attention_mask=mask)
+        outside.set()
+
+    t = threading.Thread(target=other, name="other")
+    t.start()
+    with kv.grouped_sdpa(True):
+        inside.set()
+        outside.wait()  # the other thread's forward ran while this one was inside the switch
+        stories64(input_ids=ids, attention_mask=mask)
+    t.join()
+    assert {flag for name, flag in seen if name == "other"} == {False}
+    assert {flag for name, flag in seen if name != "other"} == {True}

@@ -167,6 +167,7 @@ class _Batch:
                 accs = greedy_rows(tts, bt.logits)
             else:  # each row's own rule and generator
                 accs = [r.accept(tree, tt, lg) for r, tree, tt, lg in zip(active, trees, tts, logits)]
+            bt.logits = None  # [B, N_max, V]: not kept past the step
             bt.commit([a.nodes for a in accs])
             ended, steps = [], []
             for i, (r, tree, acc, h) in enumerate(zip(active, trees, accs, hiddens)):

@@ -16,8 +16,8 @@ sequence, followed during a step by rows of tree nodes. Three facts shape this m
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
-import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -156,33 +156,60 @@ def cache_keyword(module: Any) -> str:
 
 
 def grouped_sdpa_helps(model: Any) -> bool:
-    """Whether ``grouped_sdpa`` speeds up ``model``'s masked forwards: SDPA attention with grouped KV
-    heads (fewer KV heads than query heads), on a CPU."""
+    """Whether ``grouped_sdpa`` can speed up ``model``'s masked forwards: SDPA attention with grouped
+    KV heads (fewer KV heads than query heads). Whether a layer runs on a CPU is decided per call."""
     cfg = text_config(model.config)
     heads, kv_heads = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    return (getattr(cfg, "_attn_implementation", None) == "sdpa" and device.type == "cpu"
+    return (getattr(cfg, "_attn_implementation", None) == "sdpa"
             and isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads < heads)
+
+
+#: on in the thread (context) running a treespec forward that asked for grouped SDPA (``grouped_sdpa``)
+_GROUPED = contextvars.ContextVar("treespec_grouped_sdpa", default=False)
+
+
+def _install_grouped_sdpa() -> bool:
+    """Wrap transformers' ``use_gqa_in_sdpa`` once: inside ``grouped_sdpa(True)``, attention on a CPU
+    passes the grouped KV heads to torch; everywhere else (other threads, other models, GPU layers) it
+    answers exactly as before. False if this transformers has no such hook (then nothing changes)."""
+    try:
+        from transformers.integrations import sdpa_attention as sdpa
+    except ImportError:  # pragma: no cover - transformers without the SDPA integration module
+        return False
+    original = getattr(sdpa, "use_gqa_in_sdpa", None)
+    if original is None:
+        return False
+    if getattr(original, "_treespec", False):
+        return True
+
+    def use_gqa_in_sdpa(*args: Any, **kwargs: Any) -> bool:
+        key = kwargs.get("key", args[1] if len(args) > 1 else None)
+        if _GROUPED.get() and key is not None and key.device.type == "cpu":
+            return True
+        return original(*args, **kwargs)
+
+    use_gqa_in_sdpa._treespec = True  # type: ignore[attr-defined]
+    sdpa.use_gqa_in_sdpa = use_gqa_in_sdpa
+    return True
 
 
 @contextlib.contextmanager
 def grouped_sdpa(on: bool) -> Iterator[None]:
     """Let transformers' SDPA attention pass grouped KV heads to torch as they are (``enable_gqa``)
-    during a masked forward, instead of first expanding them to one copy per query head (``repeat_kv``:
-    a copy of every layer's whole cache, every forward). transformers does so only without a mask,
-    because CUDA's fast kernels refuse masked GQA; torch's CPU kernel takes it. Same arithmetic, less
-    copying (docs/design.md, "Batches"). The switch is transformers' own ``TRANSFORMERS_SDPA_FORCE_GQA``, read
-    at every attention call; it is set only for the duration of the forward (``on``: see
-    ``grouped_sdpa_helps``), and a value the user set is left alone."""
-    name = "TRANSFORMERS_SDPA_FORCE_GQA"
-    if not on or name in os.environ:
+    during a masked forward on a CPU, instead of first expanding them to one copy per query head
+    (``repeat_kv``: a copy of every layer's whole cache, every forward). transformers does so only
+    without a mask, because CUDA's fast kernels refuse masked GQA; torch's CPU kernel takes it. Same
+    arithmetic, less copying (docs/design.md, "Batches"). The switch is a context variable read by a
+    wrapper of transformers' own decision (``use_gqa_in_sdpa``), so it holds only in this thread's
+    forward and only for layers on a CPU; nothing process-wide changes."""
+    if not on or not _install_grouped_sdpa():
         yield
         return
-    os.environ[name] = "1"
+    token = _GROUPED.set(True)
     try:
         yield
     finally:
-        os.environ.pop(name, None)
+        _GROUPED.reset(token)
 
 
 def crop_cache(cache: Any, length: int) -> None:

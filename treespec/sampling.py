@@ -202,7 +202,7 @@ def sampled_expand(drafter: "Drafter", tree: "DraftTree", nodes: torch.Tensor, k
     if dist is None:
         raise ConfigError(
             f"drafter {type(drafter).__name__} has no full distribution to sample children from "
-            "(only model and self drafters do): use the builder without sample=true"
+            "(the model, self, eagle and eagle3 drafters have one): use the builder without sample=true"
         )
     dist = with_temperature(dist, sampling.temperature)  # [M, V]
     tokens, q = draw_children(dist, k, sampling.generator)

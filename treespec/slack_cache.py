@@ -8,7 +8,7 @@ torch's profiler.
 
 ``SlackLayer`` keeps each layer's rows at the front of a larger buffer ([B, H_kv, capacity, D]) and
 exposes ``keys`` / ``values`` as views of the first ``S`` rows, so a forward writes only its own new
-rows (amortised: the buffer doubles when full). Everything that reads or rewrites ``layer.keys``
+rows (amortised: a full buffer is replaced by one a quarter larger than its rows). Everything that reads or rewrites ``layer.keys``
 keeps working unchanged, because the layer trusts its buffer only while ``keys`` IS the front view
 of it:
 
@@ -48,10 +48,11 @@ class SlackLayer(DynamicLayer):
 
     @staticmethod
     def _grow(t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        """A new buffer holding ``t``'s rows (if any) with room for ``new``'s and as many again."""
+        """A new buffer holding ``t``'s rows (if any), ``new``'s, and a quarter more room (at least
+        ``MIN_ROOM``): a few steps' appends each time, for a quarter more memory than the rows need."""
         b, h, m, d = new.shape
         s = t.shape[2] if t.dim() == 4 else 0
-        buf = new.new_empty(b, h, max(2 * (s + m), s + m + MIN_ROOM), d)  # [B, H_kv, capacity, D]
+        buf = new.new_empty(b, h, s + m + max(MIN_ROOM, (s + m) // 4), d)  # [B, H_kv, capacity, D]
         if s:
             buf[:, :, :s] = t
         return buf
