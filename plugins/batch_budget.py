@@ -27,13 +27,19 @@ say it does). When plain decoding wins, every row decodes plainly, and a probe e
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+
+from treespec.plugins.drafted import Drafted
+from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
+    from treespec.interfaces import Drafter
     from treespec.plugins.cost_aware import AutoPlanner
 
 WIDTHS = (1, 2)  # layer widths the plan tries (wider layers cost a batch more rounds' time than they found)
@@ -260,3 +266,50 @@ class BatchPlan:
             others = [w for w in WIDTHS if w != best.width and w < x.size]
             width = best.width if self.turn % 2 or not others else others[(self.turn // 2) % len(others)]
             self.draft = Shape(best.nodes, best.rounds + 1, width)
+
+
+def grow_row(planner: "AutoPlanner", drafter: "Drafter", root: int, shape: Shape, draft: Shape, max_depth: int,
+             began: float) -> DraftTree:
+    """A batch row's step in the shape the batch chose: ``draft.rounds`` layers, each the ``draft.width``
+    best candidates by p̂, all of them expanded next; then the top ``shape.nodes`` by p̂ verified (every
+    row fills the shape: the batch pays for the largest tree anyway). ``draft`` is the shape itself, or
+    on exploring steps one round deeper or another width. A plain shape (N = 0): the root alone, for
+    every row. ``planner`` is the row's ``AutoPlanner`` (its calibration, cost curves and decisions)."""
+    planner.probing = False
+    # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up):
+    # not what a round costs
+    catching_up = planner._fresh or (bool(planner.decisions) and planner.decisions[-1]["off"])
+    planner._fresh = False
+    if shape.nodes <= 0 or max_depth <= 0:
+        planner._decide(n=0, depth=0, off=True, predicted=float(planner._t[0]) if planner._known else 0.0,
+                        expected=0.0, own=time.perf_counter() - began)
+        return DraftTree(root, capacity=1)
+    width, rounds = draft.width, min(max_depth, planner.max_depth, draft.rounds)
+    cost, tree, drafted = planner.cost, DraftTree(root), Drafted(width * rounds)
+    drafting = 0.0
+    frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
+    start = time.perf_counter()
+    for depth in range(1, rounds + 1):
+        m = int(frontier.size)
+        # a layer keeps the `width` best candidates, all among their parents' `width` best children
+        prop = drafter.expand(tree, torch.from_numpy(frontier), width)  # tokens, q: [M, width]
+        drafting += time.perf_counter() - start
+        cand = drafted.candidates(frontier, prop.q.numpy(), depth, planner.calibration)  # [M*width]
+        order = np.argsort(-cand, kind="stable")[:width]  # the layer: the `width` best
+        order = order[cand[order] > 0]  # q = 0 padding never enters
+        if order.size:
+            frontier = drafted.add(tree, frontier, prop, order, depth, cand[order])
+        took = time.perf_counter() - start  # the round: the batch's draft forward and this row's share of planning
+        if planner.refine and not (depth == 1 and catching_up):
+            (cost.first.observe(1, took) if depth == 1 else cost.expand.observe(m, took))
+        start += took
+        if order.size == 0:
+            break
+    phat, depths = drafted.nodes
+    planner.plan.report(planner, expectation_table(phat, depths), catching_up)
+    n = min(shape.nodes, drafted.size)
+    expected = float(np.sort(phat)[::-1][:n].sum())
+    chosen = drafted.top(tree, n)
+    planner._decide(n=n, depth=chosen.depth, off=n == 0, predicted=planner.plan.predicted[0], expected=expected,
+                    own=time.perf_counter() - began - drafting)
+    return chosen

@@ -50,7 +50,8 @@ import torch
 
 from treespec.acceptance_map import AcceptanceMap
 from treespec.cost import CostModel, load_profile
-from treespec.plugins.batch_budget import BatchPlan, Shape, expectation_table
+from treespec.plugins.batch_budget import BatchPlan, grow_row
+from treespec.plugins.drafted import Drafted
 from treespec.interfaces import PlanNote
 from treespec.tree import DraftTree
 
@@ -70,21 +71,6 @@ PLAIN_MIN = 4  # plain steps measured before speculation is judged against them 
 REFRESH = 32  # steps between refreshes of the cost tables (the curves move slowly)
 RATE_EMA = 0.05  # λ: moving averages of tokens and seconds (about the last 20 steps)
 JUDGE_EMA = 0.05  # the on/off judgement: running means, then moving averages of about 20 steps
-
-
-def top_by(values: torch.Tensor, depths: torch.Tensor, n: int) -> torch.Tensor:
-    """The root plus the n drafted nodes with the largest ``values`` (ties: shallower, then older)."""
-    ids = torch.arange(1, values.numel())
-    ids = ids[torch.argsort(depths[ids], stable=True)]
-    ids = ids[torch.argsort(values[ids], descending=True, stable=True)]
-    return torch.cat([torch.zeros(1, dtype=torch.long), ids[:n]])
-
-
-def _top_np(values: np.ndarray, depths: np.ndarray, n: int) -> np.ndarray:
-    """``top_by`` on numpy arrays: the root plus the n drafted nodes of largest value (ties: shallower, older)."""
-    ids = np.arange(1, values.size)
-    order = np.lexsort((ids, depths[1:], -values[1:]))  # last key first: value desc, then depth, then id
-    return np.concatenate([[0], ids[order[:n]]])
 
 
 def _slope(t: np.ndarray, span: int = 32) -> float:
@@ -199,7 +185,7 @@ class AutoPlanner:
         began = time.perf_counter()
         self._tables()
         if self.plan is not None:  # a row of a batch: the batch chose the step's shape
-            return self._grow_shape(drafter, root, *self.plan.shape(self), max_depth, began)
+            return grow_row(self, drafter, root, *self.plan.shape(self), max_depth, began)
         self.probing = False
         if max_depth > 0 and self.off:
             if self.probe_in > 0:
@@ -226,23 +212,19 @@ class AutoPlanner:
         floor = lam * slope  # the p̂ a node needs to pay for its verification
         # what expanding the j best frontier nodes costs, in tokens: λ · (T_expand(j) + j · ΔT), j = 1..cap
         layer_cost = lam * (self._x[1:] + slope * np.arange(1, self._x.size))  # [cap+1]
-        phat = np.zeros(cap * depth_cap + 1)  # calibrated p̂ of the drafted nodes, in tree order (root: 1)
-        phat[0] = 1.0
-        depths = np.zeros(phat.size, dtype=np.int64)
-        size, spent, drafting, typical = 0, 0.0, 0.0, 0.0  # typical: the drafting by the model's curves
+        drafted = Drafted(cap * depth_cap)
+        spent, drafting, typical = 0.0, 0.0, 0.0  # typical: the drafting by the model's curves
         frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
         mass = 1.0  # Σ p̂ over the frontier
         start = time.perf_counter()
         for depth in range(1, depth_cap + 1):
-            m = int(frontier.size)
+            m, size = int(frontier.size), drafted.size
             prop = drafter.expand(tree, torch.from_numpy(frontier), CHILDREN)  # tokens, q: [M, k]
             drafting += time.perf_counter() - start
-            q = prop.q.numpy()  # [M, k]
-            f = calib.lookup(q, depth) if calib is not None else q.astype(np.float64)  # calibrated acceptance
-            cand = (phat[frontier, None] * f).ravel()  # [M*k] p̂ of every candidate
+            cand = drafted.candidates(frontier, prop.q.numpy(), depth, calib)  # [M*k] p̂ of every candidate
             # a candidate must pay for its verification and be able to make the final top-cap (its
             # descendants' p̂ are no larger, so below the cap-th best no subtree can enter either)
-            bar = floor if size < cap else max(floor, float(np.partition(phat[1 : size + 1], size - cap)[size - cap]))
+            bar = floor if size < cap else max(floor, float(np.partition(drafted.nodes[0], size - cap)[size - cap]))
             order = np.argsort(-cand, kind="stable")[:cap]  # best first; a layer adds at most cap nodes
             kept = cand[order]  # [K] descending
             count = int(np.searchsorted(-kept, -bar))  # those strictly above the bar (q = 0 padding: p̂ 0, never)
@@ -250,11 +232,7 @@ class AutoPlanner:
                 count = 1  # a trial step tests speculation: at least the draft's best child
             order, kept = order[:count], kept[:count]
             if count:
-                k = q.shape[1]
-                new = tree.append(frontier[order // k], prop.tokens.numpy().ravel()[order], q.ravel()[order])
-                phat[size + 1 : size + 1 + count] = kept
-                depths[size + 1 : size + 1 + count] = depth
-                size += count
+                new = drafted.add(tree, frontier, prop, order, depth, kept)
                 total = np.cumsum(kept)  # [K]
                 ratio = min(1.0, float(total[-1]) / mass) if mass > 0 else 0.0  # share of the parents' mass kept
                 j = self._frontier_size(total, ratio, lam, layer_cost)
@@ -268,63 +246,9 @@ class AutoPlanner:
             start += took
             if count == 0 or frontier.size == 0:
                 break
-        n, expected, seconds = self._cut(phat[: size + 1], spent, lam, typical)
-        chosen = tree if n == size else tree.select(torch.from_numpy(_top_np(phat[: size + 1], depths[: size + 1], n)))
+        n, expected, seconds = self._cut(drafted.phat[: drafted.size + 1], spent, lam, typical)
+        chosen = drafted.top(tree, n)
         self._decide(n=n, depth=chosen.depth, off=False, predicted=seconds, expected=expected,
-                     own=time.perf_counter() - began - drafting)
-        return chosen
-
-    def _grow_shape(self, drafter: "Drafter", root: int, shape: Shape, draft: Shape, max_depth: int,
-                    began: float) -> DraftTree:
-        """A batch row's step in the shape the batch chose (``BatchPlan``): ``draft.rounds`` layers, each
-        the ``draft.width`` best candidates by p̂, all of them expanded next; then the top
-        ``shape.nodes`` by p̂ verified (every row fills the shape: the batch pays for the largest tree
-        anyway). ``draft`` is the shape itself, or on exploring steps one round deeper or another width.
-        A plain shape (N = 0): the root alone, for every row."""
-        self.probing = False
-        n_verify = shape.nodes
-        # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up):
-        # not what a round costs
-        catching_up = self._fresh or (bool(self.decisions) and self.decisions[-1]["off"])
-        self._fresh = False
-        if n_verify <= 0 or max_depth <= 0:
-            self._decide(n=0, depth=0, off=True, predicted=float(self._t[0]) if self._known else 0.0, expected=0.0,
-                         own=time.perf_counter() - began)
-            return DraftTree(root, capacity=1)
-        width, rounds = draft.width, min(max_depth, self.max_depth, draft.rounds)
-        calib, k = self.calibration, min(CHILDREN, width)
-        tree = DraftTree(root)
-        phat = np.zeros(width * rounds + 1)  # calibrated p̂ of the drafted nodes, in tree order (root: 1)
-        phat[0] = 1.0
-        depths = np.zeros(phat.size, dtype=np.int64)
-        size, drafting = 0, 0.0
-        frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
-        start = time.perf_counter()
-        for depth in range(1, rounds + 1):
-            m = int(frontier.size)
-            prop = drafter.expand(tree, torch.from_numpy(frontier), k)  # tokens, q: [M, k]
-            drafting += time.perf_counter() - start
-            q = prop.q.numpy()  # [M, k]
-            f = calib.lookup(q, depth) if calib is not None else q.astype(np.float64)
-            cand = (phat[frontier, None] * f).ravel()  # [M*k] p̂ of every candidate
-            order = np.argsort(-cand, kind="stable")[:width]  # the layer: the `width` best
-            order = order[cand[order] > 0]  # q = 0 padding never enters
-            if order.size:
-                frontier = tree.append(frontier[order // k], prop.tokens.numpy().ravel()[order], q.ravel()[order])
-                phat[size + 1 : size + 1 + order.size] = cand[order]
-                depths[size + 1 : size + 1 + order.size] = depth
-                size += int(order.size)
-            took = time.perf_counter() - start  # the round: the batch's draft forward and this row's share of planning
-            if self.refine and not (depth == 1 and catching_up):
-                (self.cost.first.observe(1, took) if depth == 1 else self.cost.expand.observe(m, took))
-            start += took
-            if order.size == 0:
-                break
-        self.plan.report(self, expectation_table(phat[1 : size + 1], depths[1 : size + 1]), catching_up)
-        n = min(n_verify, size)
-        chosen = tree if n == size else tree.select(torch.from_numpy(_top_np(phat[: size + 1], depths[: size + 1], n)))
-        expected = float(np.sort(phat[1 : size + 1])[::-1][:n].sum())
-        self._decide(n=n, depth=chosen.depth, off=n == 0, predicted=self.plan.predicted[0], expected=expected,
                      own=time.perf_counter() - began - drafting)
         return chosen
 

@@ -66,7 +66,7 @@ import torch
 from treespec.acceptance_map import AcceptanceMap
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import Eagle2Config
-from treespec.plugins.cost_aware import top_by
+from treespec.plugins.drafted import top_by
 from treespec.plugins.opt_tree import expand_slots
 from treespec.tree import DraftTree
 

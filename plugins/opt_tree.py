@@ -44,7 +44,8 @@ import torch
 from treespec.acceptance_map import AcceptanceMap
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.batch_budget import BatchPlan
-from treespec.plugins.cost_aware import AutoPlanner, top_by
+from treespec.plugins.cost_aware import AutoPlanner
+from treespec.plugins.drafted import top_by
 from treespec.plugins.configs import OptTreeConfig
 from treespec.sampling import DraftSampling, sampled_expand
 from treespec.tree import DraftTree

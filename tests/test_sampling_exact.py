@@ -192,9 +192,10 @@ def test_ranked_tree_is_exact(builder_key, draft, setting, rule):
         assert accepted > 0.5  # the target agrees with itself: drafts are accepted
 
 
-@pytest.mark.parametrize("rule", ["deterministic", "target-only"])
+@pytest.mark.parametrize("rule", ["deterministic", "target-only", "traversal"])
 def test_sampling_verify_one_call_at_a_time(rule):
-    """The Decoder's entry point (B = 1, the processors run lazily on the rows the walk reads)."""
+    """The Decoder's entry point (B = 1, the processors run lazily on the rows the walk reads; for
+    traversal, a leaf's row exists only after ``fill`` asks for it)."""
     params = SETTINGS["t1.0-top_k5"]
     builder = make_builder(*BUILDERS["opt-tree"])
     tree = builder.build(TableDrafter(draft_tables("model", params, 3)), PROMPT[-1], max_depth=3)

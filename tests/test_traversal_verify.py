@@ -15,28 +15,24 @@ import pytest
 import torch
 from sampling_stats import ALPHA, assert_exact, complete, emitted, fit
 from test_sampling_exact import (
-    BUILDERS,
     DRAFT_NOISE,
     N_TRIALS,
     PROMPT,
     SETTINGS,
     SHAPES,
     TARGET_SEED,
-    TableDrafter,
     V,
     draft_tables,
     ranked_trials,
     sampled_trials,
     skeleton,
-    target_logits,
     target_tables,
     tiny,
 )
 
 import treespec.traversal_verify as tv
-from treespec.factory import make_builder
 from treespec.sampling import draw_children, make_generator, with_temperature
-from treespec.verify import sampling_verify, verify_batch
+from treespec.verify import verify_batch
 
 SHAPES.setdefault("chain-3", [[0], [0, 0], [0, 0, 0]])
 SHAPES.setdefault("binary", [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1], [0, 0, 0], [0, 0, 1], [1, 0, 0]])
@@ -128,24 +124,6 @@ def test_traversal_on_mixed_trees_is_exact(shape, draft, setting, ranked):
         assert_exact(trials[1], trials[2], f"mixed {shape}/{draft}/{setting}/{rule}")
     (t, t_se), (s, s_se) = mean_depth(out["traversal"]), mean_depth(out["specinfer"])
     assert t >= s - 2 * (t_se**2 + s_se**2) ** 0.5, (t, s)
-
-
-def test_sampling_verify_one_call_at_a_time():
-    """The Decoder's entry point: B = 1, the processors run lazily and a leaf's row exists only after
-    ``fill`` asks for it."""
-    params = SETTINGS["t1.0-top_k5"]
-    builder = make_builder(*BUILDERS["opt-tree"])
-    tree = builder.build(TableDrafter(draft_tables("model", params, 3)), PROMPT[-1], max_depth=3)
-    tt, logits = target_logits(tree)
-    length = tree.depth + 1
-    gen = make_generator(0, "cpu")
-    seqs = torch.full((6000, length), -1, dtype=torch.long)
-    for i in range(seqs.shape[0]):
-        acc = sampling_verify(tt, logits, params, gen, "traversal")
-        out = (acc.tokens + [acc.bonus])[:length]
-        seqs[i, : len(out)] = torch.tensor(out)
-    tables = target_tables(params, length)
-    assert_exact(complete(seqs, tables, gen), tables, "sampling_verify traversal")
 
 
 @pytest.fixture(scope="module")
