@@ -4,6 +4,7 @@ write results.json / steps.jsonl / plots, and regenerate docs/benchmarks.md."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -110,8 +111,8 @@ def bench(
     runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
                      placement, rules)
     result = {
-        "command": " ".join(_quote(a) for a in command_line(ctx, {"target": target, "drafter": drafter,
-                                                                  "builder": builder, "baseline": baseline or ["none"]})),
+        "command": shlex.join(command_line(ctx, {"target": target, "drafter": drafter,
+                                                 "builder": builder, "baseline": baseline or ["none"]})),
         "dataset": dataset, "category": category, "prompts": 0, "truncated": 0, "max_new_tokens": max_new_tokens,
         "target": target, "seed": seed, "temperature": temperature,
         "top_p": top_p if sampling else None, "top_k": top_k if sampling else None,
@@ -120,12 +121,6 @@ def bench(
     _measure(runner, items, result, out)
     if report_to is not None:
         _write_report(sorted(out.parent.glob("*/results.json")), report_to)
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
 
 
 def _rules(value: str | None, sampling: dict[str, Any] | None) -> list[str] | None:

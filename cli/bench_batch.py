@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,8 @@ def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: 
             rows = runner.run(prompts, progress=lambda what: progress.update(task, advance=1, description=what))
     except TreespecError as exc:
         fail(str(exc))
-    from treespec.cli.bench import _quote
-
     line = command_line(ctx, {"target": target, "drafter": drafter, "builder": builder})
-    result = {"mode": "batch", "command": " ".join(_quote(a) for a in line),
+    result = {"mode": "batch", "command": shlex.join(line),
               "dataset": dataset, "category": None, "prompts": len(prompts), "truncated": 0, "max_new_tokens": max_new_tokens,
               "target": target, "seed": seed, "temperature": 0.0, "environment": report.environment(), "rows": rows,
               "partial": False}

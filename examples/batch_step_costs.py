@@ -19,11 +19,8 @@ It prints one line per B: what one step costs each way, and the tokens per row-m
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -38,15 +35,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from treespec.bench.batch_runner import left_pad
+    from treespec.bench.datasets import load_prompts
     from treespec.decoder import Decoder
     from treespec.factory import make_drafter
     from treespec.options import parse_spec
     from treespec.target import TargetModel
 
     target = TargetModel.load(args.target)
-    shared = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "humaneval.jsonl.gz"
-    with gzip.open(shared, "rt") as f:
-        texts = [json.loads(line)["prompt"] for line in f][: args.prompts]
+    texts = [item.turns[0] for item in load_prompts("humaneval", limit=args.prompts)]
     (b_name, b_opts), = parse_spec(args.builder)
     dec = Decoder(target, drafter=make_drafter(args.drafter, {}, target), builder=b_name, builder_options=b_opts)
     ids = [dec.encode(t) for t in texts]
@@ -54,11 +51,7 @@ def main() -> None:
     print(f"{args.target}, {args.drafter}, {args.builder}: medians per step (ms); rate = tokens per row per ms")
     for b in [int(s) for s in args.sizes.split(",")]:
         batch = ids[:b]
-        width = max(len(p) for p in batch)
-        x = torch.full((b, width), pad)
-        att = torch.zeros(b, width, dtype=torch.long)
-        for r, p in enumerate(batch):
-            x[r, width - len(p):], att[r, width - len(p):] = torch.tensor(p), 1
+        x, att = left_pad(batch, pad)
         with torch.inference_mode():
             model.generate(x, attention_mask=att, do_sample=False, max_new_tokens=4, pad_token_id=pad)  # warm-up
             t0 = time.perf_counter()

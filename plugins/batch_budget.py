@@ -28,7 +28,6 @@ say it does). When plain decoding wins, every row decodes plainly, and a probe e
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -161,7 +160,7 @@ class StepCost:
 
 class BatchPlan:
     """The shape a batch's auto rows share (see the module docstring). ``shape(planner)`` is asked by
-    every row at the start of its build; ``report(planner, table)`` after it drafted."""
+    every row at the start of its build; ``report(table)`` after it drafted."""
 
     def __init__(self) -> None:
         self.tables: dict[int, _Average] = {}  # width -> moving average of the rows' E tables
@@ -175,8 +174,7 @@ class BatchPlan:
         self.steps = 0
         self.gap, self.probe_in, self.spec_run = GAP_START, 0, 0
         self.turn = 0  # which width the next exploring step tries
-        self.predicted: tuple[float, float] = (0.0, 0.0)  # (seconds, E per row) of the current shape
-        self.history: deque[Shape] = deque(maxlen=4096)  # the last steps' shapes
+        self.predicted = 0.0  # the current shape's predicted step seconds
         # per shape verified as drafted: decayed Σ tokens, Σ seconds, row-steps (a measured rate)
         self.rates: dict[Shape, list[float]] = {}
 
@@ -190,18 +188,18 @@ class BatchPlan:
             self._new_step(planner)
         return self.current, self.draft
 
-    def report(self, planner: "AutoPlanner", table: np.ndarray, catching_up: bool = False) -> None:
+    def report(self, table: np.ndarray, catching_up: bool = False) -> None:
         """A row's E table of the tree it just drafted (at this step's drafting width); ``catching_up``:
         its drafter also fed what it skipped (a new prompt, or the tokens of a plain stretch), so this
         step's wall is not what the shape costs."""
         self.step_tables.append(table)
         self.catch_up = self.catch_up or catching_up
 
-    def observe(self, planner: "AutoPlanner", wall: float, emitted: int) -> None:
+    def observe(self, wall: float, emitted: int) -> None:
         """A row's measured step: its wall time fits the step cost (once per step), and a shape verified
         as drafted keeps its own measured rate."""
         if not self.observed and not self.catch_up:  # the step's first row: every row waited for the same step
-            self.cost.add(self.draft if self.current != PLAIN else PLAIN, wall)
+            self.cost.add(self.draft, wall)  # (a plain step drafts PLAIN too)
         self.observed = True
         if self.draft == self.current and self.current != PLAIN and not self.catch_up:  # the shape's own rate
             rate = self.rates.setdefault(self.current, [0.0, 0.0, 0])
@@ -222,7 +220,6 @@ class BatchPlan:
             self.current = self.draft = self.last_spec
         else:
             self._choose(planner)
-        self.history.append(self.current)
 
     def _choose(self, planner: "AutoPlanner") -> None:
         """argmax over (N, D, W) of (1 + Ē_W[D, N]) / C(N, D, W), against the root alone; then explore."""
@@ -230,7 +227,7 @@ class BatchPlan:
         if not planner._known:
             return
         self.cost.prior(t, x, first)
-        best, best_rate, best_seconds, best_e = None, 0.0, 0.0, 0.0
+        best, best_rate, best_seconds = None, 0.0, 0.0
         # trust region: shapes near those measured (the fit is linear; the tables flat beyond the trees)
         n_cap = max(4, int(1.5 * max((r[0] for r in self.cost.rows), default=FIRST.nodes)))
         for width, avg in self.tables.items():
@@ -248,18 +245,18 @@ class BatchPlan:
             di, ni = np.unravel_index(int(np.argmax(rate)), rate.shape)
             if rate[di, ni] > best_rate:
                 best, best_rate = Shape(int(n[ni]), int(d[di]), width), float(rate[di, ni])
-                best_seconds, best_e = float(seconds[di, ni]), float(mean[d[di], n[ni]])
+                best_seconds = float(seconds[di, ni])
         plain = 1.0 / self.cost.plain if self.cost.plain > 0 else 0.0
         if best is None or best_rate <= plain:  # the root alone wins: every row decodes plainly until a probe
             self.current = self.draft = PLAIN
             self.probe_in, self.gap = self.gap, min(2 * self.gap, GAP_MAX)
-            self.predicted, self.spec_run = (self.cost.plain, 0.0), 0
+            self.predicted, self.spec_run = self.cost.plain, 0
             return
         self.spec_run += 1
         if self.spec_run >= 16:  # speculation keeps winning: probes start from a short gap again
             self.gap = GAP_START
         self.current = self.last_spec = best
-        self.predicted = (best_seconds, best_e)
+        self.predicted = best_seconds
         self.draft = best
         if self.steps % EXPLORE_EVERY == 0:  # one round deeper, alternately at this width and another
             self.turn += 1
@@ -306,10 +303,10 @@ def grow_row(planner: "AutoPlanner", drafter: "Drafter", root: int, shape: Shape
         if order.size == 0:
             break
     phat, depths = drafted.nodes
-    planner.plan.report(planner, expectation_table(phat, depths), catching_up)
+    planner.plan.report(expectation_table(phat, depths), catching_up)
     n = min(shape.nodes, drafted.size)
     expected = float(np.sort(phat)[::-1][:n].sum())
     chosen = drafted.top(tree, n)
-    planner._decide(n=n, depth=chosen.depth, off=n == 0, predicted=planner.plan.predicted[0], expected=expected,
+    planner._decide(n=n, depth=chosen.depth, off=n == 0, predicted=planner.plan.predicted, expected=expected,
                     own=time.perf_counter() - began - drafting)
     return chosen

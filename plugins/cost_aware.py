@@ -319,7 +319,7 @@ class AutoPlanner:
             wall = (self.decisions[-1]["predicted_seconds"] if self.decisions else 0.0) or wall
         self.run_rate.add(stats.emitted, wall)
         if self.plan is not None:
-            self.plan.observe(self, wall, stats.emitted)
+            self.plan.observe(wall, stats.emitted)
         last = self.decisions[-1] if self.decisions else {"off": False, "probe": False}
         if last["off"]:
             self.plain.add(stats.emitted, wall)

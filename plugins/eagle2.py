@@ -96,12 +96,12 @@ class Eagle2Builder(TreeBuilder):
         for depth in range(1, min(self.config.depth, max_depth) + 1):
             slots = expand_slots(drafter, tree, frontier, k, sampling)  # tokens, q, value: [M, k]
             q = slots.value.to(tree.phat)  # [M, k] (ranked: the children's q)
-            cols = q.shape[1]
+            cols = slots.cols
             real = (q > 0).flatten().nonzero().flatten()  # [C] candidates in (frontier, rank) order, padding skipped
             if real.numel() == 0:
                 break
             parents = frontier[real // cols]
-            child_q = q if sampling is None else slots.q.to(q)  # [M, k] what the tree stores: each child's q
+            child_q = slots.q.to(q)  # [M, k] what the tree stores: each child's q (ranked: q itself)
             # [C] every candidate becomes a node (the reranking pool)
             layer = tree.add_children(parents, slots.tokens.flatten()[real], child_q.flatten()[real])
             if calib is None and sampling is None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from treespec.interfaces import Expansion, Proposals
-from treespec.kv import move_cache_rows
+from treespec.kv import causal_mask, move_cache_rows
 from treespec.rows_cache import RowsCache
 from treespec.tree import DraftTree
 
@@ -124,11 +124,9 @@ class EagleRows(RowsCache):
         r.pending = []
         n, s = int(t.shape[0]), r.stable
         cache = self.prefix_cache(i, s)
-        visible = torch.ones(1, n, s + n, dtype=torch.bool)  # [1, n, s+n]: the prefix, then causal
-        visible[0, :, s:] = torch.ones(n, n, dtype=torch.bool).tril()
         dev, dtype = base.device, base.dtype
         out = base.forward(f[None].to(dev, dtype), base._embed(t[None].to(dev)), torch.arange(s, s + n)[None].to(dev),
-                           self.float_mask(visible, dtype, dev), cache)  # [1, n, H]
+                           causal_mask(s, n, dtype)[None, None].to(dev), cache)  # [1, n, H]: the prefix, then causal
         self.splice(i, cache, s, n)
         r.stable += n
         r.root_feature = out[0, n - 1]

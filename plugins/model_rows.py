@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from treespec.interfaces import Expansion, Proposals
-from treespec.kv import move_cache_rows
+from treespec.kv import causal_mask, move_cache_rows
 from treespec.rows_cache import RowsCache
 
 if TYPE_CHECKING:
@@ -74,11 +74,9 @@ class ModelRows(RowsCache):
         r, base = self.drafters[i], self.base
         p, past = len(r.pending), r.cache_len
         cache = self.prefix_cache(i, past)
-        visible = torch.ones(1, p, past + p, dtype=torch.bool)  # [1, p, past+p]: the prefix, then causal
-        visible[0, :, past:] = torch.ones(p, p, dtype=torch.bool).tril()
         base.forward(input_ids=torch.tensor([r.pending], dtype=torch.long).to(base.device),
                      position_ids=torch.arange(past, past + p)[None].to(base.device),
-                     attention_mask=self.float_mask(visible, base.dtype, base.device),
+                     attention_mask=causal_mask(past, p, base.dtype)[None, None].to(base.device),  # the prefix, then causal
                      **{base.cache_keyword: cache}, use_cache=True)
         self.splice(i, cache, past, p)
         r.cache_len += p

@@ -47,7 +47,7 @@ from treespec.plugins.batch_budget import BatchPlan
 from treespec.plugins.cost_aware import AutoPlanner
 from treespec.plugins.drafted import top_by
 from treespec.plugins.configs import OptTreeConfig
-from treespec.sampling import DraftSampling, sampled_expand
+from treespec.sampling import DraftSampling, propose
 from treespec.tree import DraftTree
 
 
@@ -83,10 +83,9 @@ class Slots:
 def expand_slots(drafter: Drafter, tree: DraftTree, nodes: torch.Tensor, k: int,
                  sampling: DraftSampling | None) -> Slots:
     """The k child slots of every node in ``nodes`` [M]: ranked (``sampling`` None) or drawn."""
+    prop = propose(drafter, tree, nodes, k, sampling)  # tokens, q: [M, k] (sampled: in draw order)
     if sampling is None:
-        prop = drafter.expand(tree, nodes, k)  # tokens, q: [M, k]
         return Slots(prop.tokens, prop.q, prop.q)
-    prop = sampled_expand(drafter, tree, nodes, k, sampling)  # [M, k] in draw order
     drawn_from = tree.draw_dist[tree.draw_row[nodes]]  # [M, V'] what each node's children were drawn from
     value = drawn_from.topk(prop.q.shape[1], dim=-1).values  # [M, k] q↓1 ≥ q↓2 ≥ ...: no draw looked at
     return Slots(prop.tokens, prop.q, value.float().cpu())
@@ -183,12 +182,11 @@ class OptTreeBuilder(TreeBuilder):
             frontier = tree.add_children(
                 frontier[order // slots.cols], slots.tokens.flatten()[order], slots.q.flatten()[order]
             )
+            scores = tree.phat if calib is None and sampling is None else torch.cat([scores, phat.flatten()[order]])
             if sampling is not None:  # the stopping rule that never reads draws a later layer may cut
-                scores = torch.cat([scores, phat.flatten()[order]])
                 if sampled_layers_done(scores, tree.depths, frontier, n, delta):
                     break
             else:
-                scores = tree.phat if calib is None else torch.cat([scores, phat.flatten()[order]])
                 drafted = scores[1:]  # [N-1]
                 e = float(drafted.topk(min(n, drafted.numel())).values.sum())  # E(A) of the best n-node tree
                 gain, best = e - best, e

@@ -78,9 +78,9 @@ def _run(plan: BatchPlan, planner: _Planner, accept: float, wall, steps: int = 4
             depths = np.repeat(np.arange(1, draft.rounds + 1), min(draft.width, 2))
             phat = accept ** depths * np.where(np.arange(depths.size) % 2, 0.5, 1.0)[: depths.size]
             for _ in range(4):
-                plan.report(planner, expectation_table(phat, depths))
+                plan.report(expectation_table(phat, depths))
         for _ in range(4):
-            plan.observe(planner, wall(shape), 1)
+            plan.observe(wall(shape), 1)
     return shapes
 
 

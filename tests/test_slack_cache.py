@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import STORIES260K
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from treespec import kv
 from treespec.slack_cache import SlackLayer, slack_cache
-
-STORIES = "../shared/models/stories260K"
 
 
 def _kv(b: int, t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +85,7 @@ def test_appends_reuse_the_buffer():
 
 @pytest.fixture(scope="module")
 def stories64():
-    return AutoModelForCausalLM.from_pretrained(STORIES, dtype=torch.float64).eval()
+    return AutoModelForCausalLM.from_pretrained(STORIES260K, dtype=torch.float64).eval()
 
 
 @torch.inference_mode()

@@ -41,14 +41,9 @@ IMPLS = ["eager", "sdpa"]
 SEEDS = [0, 1, 2, 3, 4]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one intra-op thread is as fast, and on a loaded 2-core machine two
-    threads spin-wait on each other (single linears measured at ~18 ms instead of ~10 µs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# These models are tiny: one intra-op thread is as fast, and on a loaded 2-core machine two threads
+# spin-wait on each other (single linears measured at ~18 ms instead of ~10 µs).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- models

@@ -164,10 +164,9 @@ class _Batch:
             logits, hiddens = bt.forward_trees(tts, want_hidden=self.want)
             t_verify = time.perf_counter() - t_verify
             if all(r.accept is step.greedy for r in active):  # one pass over [B, N_max] (verify_rows)
-                accs = greedy_rows(tts, bt.logits)
+                accs = greedy_rows(tts, logits)
             else:  # each row's own rule and generator
-                accs = [r.accept(tree, tt, lg) for r, tree, tt, lg in zip(active, trees, tts, logits)]
-            bt.logits = None  # [B, N_max, V]: not kept past the step
+                accs = [r.accept(tree, tt, logits[i, : len(tree)]) for i, (r, tree, tt) in enumerate(zip(active, trees, tts))]
             bt.commit([a.nodes for a in accs])
             ended, steps = [], []
             for i, (r, tree, acc, h) in enumerate(zip(active, trees, accs, hiddens)):

@@ -43,7 +43,6 @@ class BatchTarget:
         self.lens = torch.zeros(0, dtype=torch.long)  # [B] committed[:-1] rows of each row
         self.width = 0  # S: cache rows before a tree block
         self._tree: int | None = None  # N_max of the last forward_trees, until commit
-        self.logits: torch.Tensor | None = None  # [B, N_max, V] of the last forward_trees
 
     @property
     def device(self) -> torch.device:
@@ -92,9 +91,10 @@ class BatchTarget:
         return [hidden[b, : lens[b]] if hidden is not None else None for b in range(len(prompts))]
 
     @torch.inference_mode()
-    def forward_trees(self, trees: list[TreeTensors], want_hidden: Any = False) -> tuple[list[torch.Tensor], list[Any]]:
-        """ONE forward over every row's tree (built with ``tensors(lens[b])``). Returns per row: logits
-        [N_b, V] and hidden states [N_b, ·] (or None)."""
+    def forward_trees(self, trees: list[TreeTensors], want_hidden: Any = False) -> tuple[torch.Tensor, list[Any]]:
+        """ONE forward over every row's tree (built with ``tensors(lens[b])``). Returns the logits of
+        every row, padded: [B, N_max, V] (row b's tree is ``[b, :N_b]``; batched acceptance reads them
+        at once), and per row its hidden states [N_b, ·] (or None)."""
         b, s = len(trees), self.width
         sizes = [int(t.input_ids.shape[0]) for t in trees]
         n = max(sizes)
@@ -110,9 +110,7 @@ class BatchTarget:
         out = self._forward(ids, pos, visible, want_hidden)
         self._tree = n
         hidden = TargetModel.hidden_of(out, want_hidden)  # [B, N, ·] or None
-        self.logits = out.logits  # [B, N, V] every row's, padded (batched acceptance reads them at once)
-        logits = [out.logits[r, :size] for r, size in enumerate(sizes)]  # [N_b, V]
-        return logits, [hidden[r, :size] if hidden is not None else None for r, size in enumerate(sizes)]
+        return out.logits, [hidden[r, :size] if hidden is not None else None for r, size in enumerate(sizes)]
 
     @torch.inference_mode()
     def commit(self, nodes: list[torch.Tensor]) -> None:

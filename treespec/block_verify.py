@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from treespec.sampling import sample_rows, uniform
+from treespec.sampling import drawn_from, recorded_draft, sample_rows, uniform
 from treespec.tree import TreeTensors
 
 
@@ -59,7 +59,8 @@ def block_verify(
     for i in range(gamma):
         P = probs[:, i].to(torch.float64)  # [B, V] P_{i+1}: the target after node i
         x = tokens[:, i + 1]  # [B] X_{i+1}
-        Q = _draft(draw_dist, draw_row, i, x, V)  # [B, V] Q_{i+1}
+        q0 = recorded_draft(draw_dist, int(draw_row[i]), V, dev) if draw_row is not None and int(draw_row[i]) >= 0 else None
+        Q = drawn_from(q0, x, V)  # [B, V] Q_{i+1}: node i's child's recorded draw, else the point mass at it
         res = block_residual(p, P, Q)  # [B, V]
         h[:, i] = stop_weight(res.sum(dim=-1), p)
         residual.append(res)
@@ -87,17 +88,3 @@ def block_residual(p: torch.Tensor, P: torch.Tensor, Q: torch.Tensor) -> torch.T
 def stop_weight(s: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """h_i = S_i / (S_i + 1 − p_i) [B] (0 where S_i = 0: nothing could be emitted there)."""
     return torch.where(s > 0, s / (s + 1.0 - p).clamp(min=1e-300), 0.0)
-
-
-def _draft(draw_dist: torch.Tensor | None, draw_row: torch.Tensor | None, i: int, x: torch.Tensor, V: int) -> torch.Tensor:
-    """[B, V] float64: the distribution node i's child was drawn from (its recorded draw), else the
-    point mass at the child (a ranked child; also a token the recorded draft gave q = 0)."""
-    point = torch.zeros(x.shape[0], V, dtype=torch.float64, device=x.device).scatter_(1, x[:, None], 1.0)
-    if draw_row is None or int(draw_row[i]) < 0:
-        return point
-    q = draw_dist[:, int(draw_row[i])].to(device=x.device, dtype=torch.float64)  # [B, V']
-    if q.shape[-1] < V:
-        q = torch.nn.functional.pad(q, (0, V - q.shape[-1]))
-    q = q[:, :V]
-    q = q / q.sum(dim=-1, keepdim=True).clamp(min=1e-300)
-    return torch.where((q.gather(1, x[:, None]) > 0), q, point)

@@ -153,7 +153,7 @@ def measure_batch(target: Any, drafter: Any, prompt: list[int], key: dict[str, A
         begin = time.perf_counter()
         logits, _ = bt.forward_trees(tts, want_hidden=want)
         end = time.perf_counter()
-        bt.commit([step.greedy(t, tt, lg).nodes[:1] for t, tt, lg in zip(trees, tts, logits)])  # the root only
+        bt.commit([step.greedy(t, tt, logits[i, : len(t)]).nodes[:1] for i, (t, tt) in enumerate(zip(trees, tts))])  # the root only
         return end - begin, (begin - start) + time.perf_counter() - end
 
     for n in [n for n in verify_sizes if n < target.max_tree_nodes and n < room]:

@@ -177,6 +177,32 @@ def draw_children(dist: torch.Tensor, k: int, generator: torch.Generator) -> tup
     return tokens, dist.gather(-1, tokens)
 
 
+def recorded_draft(draw_dist: torch.Tensor, rows: "int | torch.Tensor", vocab: int,
+                   device: torch.device | str) -> torch.Tensor:
+    """[B, V] (``rows`` an int) or [B, P, V] (``rows`` [P]) float64: the distributions children were
+    drawn from (``draw_dist`` [B, R, V']), padded with q = 0 or cut to the target's vocabulary ``vocab``
+    (a draft with a smaller vocabulary cannot draw the tokens it lacks)."""
+    q = draw_dist[:, rows].to(device=device, dtype=torch.float64)  # [B, (P,) V']
+    if q.shape[-1] < vocab:
+        q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
+    return q[..., :vocab]
+
+
+def drawn_from(q0: torch.Tensor | None, x: torch.Tensor, vocab: int, removed: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., V] float64: the distribution the child with token x [...] was drawn from: the recorded
+    draft ``q0`` [..., V] with the earlier siblings' tokens (``removed`` [..., V] bool) taken out and
+    renormalised; the point mass at x for a ranked child (``q0`` None), or for a token that
+    distribution could not have drawn (a deterministic proposal, q = 1)."""
+    dev = q0.device if q0 is not None else x.device
+    x = x.to(dev)
+    point = torch.zeros(*x.shape, vocab, dtype=torch.float64, device=dev).scatter_(-1, x[..., None], 1.0)  # [..., V]
+    if q0 is None:
+        return point
+    q = q0 if removed is None else q0.masked_fill(removed, 0.0)  # [..., V]
+    q = q / q.sum(dim=-1, keepdim=True).clamp(min=1e-300)
+    return torch.where(q.gather(-1, x[..., None]) > 0, q, point)
+
+
 def propose(drafter: "Drafter", tree: "DraftTree", nodes: torch.Tensor, k: int,
             sampling: "DraftSampling | None") -> "Proposals":
     """What a builder that can sample asks for: the drafter's ranked top-k (``sampling`` None), or

@@ -61,6 +61,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from treespec.sampling import recorded_draft
+
 if TYPE_CHECKING:
     from treespec.tree import TreeTensors
 
@@ -197,24 +199,24 @@ def optimal_acceptance(p: Dist, q: Dist, k: int) -> Number:
     """α*(p, q, k): the largest probability with which an exact verifier (its output Y ~ p) can emit
     one of k children drawn without replacement from q, i.e. min over token sets H of
     p(H) + P(S ⊄ H) (module docstring). p, q: [V] (normalised here), V <= ``MAX_VOCAB`` or ValueError."""
-    ps = _as_dist(p, "p")
-    qs = _as_dist(q, "q")
-    if len(ps) != len(qs):
-        raise ValueError(f"p and q have different vocabularies ({len(ps)} and {len(qs)})")
-    psum = _subset_sums(ps)  # [2^V] p(H)
-    inside = _inside_table(qs, k)  # [2^V] P(S ⊆ H)
-    return min(psum[m] + (1 - inside[m]) for m in range(1 << len(ps)))
+    return min(_objective(p, q, k))
 
 
 def tightest_set(p: Dist, q: Dist, k: int) -> tuple[list[int], Number]:
     """(the tokens of a set H attaining the minimum in ``optimal_acceptance``, α*): where the drafts
     over-cover the target most, P(S ⊆ H) − p(H) = 1 − α*."""
+    values = _objective(p, q, k)
+    best = min(range(len(values)), key=lambda m: (values[m], m.bit_count()))
+    return [i for i in range(best.bit_length()) if best >> i & 1], values[best]
+
+
+def _objective(p: Dist, q: Dist, k: int) -> list[Number]:
+    """[2^V]: p(H) + P(S ⊄ H) for every token set H (bit mask m), p and q normalised and checked."""
     ps, qs = _as_dist(p, "p"), _as_dist(q, "q")
     if len(ps) != len(qs):
         raise ValueError(f"p and q have different vocabularies ({len(ps)} and {len(qs)})")
-    psum, inside = _subset_sums(ps), _inside_table(qs, k)
-    best = min(range(1 << len(ps)), key=lambda m: (psum[m] + (1 - inside[m]), m.bit_count()))
-    return [i for i in range(len(ps)) if best >> i & 1], psum[best] + (1 - inside[best])
+    psum, inside = _subset_sums(ps), _inside_table(qs, k)  # [2^V] p(H), P(S ⊆ H)
+    return [psum[m] + (1 - inside[m]) for m in range(1 << len(ps))]
 
 
 def root_bound(
@@ -242,10 +244,7 @@ def root_bound(
         hit = torch.zeros(B, V, dtype=torch.bool, device=dev)  # [B, V] tokens drafted at the root
         hit.scatter_(1, tokens[:, kids].to(dev), True)
         return (p * hit).sum(dim=-1) / p.sum(dim=-1)
-    q = draw_dist[:, int(tt.draw_row[0])].to(device=dev, dtype=torch.float64)  # [B, V']
-    if q.shape[-1] < V:  # a draft with a smaller vocabulary: its missing tokens have q = 0
-        q = torch.nn.functional.pad(q, (0, V - q.shape[-1]))
-    q = q[:, :V]
+    q = recorded_draft(draw_dist, int(tt.draw_row[0]), V, dev)  # [B, V]
     pairs, inverse = torch.unique(torch.cat([p, q], dim=-1), dim=0, return_inverse=True)  # [U, 2V], [B]
     values = torch.tensor([float(optimal_acceptance(row[:V], row[V:], k)) for row in pairs],
                           dtype=torch.float64, device=dev)  # [U]

@@ -60,11 +60,9 @@ class SlackLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        s = self.keys.shape[2] if self.keys.dim() == 4 else 0  # rows held
         if not (self._owns(self.keys, self._kbuf, key_states) and self._owns(self.values, self._vbuf, value_states)):
             self._kbuf, self._vbuf = self._grow(self.keys, key_states), self._grow(self.values, value_states)
-            s = self.keys.shape[2] if self.keys.dim() == 4 else 0
-        else:
-            s = self.keys.shape[2]
         e = s + key_states.shape[2]
         self._kbuf[:, :, s:e] = key_states  # only the new rows are written
         self._vbuf[:, :, s:e] = value_states

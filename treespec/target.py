@@ -47,7 +47,6 @@ class TargetModel:
         self.config = model.config
         self.cache: DynamicCache | None = None
         self.cache_keyword = cache_keyword(model)  # `cache` (transformers ≥ 5.2x) or `past_key_values`
-        self.grouped_sdpa = grouped_sdpa_helps(model)  # masked forwards pass grouped KV heads as they are (kv.grouped_sdpa)
         self.lock = threading.Lock()  # one sequence at a time: Decoder.generate holds it (thread safety)
         self.decoding_thread: int | None = None
         self.past_len = 0
@@ -64,12 +63,13 @@ class TargetModel:
 
     # ------------------------------------------------------------------ facts about the model
     def _where(self) -> None:
-        """Read the model's device and dtype once: at construction and at every new sequence, not on
-        every step. The device is where inputs go: the first parameter's, or for a model placed by a
+        """Read the model's device, dtype and whether grouped SDPA helps it once: at construction and at
+        every new sequence, not on every step. The device is where inputs go: the first parameter's, or for a model placed by a
         device map (accelerate: split across devices, offloaded to disk) its embedding's execution
         device; each layer then moves what it reads to its own device."""
         first = next(self.model.parameters())
         self._device, self._dtype = first.device, first.dtype
+        self.grouped_sdpa = grouped_sdpa_helps(self.model)  # masked forwards pass grouped KV heads as they are (kv.grouped_sdpa)
         if getattr(self.model, "hf_device_map", None):
             emb = self.model.get_input_embeddings()
             hook = getattr(emb, "_hf_hook", None)
@@ -134,8 +134,7 @@ class TargetModel:
 
     # ------------------------------------------------------------------ the three calls
     def reset(self) -> None:
-        self._where()  # the model may have been moved since the last sequence
-        self.grouped_sdpa = grouped_sdpa_helps(self.model)
+        self._where()  # the model may have been moved (or its attention changed) since the last sequence
         self.cache = slack_cache()  # full layers: row i holds position i (windows: treespec.kv.AttentionWindows)
         self.past_len = 0
         self._tree_len: int | None = None  # nodes of the last forward_tree, until commit

@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 import torch
 
-from treespec.sampling import sample_rows, uniform
+from treespec.sampling import drawn_from, recorded_draft, sample_rows, uniform
 from treespec.tree import TreeTensors
 
 
@@ -93,9 +93,7 @@ def traversal_weights(
     kids: list[list[int]] = [[] for _ in range(N)]
     for c in range(1, N):
         kids[parents[c]].append(c)  # in node-id (draw) order
-    depths = tt.depths.tolist()
-    top_down = sorted(range(N), key=lambda u: (depths[u], u))  # parents before their children
-    inner = [u for u in top_down if kids[u]]
+    inner = [u for u in range(N) if kids[u]]  # in id order: parents before their children (DraftTree)
     has_draws = tt.draw_row is not None and draw_dist is not None
     draw_row = tt.draw_row.tolist() if has_draws else [-1] * N
     rows = torch.arange(B, device=dev)
@@ -106,11 +104,11 @@ def traversal_weights(
     for k, u in enumerate(inner):
         p = probs[:, u].to(torch.float64)  # [B, V]
         m = alpha[:, u, None] * p / p.sum(dim=-1, keepdim=True).clamp(min=1e-300)  # [B, V] α · R
-        q0 = _recorded_draft(draw_dist, draw_row[u], V, dev) if draw_row[u] >= 0 else None  # [B, V] or None
+        q0 = recorded_draft(draw_dist, draw_row[u], V, dev) if draw_row[u] >= 0 else None  # [B, V] or None
         removed = torch.zeros(B, V, dtype=torch.bool, device=dev)  # [B, V] earlier siblings' tokens
         for c in kids[u]:
             x = tokens[:, c].to(dev)  # [B]
-            Q = stage_draft(q0, removed, x)  # [B, V] what c was drawn from
+            Q = drawn_from(q0, x, V, removed)  # [B, V] what c was drawn from
             alpha[:, c] = child_ratio(m, Q, x)
             m = reject_child(m, Q)  # the state for the next sibling, should c's subtree be deleted
             if q0 is not None:
@@ -142,18 +140,6 @@ def post_order(kids: list[list[int]]) -> list[int]:
     return out
 
 
-def stage_draft(q0: torch.Tensor | None, removed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """[B, V] float64: the distribution the child with token x [B] was drawn from — the recorded draft
-    ``q0`` with the earlier siblings' tokens (``removed`` [B, V]) removed and renormalised; the point mass
-    at x for a ranked child, or for a token that distribution could not have drawn."""
-    point = torch.zeros(removed.shape, dtype=torch.float64, device=x.device).scatter_(1, x[:, None], 1.0)  # [B, V]
-    if q0 is None:
-        return point
-    q = q0.masked_fill(removed, 0.0)  # [B, V]
-    q = q / q.sum(dim=-1, keepdim=True).clamp(min=1e-300)
-    return torch.where(q.gather(1, x[:, None]) > 0, q, point)
-
-
 def child_ratio(m: torch.Tensor, Q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """[B] α of the child with token x: min(1, m(x) / Q(x)), m = α_parent · R_parent [B, V]."""
     mx = m.gather(1, x[:, None]).squeeze(1)  # [B]
@@ -176,11 +162,3 @@ def bonus_distribution(res: torch.Tensor, target: torch.Tensor, inner: torch.Ten
     An empty state (rounding only) falls back to the target."""
     use = inner & (res.sum(dim=-1) > 0)  # [B]
     return torch.where(use[:, None], res, target)
-
-
-def _recorded_draft(draw_dist: torch.Tensor, row: int, V: int, dev: torch.device) -> torch.Tensor:
-    """[B, V] float64: recorded draft row ``row``, padded (q = 0) or cut to the target's vocabulary."""
-    q = draw_dist[:, row].to(device=dev, dtype=torch.float64)  # [B, V']
-    if q.shape[-1] < V:
-        q = torch.nn.functional.pad(q, (0, V - q.shape[-1]))
-    return q[:, :V]

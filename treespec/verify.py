@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from treespec.block_verify import block_verify, is_chain
-from treespec.sampling import RULES, sample_rows, uniform
+from treespec.sampling import RULES, drawn_from, recorded_draft, sample_rows, uniform
 from treespec.traversal_verify import traversal_verify
 from treespec.tree import TreeTensors
 
@@ -136,7 +136,8 @@ def verify_batch(
     B, N, V = probs.shape
     parents = tt.parents.to(dev)
     par = parents.clamp(min=0)  # [N] the root points at itself
-    sampled = rule in ("auto", "specinfer") and tt.draw_row is not None and bool((tt.draw_row >= 0).any())
+    # (auto reaches here with sampled nodes only as leaves: SpecInfer's residual there is p, the same)
+    sampled = rule == "specinfer" and tt.draw_row is not None and bool((tt.draw_row >= 0).any())
     rows = torch.arange(B, device=dev)
 
     if rule == "target-only":
@@ -269,23 +270,17 @@ def _specinfer_rates(
     table[pos[par[child]], rank[child]] = ids[child]
 
     r = probs[:, nodes].to(torch.float64)  # [B, P, V] r_0 = p
-    q0 = draw_dist[:, draw_row[nodes]].to(device=dev, dtype=torch.float64)  # [B, P, V']
-    if q0.shape[-1] < V:  # a draft with a smaller vocabulary: its missing tokens have q = 0
-        q0 = torch.nn.functional.pad(q0, (0, V - q0.shape[-1]))
-    q0 = q0[..., :V]
+    q0 = recorded_draft(draw_dist, draw_row[nodes], V, dev)  # [B, P, V]
     removed = torch.zeros(B, P, V + 1, dtype=torch.bool, device=dev)  # column V: a sink for absent children
     rates = torch.zeros(B, N, dtype=torch.float64, device=dev)
     for j in range(kmax):
         c = table[:, j]  # [P]
         valid = c >= 0
         x = tokens[:, c.clamp(min=0)]  # [B, P]
-        q = q0.masked_fill(removed[..., :V], 0.0)
-        q = q / q.sum(dim=-1, keepdim=True).clamp(min=1e-300)  # q_{j}: earlier draws removed
+        q = drawn_from(q0, x, V, removed[..., :V])  # [B, P, V] q_j: earlier draws removed (a token it
+        # could not draw: a deterministic proposal, q = 1)
         qx = q.gather(-1, x[..., None]).squeeze(-1)  # [B, P]
         rx = r.gather(-1, x[..., None]).squeeze(-1)
-        point = torch.zeros_like(q).scatter_(-1, x[..., None], 1.0)  # a token the draft could not draw:
-        q = torch.where((qx > 0)[..., None], q, point)  # treat it as a deterministic proposal (q = 1)
-        qx = torch.where(qx > 0, qx, 1.0)
         rate = (rx / qx).clamp(max=1.0)
         rates[:, c[valid]] = rate[:, valid]
         r = torch.where(valid[None, :, None], _residual(r, q), r)

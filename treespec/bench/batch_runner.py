@@ -98,19 +98,14 @@ class BatchBench:
         model, dev = self.target.model, self.target.device
         eos = self.target.eos_token_ids
         pad = next(iter(eos), 0)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [B, W] left-padded
-        att = torch.zeros(len(prompts), width, dtype=torch.long)
-        for r, p in enumerate(prompts):
-            ids[r, width - len(p):] = torch.tensor(p)
-            att[r, width - len(p):] = 1
+        ids, att = left_pad(prompts, pad)
         calls = [0]
         hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
         try:
             t = time.perf_counter()
             with torch.inference_mode():
                 gen = model.generate(ids.to(dev), attention_mask=att.to(dev), do_sample=False, max_new_tokens=max_new,
-                                     pad_token_id=pad)[:, width:].cpu()
+                                     pad_token_id=pad)[:, ids.shape[1]:].cpu()
             seconds = time.perf_counter() - t
         finally:
             hook.remove()
@@ -201,3 +196,14 @@ def plot(out: Any, rows: list[dict[str, Any]]) -> Any:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face's batch layout: ids [B, W] left-padded with ``pad``, attention mask [B, W] (1 = token)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [B, W]
+    att = torch.zeros(len(prompts), width, dtype=torch.long)  # [B, W]
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        att[r, width - len(p):] = 1
+    return ids, att
