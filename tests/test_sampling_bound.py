@@ -14,7 +14,6 @@ prints the table of docs/sampling.md ("How far from optimal"):
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 from collections import deque
@@ -23,16 +22,14 @@ from fractions import Fraction
 import pytest
 import torch
 from test_sampling_exact import (
-    PROMPT,
     SETTINGS,
-    V,
     draft_tables,
+    draw_trials,
     sampled_trials,
-    skeleton,
     target_tables,
 )
 
-from treespec.sampling import draw_children, make_generator, with_temperature
+from treespec.sampling import with_temperature
 from treespec.sampling_bound import (
     MAX_VOCAB,
     drafted_set_law,
@@ -242,24 +239,9 @@ def root_trials(k: int, setting: str, rule: str, ranked: bool = False, n: int = 
     """n trees of one level — the root and k children — verified once each, as ``sampled_trials`` builds
     them (children drawn by Gumbel-top-k from the draft at the draft temperature), or with ``ranked`` the
     draft's top-k (point masses). Returns (deepest accepted node [n], ``root_bound`` [n])."""
-    params = SETTINGS[setting]
-    tree, kids = skeleton([[j] for j in range(k)])
-    tt = tree.tensors(0)
-    tables = target_tables(params, 2)
-    q = with_temperature(draft_tables("model", params, 2).at(torch.zeros(n, 0, dtype=torch.long)).float(),
-                         params.temperature)  # [n, V] the root's draft at the draft temperature
-    gen = make_generator(seed, "cpu")
-    tokens = torch.full((n, k + 1), PROMPT[-1], dtype=torch.long)
-    dists = torch.zeros(n, 1, V)
-    if ranked:
-        tt = dataclasses.replace(tt, draw_row=torch.full_like(tt.draw_row, -1))
-        tokens[:, 1:] = q.topk(k, dim=-1).indices
-    else:
-        tokens[:, 1:], qx = draw_children(q, k, gen)
-        assert bool((qx > 0).all())
-        dists[:, 0] = q
-    probs = torch.stack([tables.at(tokens[:, :1][:, :0])] + [tables.at(tokens[:, c:c + 1]) for c in kids[0]],
-                        dim=1).float()  # [n, k+1, V]
+    _, tt, tokens, probs, dists, _, gen = draw_trials([[j] for j in range(k)], "model", setting, None, seed, n,
+                                                      frozenset({0}) if ranked else frozenset())
+    probs = probs.float()  # [n, k+1, V]
     best, _ = verify_batch(tt, tokens, probs, gen, rule, dists)
     return best, root_bound(tt, tokens, probs, dists)
 

@@ -20,6 +20,7 @@ sampled trees also go through the real ``build`` and the full Decoder (``test_de
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -246,13 +247,18 @@ def skeleton(paths: list[list[int]]) -> tuple[DraftTree, list[list[int]]]:
     return tree, kids
 
 
-def sampled_trials(shape: str, draft: str, setting: str, rule: str, draft_t: float | None, seed: int = 0,
-                   n: int = N_TRIALS):
-    """n trees of ``shape`` with children drawn afresh (Gumbel-top-k from the draft at the draft
-    temperature, as ``sampled_expand`` draws them), each verified once."""
+def draw_trials(shape: list[list[int]], draft: str, setting: str, draft_t: float | None, seed: int = 0,
+                n: int = N_TRIALS, ranked: frozenset[int] = frozenset()):
+    """n trees of ``shape`` (its paths) with children drawn afresh (Gumbel-top-k from the draft at the
+    draft temperature, as ``sampled_expand`` draws them); the nodes in ``ranked`` get the draft's top-k
+    instead (point masses: no recorded draw). Returns (tree, tt, tokens [n, N], target probs [n, N, V],
+    recorded draws [n, R, V], tables, the generator after the draws)."""
     params = SETTINGS[setting]
-    tree, kids = skeleton(SHAPES[shape])
+    tree, kids = skeleton(shape)
     tt = tree.tensors(0)
+    if ranked:
+        is_ranked = torch.isin(torch.arange(len(tree)), torch.tensor(sorted(ranked)))  # [N]
+        tt = dataclasses.replace(tt, draw_row=torch.where(is_ranked, -1, tt.draw_row))
     length = tree.depth + 1
     tables = target_tables(params, length)
     drafts = draft_tables(draft, params, length)
@@ -264,13 +270,23 @@ def sampled_trials(shape: str, draft: str, setting: str, rule: str, draft_t: flo
     for u in range(len(tree)):  # parents before children
         if kids[u]:
             q = with_temperature(drafts.at(tokens[:, paths[u][1:]]).float(), dt)  # [n, V]
+            if u in ranked:
+                tokens[:, kids[u]] = q.topk(len(kids[u]), dim=-1).indices
+                continue
             drawn, qx = draw_children(q, len(kids[u]), gen)
             assert bool((qx > 0).all()), "the draft's support must hold every child"
             tokens[:, kids[u]] = drawn
             dists[:, int(tt.draw_row[u])] = q
     probs = torch.stack([tables.at(tokens[:, paths[u][1:]]) for u in range(len(tree))], dim=1)  # [n, N, V]
+    return tree, tt, tokens, probs, dists, tables, gen
+
+
+def sampled_trials(shape: str, draft: str, setting: str, rule: str, draft_t: float | None, seed: int = 0,
+                   n: int = N_TRIALS):
+    """n trees of ``shape`` with children drawn afresh (``draw_trials``), each verified once."""
+    tree, tt, tokens, probs, dists, tables, gen = draw_trials(SHAPES[shape], draft, setting, draft_t, seed, n)
     best, bonus = verify_batch(tt, tokens, probs.float(), gen, rule, dists)
-    seqs = complete(emitted(tt, tokens, best, bonus, length), tables, gen)
+    seqs = complete(emitted(tt, tokens, best, bonus, tree.depth + 1), tables, gen)
     return tree, seqs, tables, best
 
 

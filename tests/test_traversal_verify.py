@@ -9,7 +9,6 @@ distribution over all V^L continuations (chi-square, α = 1e-6, fixed seeds, 40,
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -21,17 +20,15 @@ from test_sampling_exact import (
     SETTINGS,
     SHAPES,
     TARGET_SEED,
-    V,
-    draft_tables,
+    draw_trials,
     ranked_trials,
     sampled_trials,
-    skeleton,
     target_tables,
     tiny,
 )
 
 import treespec.traversal_verify as tv
-from treespec.sampling import draw_children, make_generator, with_temperature
+from treespec.sampling import make_generator
 from treespec.verify import verify_batch
 
 SHAPES.setdefault("chain-3", [[0], [0, 0], [0, 0, 0]])
@@ -83,30 +80,11 @@ def test_traversal_on_sampled_trees_is_exact(shape, draft, setting, draft_t):
 
 
 def mixed_trials(shape: str, draft: str, setting: str, ranked: set[int], seed: int = 0, n: int = N_TRIALS):
-    """``sampled_trials`` on a tree in which the nodes ``ranked`` have their draft's top-k as children
-    (no recorded draw: point masses) and every other inner node children drawn without replacement."""
-    params = SETTINGS[setting]
-    tree, kids = skeleton(SHAPES[shape])
-    tt = tree.tensors(0)
-    is_ranked = torch.isin(torch.arange(len(tree)), torch.tensor(sorted(ranked)))  # [N]
-    tt = dataclasses.replace(tt, draw_row=torch.where(is_ranked, -1, tt.draw_row))
+    """``draw_trials`` on a tree in which the nodes ``ranked`` have their draft's top-k as children
+    (no recorded draw: point masses) and every other inner node children drawn without replacement;
+    the same trees verified by traversal and by SpecInfer's rule."""
+    tree, tt, tokens, probs, dists, tables, _ = draw_trials(SHAPES[shape], draft, setting, None, seed, n, frozenset(ranked))
     length = tree.depth + 1
-    tables = target_tables(params, length)
-    drafts = draft_tables(draft, params, length)
-    gen = make_generator(seed, "cpu")
-    paths = [tree.path(u) for u in range(len(tree))]
-    tokens = torch.full((n, len(tree)), PROMPT[-1], dtype=torch.long)
-    dists = torch.zeros(n, int(tt.draw_dist.shape[0]), V)
-    for u in range(len(tree)):  # parents before children
-        if kids[u]:
-            q = with_temperature(drafts.at(tokens[:, paths[u][1:]]).float(), params.temperature)  # [n, V]
-            if u in ranked:
-                drawn = q.topk(len(kids[u]), dim=-1).indices
-            else:
-                drawn, _ = draw_children(q, len(kids[u]), gen)
-                dists[:, int(tt.draw_row[u])] = q
-            tokens[:, kids[u]] = drawn
-    probs = torch.stack([tables.at(tokens[:, paths[u][1:]]) for u in range(len(tree))], dim=1)  # [n, N, V]
     out = {}
     for rule in ("traversal", "specinfer"):
         g = make_generator(seed + 1, "cpu")
