@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -45,6 +46,10 @@ TEMPERATURE_HELP = ("0 = greedy; > 0 = sampling in every row (treespec exact spe
                     "generate(do_sample=True)); outputs are then not compared token for token")
 BATCH_HELP = ("throughput mode: decode the prompts in batches of these sizes (e.g. 1,4,8,16) against Hugging Face's "
               "batched greedy generate; every row checked against its prompt's own greedy output")
+CONFIG_HELP = ('one configuration, repeatable: "BUILDER-SPEC | DRAFTER-SPEC" (a row label, e.g. "opt-tree nodes=auto | eagle"), '
+               "besides every --drafter x --builder")
+CHAT_HELP = ("completion prompts (humaneval, tinystories, .txt) become user requests in the target's chat template, "
+             "e.g. HumanEval's as 'Complete the following Python function ...'")
 REPORT_HELP = ("then regenerate this Markdown file (e.g. docs/benchmarks.md) from every results.json in "
                "--out's parent folder")
 
@@ -76,6 +81,10 @@ def bench(
     report_to: Annotated[Optional[Path], typer.Option("--report", help=REPORT_HELP)] = None,
     batch_size: Annotated[Optional[str], typer.Option(help=BATCH_HELP, show_default=False)] = None,
     sampling_rule: Annotated[Optional[str], typer.Option(help=RULES_HELP, show_default=False)] = None,
+    turns: Annotated[Optional[int], typer.Option(help="keep each conversation's first N turns (mt-bench: 1 = first turns only)",
+                                                 show_default=False)] = None,
+    chat: Annotated[bool, typer.Option("--chat", help=CHAT_HELP)] = False,
+    config: Annotated[Optional[list[str]], typer.Option(help=CONFIG_HELP, show_default=False)] = None,
 ) -> None:
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
     sampling = _sampling(temperature, top_p, top_k)
@@ -87,14 +96,18 @@ def bench(
     writable_dir(out, "--out")  # before the first run, not after the last
     if report_to is not None:
         writable_file(report_to, "--report")
-    items = _prompts(dataset, data_dir, limit, category)
+    if turns is not None and turns <= 0:
+        fail(f"--turns must be > 0, got {turns}")
+    items = _prompts(dataset, data_dir, limit, category, turns, chat)
     if target is None:  # the default pair: its draft model and its EAGLE head, at their measured budgets
         target = defaults.TARGET
         drafter = drafter or defaults.bench_drafters()
         builder = builder or defaults.bench_builders()
-    if not drafter:
-        fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
-    builder = builder or ["opt-tree", "chain k=4"]
+    pairs = _pairs(config)
+    if not drafter and not pairs:
+        fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]" or --config "BUILDER | DRAFTER"')
+    drafter = drafter or []
+    builder = builder or ([] if pairs and not drafter else ["opt-tree", "chain k=4"])
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     if batch_size is not None:
         from treespec.cli.bench_batch import bench_batches
@@ -109,7 +122,7 @@ def bench(
         return
     baseline = _baselines(baseline, builder)
     runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
-                     placement, rules)
+                     placement, rules, pairs)
     result = {
         "command": shlex.join(command_line(ctx, {"target": target, "drafter": drafter,
                                                  "builder": builder, "baseline": baseline or ["none"]})),
@@ -150,13 +163,17 @@ def _sampling(temperature: float, top_p: float, top_k: int) -> dict[str, Any] | 
     return {"temperature": temperature, "top_p": top_p, "top_k": top_k} if params is not None else None
 
 
-def _prompts(dataset: str, data_dir: Path | None, limit: int | None, category: str | None) -> list:
-    from treespec.bench.datasets import load_prompts
+def _prompts(dataset: str, data_dir: Path | None, limit: int | None, category: str | None,
+             turns: int | None = None, chat: bool = False) -> list:
+    from treespec.bench.datasets import as_chat, load_prompts
 
     try:
-        return load_prompts(dataset, data_dir, limit, category)
+        items = load_prompts(dataset, data_dir, limit, category)
     except TreespecError as exc:
         fail(str(exc))
+    if turns is not None:
+        items = [replace(i, turns=i.turns[:turns]) for i in items]
+    return [as_chat(i, dataset) for i in items] if chat else items
 
 
 def _baselines(baseline: list[str] | None, builder: list[str]) -> list[str]:
@@ -172,9 +189,20 @@ def _baselines(baseline: list[str] | None, builder: list[str]) -> list[str]:
         fail(str(exc))
 
 
+def _pairs(config: list[str] | None) -> list[tuple[str, str]]:
+    """--config "BUILDER | DRAFTER" → (builder spec, drafter spec) pairs; one line for a malformed one."""
+    pairs = []
+    for c in config or []:
+        parts = [p.strip() for p in c.split("|")]
+        if len(parts) != 2 or not all(parts):
+            fail(f'--config {c!r}: expected "BUILDER-SPEC | DRAFTER-SPEC", e.g. "opt-tree nodes=auto | eagle"')
+        pairs.append((parts[0], parts[1]))
+    return pairs
+
+
 def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[str], max_new_tokens: int,
             device: str | None, dtype: str | None, sampling: dict | None, seed: int, threads: int | None,
-            placement: dict[str, Any], rules: list[str] | None = None) -> Any:
+            placement: dict[str, Any], rules: list[str] | None = None, pairs: list | None = None) -> Any:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -188,7 +216,7 @@ def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[
         torch.set_num_threads(threads)
     try:
         return Bench(target, drafter, builder, baseline, max_new_tokens, device=device, dtype=dtype,
-                     sampling=sampling, seed=seed, placement=placement, rules=rules)
+                     sampling=sampling, seed=seed, placement=placement, rules=rules, pairs=pairs)
     except TreespecError as exc:
         fail(str(exc))
 

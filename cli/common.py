@@ -26,15 +26,16 @@ DTYPE_HELP = "float32, bfloat16, float16, float64 (default: float32 on CPU)"
 
 
 def pair_options(target: str | None, drafter: str | None, builder: str, builder_option: list[str] | None,
-                 drafter_option: list[str] | None) -> tuple[str, str, dict[str, str], dict[str, str]]:
-    """(target, drafter, builder options, drafter options) from the command line, the default pair
-    filling in what is missing; raises ``TreespecError`` on bad options, exits when no drafter is named."""
+                 drafter_option: list[str] | None, main: bool = True) -> tuple[str, str, dict[str, str], dict[str, str]]:
+    """(target, drafter, builder options, drafter options) from the command line, the defaults (the
+    main job's, or with ``main=False`` the small pair's) filling in what is missing; raises
+    ``TreespecError`` on bad options, exits when no drafter is named."""
     from treespec import defaults
     from treespec.options import parse_pairs
 
     b_opts = parse_pairs(builder_option, "builder")
     d_opts = parse_pairs(drafter_option, "drafter")
-    target, drafter = defaults.apply(target, drafter, builder, b_opts)
+    target, drafter = defaults.apply(target, drafter, builder, b_opts, main=main)
     if drafter is None:
         fail("no drafter: pass --drafter NAME, a draft model (alias, hub id or directory), or -D model=PATH")
     if drafter == "model" and "model" not in d_opts:

@@ -32,7 +32,7 @@ quick measurement of a few sizes when it starts.
 
 
 def profile(
-    target: Annotated[Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]",
+    target: Annotated[Optional[str], typer.Option(help=f"target model [default: {defaults.MAIN}, what `treespec run` runs]",
                                                   show_default=False)] = None,
     drafter: Annotated[Optional[str], typer.Option(help="drafter name or draft model [default with the default target: "
                                                    f"{defaults.DRAFTER}]", show_default=False)] = None,

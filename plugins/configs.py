@@ -194,6 +194,13 @@ class EagleConfig(PluginConfig):
         description="the head's q = softmax(logits / T), which shapes trees (never what is accepted) "
         "[default: the calibration temperature stored with the head by `treespec train eagle`, else 1]",
     )
+    vocab: int | None = Field(
+        None,
+        ge=0,
+        description="draft over the head's N most frequent tokens only (its draft_vocab.safetensors, from "
+        "`treespec train eagle --draft-vocab`): a cheaper output layer [default: the head's whole draft vocabulary "
+        "if it has one, else every token; 0: every token]",
+    )
 
 class Eagle3Config(PluginConfig):
     head: str | None = Field(

@@ -41,12 +41,20 @@ if TYPE_CHECKING:
 
 
 def default_head(target: TargetModel) -> str:
-    """The packaged head for the packaged target; any other target needs ``head=``."""
-    from treespec.models import PACKAGED_MODELS, resolve_name
+    """The head shipped for a target treespec knows (``models.SHIPPED_HEADS``: its own pair's target,
+    SmolLM2 by alias or by its GGUF file); any other target needs ``head=``."""
+    from treespec.models import PACKAGED_MODELS, SHIPPED_HEADS, resolve_name
 
     own = PACKAGED_MODELS["treespec-py"].resolve()
     if target.name and Path(resolve_name(target.name)).expanduser().resolve() == own:
         return "treespec-py-eagle"
+    if target.name in SHIPPED_HEADS:
+        return SHIPPED_HEADS[target.name]
+    from treespec.gguf import PACKAGED_GGUF
+
+    for alias, (_, _, fname) in PACKAGED_GGUF.items():  # the same GGUF given by path
+        if alias in SHIPPED_HEADS and target.name and Path(target.name).name == fname:
+            return SHIPPED_HEADS[alias]
     raise ConfigError(
         f"drafter 'eagle' needs a head trained for target {target.name!r}: pass -D head=DIR-or-HUB-ID "
         "(make one with `treespec train eagle --target ...`)"
@@ -79,9 +87,32 @@ class EagleDrafter(Drafter):
         self._embed = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
         self._head = self.lm_head if offloaded else (lambda x: F.linear(x, self.lm_head.weight, self.lm_head.bias))
         self.vocab = vocab
+        self.ids = self._draft_ids(config, head, vocab)  # [N] target ids of a reduced draft vocabulary, or None
+        if self.ids is not None:
+            self.ids = self.ids.to(self.device)
+            bias = self.lm_head.bias[self.ids].detach() if getattr(self.lm_head, "bias", None) is not None else None
+            weight = self.lm_head.weight[self.ids].detach() if not offloaded else None  # [N, H]: N/V of the output layer
+            full = self._head
+            self._head = (lambda x: full(x)[..., self.ids]) if offloaded else (lambda x: F.linear(x, weight, bias))
         # greedy acceptance calibration (eagle_train.fit_temperature): q = softmax(logits / T)
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
         self._new_sequence()
+
+    @staticmethod
+    def _draft_ids(config: EagleConfig, head: str, vocab: int) -> torch.Tensor | None:
+        """The head's draft vocabulary (``draft_vocab.py``), cut to ``config.vocab``; None: all V tokens."""
+        from treespec.plugins import draft_vocab
+        from treespec.plugins.eagle_head import read_config
+
+        ids = draft_vocab.load(read_config(head)[1], vocab, head)
+        if config.vocab is None or ids is None and config.vocab >= vocab:
+            return ids
+        if config.vocab == 0 or config.vocab >= vocab:
+            return None
+        if ids is None:
+            raise ConfigError(f"drafter 'eagle': vocab={config.vocab} needs a head trained with --draft-vocab "
+                              f"(its folder holds {draft_vocab.FILE}); drop vocab= to draft over all {vocab} tokens")
+        return ids[: config.vocab]
 
     def _new_sequence(self) -> None:
         """Per-sequence state (``prefill``; the per-step part: ``_clear_tree``)."""
@@ -138,8 +169,15 @@ class EagleDrafter(Drafter):
             self._flush()
         self._feed_missing(tree, wanted)
         rows = self.feats[torch.tensor([self.node_row[n] for n in wanted])]  # [M, H]
-        q, tokens = self._q(rows).topk(k, dim=-1)  # [M, k]
+        q, tokens = self._top(rows, k)  # [M, k]
         return Proposals(tokens=tokens.cpu(), q=q.cpu())
+
+    def _top(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k most likely next tokens (target ids) after each of ``feats`` [M, H] and their q: [M, k] each."""
+        if self.ids is None:
+            return self._q(feats).topk(k, dim=-1)
+        q, index = self._q_draft(feats).topk(min(k, int(self.ids.numel())), dim=-1)  # over the draft vocabulary
+        return q, self.ids[index]
 
     def _feed_missing(self, tree: DraftTree, wanted: list[int]) -> None:
         """Feed the requested nodes that have no feature yet, and their unfed ancestors, one tree level
@@ -183,8 +221,16 @@ class EagleDrafter(Drafter):
     def _q(self, feats: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
         """The draft distribution [M, V] from predicted features [M, H], at the calibration temperature
         (or ``temperature``)."""
+        if self.ids is not None:
+            out = torch.zeros(feats.shape[0], self.vocab, device=feats.device)  # [M, V]: zero outside the draft vocabulary
+            out[:, self.ids] = self._q_draft(feats, temperature)
+            return out
         logits = self._head(feats)[:, : self.vocab]  # [M, V]
         return torch.softmax(logits.float() / (temperature or self.temperature), dim=-1)
+
+    def _q_draft(self, feats: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
+        """The draft distribution over the draft vocabulary [M, N] (``self.ids``)."""
+        return torch.softmax(self._head(feats).float() / (temperature or self.temperature), dim=-1)
 
     @torch.inference_mode()
     def commit(self, commit: Commit) -> None:

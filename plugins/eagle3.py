@@ -72,6 +72,10 @@ class Eagle3Drafter(EagleDrafter):
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
         self._new_sequence()
 
+    def _q_draft(self, feats: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
+        """The draft distribution over the head's own vocabulary [M, Vd] (``self.ids`` maps it to target ids)."""
+        return torch.softmax(self.head.logits(feats).float() / (temperature or self.temperature), dim=-1)
+
     def _q(self, feats: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
         """The draft distribution over TARGET ids [M, V] from the head's outputs [M, H], at the
         calibration temperature (or ``temperature``)."""

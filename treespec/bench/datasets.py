@@ -22,6 +22,8 @@ DATASETS: dict[str, tuple[str, str]] = {
     "humaneval": ("humaneval.jsonl.gz", "prompt"),
     "tinystories": ("tinystories_val.txt", "story"),
 }
+#: instruction prompts for training drafts of chat models, disjoint from every benchmark (treespec.train.instruct_mix)
+MIX = "instruct-mix"
 STORY_PROMPT_WORDS = 12  # a TinyStories prompt is the first 12 words of a validation story
 
 
@@ -48,6 +50,8 @@ def load_prompts(
     dataset: str, data_dir: str | Path | None = None, limit: int | None = None, category: str | None = None
 ) -> list[PromptItem]:
     """A named dataset, or a path to a ``.jsonl`` (``.jsonl.gz``) or ``.txt`` file."""
+    if dataset == MIX:
+        return _mix(Path(data_dir) if data_dir is not None else default_data_dir(), limit)
     if dataset in DATASETS:
         fname, fmt = DATASETS[dataset]
         path = Path(data_dir) if data_dir is not None else default_data_dir()
@@ -70,6 +74,18 @@ def load_prompts(
     if not items:
         raise ConfigError(f"dataset {dataset!r} ({path}) holds no prompts")
     return items[:limit] if limit else items
+
+
+def _mix(folder: Path, limit: int | None) -> list[PromptItem]:
+    from treespec.train.instruct_mix import SIZE, instruct_mix
+
+    need = [folder / f for f in ("tinystories_val.txt", "gsm8k_test.jsonl", "spec_bench.jsonl")]
+    missing = [p.name for p in need if not p.is_file()]
+    if missing:
+        raise ConfigError(f"dataset {MIX!r} is made from {', '.join(missing)}, not found in {folder}; "
+                          "point --data-dir (or TREESPEC_DATA_DIR) at the folder holding them")
+    rows = instruct_mix(folder, size=max(SIZE, limit or 0))
+    return [PromptItem(r["id"], r["turns"], r["category"]) for r in rows][: limit or None]
 
 
 def _read(path: Path, fmt: str) -> list[PromptItem]:
@@ -105,6 +121,22 @@ def _record(row: dict[str, Any], n: int, path: Path) -> PromptItem:
     if "text" in row:
         return PromptItem(rid, [str(row["text"])], cat, raw=True)
     raise ConfigError(f"{path} line {n + 1}: no 'turns', 'question', 'prompt' or 'text' field")
+
+
+#: how ``treespec bench --chat`` asks an instruct model for a completion prompt's continuation
+CHAT_REQUESTS = {
+    "humaneval": "Complete the following Python function. Reply with the whole function in a code block.\n\n"
+                 "```python\n{prompt}```",
+    "": "Continue the following text.\n\n{prompt}",
+}
+
+
+def as_chat(item: PromptItem, dataset: str) -> PromptItem:
+    """A completion prompt (``raw``) as a user request (``CHAT_REQUESTS``); chat prompts unchanged."""
+    if not item.raw:
+        return item
+    template = CHAT_REQUESTS.get(dataset, CHAT_REQUESTS[""])
+    return PromptItem(item.id, [template.format(prompt=t) for t in item.turns], item.category)
 
 
 def format_turns(tokenizer: Any, item: PromptItem, answers: list[str]) -> list[int]:

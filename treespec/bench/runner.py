@@ -92,8 +92,10 @@ class Bench:
         seed: int = 0,
         placement: dict[str, Any] | None = None,
         rules: list[str] | None = None,
+        pairs: list[tuple[str, str]] | None = None,
     ):
-        """``sampling``: None for greedy decoding, else ``{"temperature": t, "top_p": p, "top_k": k}``
+        """``pairs``: (builder spec, drafter spec) configurations run besides every drafter × builder.
+        ``sampling``: None for greedy decoding, else ``{"temperature": t, "top_p": p, "top_k": k}``
         (t > 0) for every configuration: treespec samples exactly, the Hugging Face rows call
         ``generate(do_sample=True, ...)``; prompt n runs with seed ``seed + n`` in every row. Under
         sampling the reference row is ``hf-sample`` and outputs are not compared token for token
@@ -111,15 +113,18 @@ class Bench:
         self.target = TargetModel.load(target, device=device, dtype=dtype, **(placement or {}))  # device_map, ...
         self.target_name = target
         self.configs: list[Config] = [Config(self.reference, "hf-greedy", run=self._hf_runner({}))]
-        hf_drafts = self._add_treespec(drafters, builders)
+        hf_drafts = self._add_treespec(drafters, builders, pairs or [])
         self._add_baselines(baselines, hf_drafts)
 
-    def _add_treespec(self, drafters: list[str], builders: list[str]) -> list[tuple[Any, str, Any]]:
-        """One configuration per (builder variant, drafter variant); returns the draft models seen,
-        ``((model, layers), drafter label, HF model)``, for the assisted-generation baseline."""
+    def _add_treespec(self, drafters: list[str], builders: list[str],
+                      pairs: list[tuple[str, str]]) -> list[tuple[Any, str, Any]]:
+        """One configuration per (builder variant, drafter variant), then per variant of each pair;
+        returns the draft models seen, ``((model, layers), drafter label, HF model)``, for the
+        assisted-generation baseline."""
         hf_drafts: list[tuple[Any, str, Any]] = []
-        builder_variants = [v for spec in builders for v in parse_spec(spec)]
-        for spec in drafters:
+        every = [v for spec in builders for v in parse_spec(spec)]
+        jobs = [(spec, every) for spec in drafters] + [(d, parse_spec(b)) for b, d in pairs]
+        for spec, builder_variants in jobs:
             for d_name, d_opts in parse_spec(spec):
                 name, opts = resolve_drafter_name(d_name, d_opts)
                 drafter = make_drafter(name, opts, self.target)
