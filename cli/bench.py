@@ -58,7 +58,7 @@ def bench(
     ctx: typer.Context,
     dataset: Annotated[str, typer.Option(help=DATASET_HELP)] = "humaneval",
     limit: Annotated[Optional[int], typer.Option(help="use the first N prompts (conversations for mt-bench)")] = 10,
-    category: Annotated[Optional[str], typer.Option(help="only this category (mt-bench, spec-bench)")] = None,
+    category: Annotated[Optional[str], typer.Option(help="only this category, or several separated by commas (mt-bench, spec-bench)")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help=DATA_DIR_HELP, show_default=False)] = None,
     max_new_tokens: Annotated[int, typer.Option(help="new tokens per prompt")] = 128,
     target: Annotated[Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]",
@@ -85,6 +85,9 @@ def bench(
                                                  show_default=False)] = None,
     chat: Annotated[bool, typer.Option("--chat", help=CHAT_HELP)] = False,
     config: Annotated[Optional[list[str]], typer.Option(help=CONFIG_HELP, show_default=False)] = None,
+    per_category: Annotated[Optional[int], typer.Option(help="the first N prompts of every category (instead of --limit), "
+                                                        "e.g. 3 per MT-Bench category",
+                                                        show_default=False)] = None,
 ) -> None:
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
     sampling = _sampling(temperature, top_p, top_k)
@@ -98,7 +101,11 @@ def bench(
         writable_file(report_to, "--report")
     if turns is not None and turns <= 0:
         fail(f"--turns must be > 0, got {turns}")
-    items = _prompts(dataset, data_dir, limit, category, turns, chat)
+    if per_category is not None:
+        if per_category <= 0:
+            fail(f"--per-category must be > 0, got {per_category}")
+        limit = None
+    items = _prompts(dataset, data_dir, limit, category, turns, chat, per_category)
     if target is None:  # the default pair: its draft model and its EAGLE head, at their measured budgets
         target = defaults.TARGET
         drafter = drafter or defaults.bench_drafters()
@@ -164,13 +171,20 @@ def _sampling(temperature: float, top_p: float, top_k: int) -> dict[str, Any] | 
 
 
 def _prompts(dataset: str, data_dir: Path | None, limit: int | None, category: str | None,
-             turns: int | None = None, chat: bool = False) -> list:
+             turns: int | None = None, chat: bool = False, per_category: int | None = None) -> list:
     from treespec.bench.datasets import as_chat, load_prompts
 
     try:
         items = load_prompts(dataset, data_dir, limit, category)
     except TreespecError as exc:
         fail(str(exc))
+    if per_category is not None:
+        kept: dict[str, list] = {}
+        for item in items:
+            kept.setdefault(item.category, [])
+            if len(kept[item.category]) < per_category:
+                kept[item.category].append(item)
+        items = [i for group in kept.values() for i in group]
     if turns is not None:
         items = [replace(i, turns=i.turns[:turns]) for i in items]
     return [as_chat(i, dataset) for i in items] if chat else items

@@ -52,6 +52,7 @@ def eagle(
     version: Annotated[int, typer.Option(help="1: an EAGLE-1/2 head (--drafter eagle); 3: an EAGLE-3 head with training-time test (--drafter eagle3)")] = 1,
     ttt_steps: Annotated[int, typer.Option(help="EAGLE-3: steps the head is unrolled on its own outputs")] = 7,
     draft_vocab: Annotated[Optional[int], typer.Option(help="draft over the N target tokens generated most often (a cheaper output layer) [default: EAGLE-1: the whole vocabulary; EAGLE-3: the target's, up to 32000]", show_default=False)] = None,
+    save_dtype: Annotated[str, typer.Option(help="EAGLE-1: dtype of the saved head's weights (float16 halves it; loading casts to the target's dtype)")] = "float32",
     gen_batch_size: Annotated[Optional[int], typer.Option(help="prompts per batch while the target generates the training data [default: --batch-size]", show_default=False)] = None,
     max_len: Annotated[int, typer.Option(help="EAGLE-3: train on each sequence's last N tokens")] = 2048,
 ) -> None:
@@ -77,7 +78,7 @@ def eagle(
     settings = TrainSettings(
         target=target or DEFAULT_TARGET, data=data, out=out, offset=offset, limit=limit, holdout=holdout,
         max_new_tokens=max_new_tokens, layers=layers, epochs=epochs, batch_size=batch_size, lr=lr if lr is not None else 3e-3, noise=noise, seed=seed,
-        draft_vocab=draft_vocab, gen_batch_size=gen_batch_size,
+        draft_vocab=draft_vocab, gen_batch_size=gen_batch_size, save_dtype=save_dtype,
     )
     with TrainingProgress() as (progress, log):
         try:

@@ -176,8 +176,16 @@ class EagleDrafter(Drafter):
         """The k most likely next tokens (target ids) after each of ``feats`` [M, H] and their q: [M, k] each."""
         if self.ids is None:
             return self._q(feats).topk(k, dim=-1)
-        q, index = self._q_draft(feats).topk(min(k, int(self.ids.numel())), dim=-1)  # over the draft vocabulary
-        return q, self.ids[index]
+        n = int(self.ids.numel())
+        q, index = self._q_draft(feats).topk(min(k, n), dim=-1)  # over the draft vocabulary
+        tokens = self.ids[index]
+        if k > n:  # asked for more than the draft vocabulary holds: the rest with q = 0, as a full softmax gives
+            rest = min(k, self.vocab) - n
+            outside = torch.ones(self.vocab, dtype=torch.bool, device=self.ids.device)
+            outside[self.ids] = False
+            pad = outside.nonzero().flatten()[:rest].expand(q.shape[0], rest)  # [M, rest]
+            tokens, q = torch.cat([tokens, pad], 1), torch.cat([q, q.new_zeros(q.shape[0], rest)], 1)
+        return q, tokens
 
     def _feed_missing(self, tree: DraftTree, wanted: list[int]) -> None:
         """Feed the requested nodes that have no feature yet, and their unfed ancestors, one tree level

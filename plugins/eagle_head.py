@@ -105,8 +105,8 @@ class EagleHead(nn.Module):
         return LeanEagleHead(self)
 
     # ------------------------------------------------------------------ files
-    def save(self, out: str | Path, extra: dict[str, Any] | None = None) -> None:
-        """Write ``config.json`` and ``model.safetensors`` in the published layout."""
+    def save(self, out: str | Path, extra: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> None:
+        """Write ``config.json`` and ``model.safetensors`` in the published layout (weights cast to ``dtype``)."""
         from safetensors.torch import save_file
 
         out = Path(out)
@@ -117,7 +117,8 @@ class EagleHead(nn.Module):
         if extra:
             cfg["treespec"] = extra
         (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()
+                 if not k.startswith("rotary.")}
         save_file(state, str(out / "model.safetensors"))
 
 

@@ -62,6 +62,7 @@ class TrainSettings:
     seed: int = 0
     draft_vocab: int | None = None  # draft over the N most frequent target tokens (plugins/draft_vocab.py)
     gen_batch_size: int | None = None  # prompts per batch while the target generates [default: batch_size]
+    save_dtype: str = "float32"  # the saved head's weights (float16 halves a shipped head; loading casts to the target's)
 
     def data_key(self) -> dict[str, Any]:
         return {"v": DATA_VERSION, "target": self.target, "data": self.data, "offset": self.offset,
@@ -255,8 +256,9 @@ def fit_temperature(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequen
 
 # ---------------------------------------------------------------------- the loop
 def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
-    """What must match to resume: every setting but where the files are (``out`` may be spelt differently)."""
-    return {k: v for k, v in settings.items() if k != "out"}
+    """What must match to resume: every setting but where the files are (``out`` may be spelt differently)
+    and the dtype the final head is saved in (a finished run re-run with another ``save_dtype`` re-saves it)."""
+    return {k: v for k, v in settings.items() if k not in ("out", "save_dtype")}
 
 
 def _training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
@@ -422,8 +424,10 @@ def _finish(head: EagleHead, embed: Any, lm_head: Any, held: list, n_train: int,
                "held_out_positions": final.get("positions"), "top1_before": before["top1"],
                "top1": final["top1"], "held_out_loss": final["loss"], "history": history,
                "calibration_temperature": temperature, "parameters": sum(p.numel() for p in head.parameters())}
+    if s.save_dtype not in ("float32", "float16", "bfloat16"):
+        raise ConfigError(f"--save-dtype {s.save_dtype!r}: use float32, float16 or bfloat16")
     head.save(out, extra={"target": s.target, "top1_held_out": final["top1"], "calibration_temperature": temperature,
-                          "trained_with": "treespec train eagle"})
+                          "trained_with": "treespec train eagle"}, dtype=getattr(torch, s.save_dtype))
     if ids is not None:
         draft_vocab.save(out, ids)
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -280,3 +280,36 @@ def test_planning_summary_of_known_steps():
     assert got["fit_error"] == pytest.approx((0 + 0.1 + 0.1) / 3)
     assert got["planner_share"] == pytest.approx(0.003 / 0.060)
     assert summary([{"tree_size": 3, "predicted_seconds": None}]) is None  # a builder that does not plan
+
+
+def test_configs_first_turns_chat_requests_and_per_category(tmp_path, monkeypatch):
+    """--config adds exactly one builder|drafter row each; --turns 1 keeps first turns; --chat makes
+    completion prompts user requests; --per-category keeps the first N of every category."""
+    from treespec.cli.bench import _prompts
+
+    mt = _prompts("mt-bench", None, None, None, 1, False, 2)
+    cats = [i.category for i in mt]
+    assert len(mt) == 2 * len(set(cats)) == 16 and all(cats.count(c) == 2 for c in cats)
+    assert all(len(i.turns) == 1 for i in mt)
+    he = _prompts("humaneval", None, 1, None, None, True, None)[0]
+    raw = datasets.load_prompts("humaneval", limit=1)[0]
+    assert not he.raw and raw.turns[0] in he.turns[0] and he.turns[0].startswith("Complete the following Python")
+    captured = {}
+    real = Bench.__init__
+
+    def spy(self, *args, **kwargs):
+        captured["pairs"] = kwargs.get("pairs")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Bench, "__init__", spy)
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "1", "--max-new-tokens", "8",
+                                   "--target", str(STORIES260K), "--config", "chain k=2 | ngram",
+                                   "--config", f"opt-tree nodes=3 | {STORIES260K} layers=3", "--baseline", "none",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = [r["config"] for r in json.loads((out / "results.json").read_text())["rows"]]
+    assert rows == ["hf-greedy", "chain k=2 | ngram", "opt-tree nodes=3 | stories260K layers=3"]
+    assert captured["pairs"] == [("chain k=2", "ngram"), ("opt-tree nodes=3", f"{STORIES260K} layers=3")]
+    bad = CliRunner().invoke(app, ["bench", "--target", str(STORIES260K), "--config", "chain k=2", "--out", str(tmp_path / "x")])
+    assert bad.exit_code != 0 and "BUILDER-SPEC | DRAFTER-SPEC" in bad.output

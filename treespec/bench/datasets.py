@@ -66,11 +66,14 @@ def load_prompts(
             names = ", ".join(DATASETS)
             raise ConfigError(f"dataset {dataset!r} is neither a known name ({names}) nor a file")
     items = _read(path, fmt)
-    if category:
+    if category:  # one category, or several separated by commas
         cats = sorted({i.category for i in items})
-        items = [i for i in items if i.category == category]
-        if not items:
-            raise ConfigError(f"dataset {dataset!r} has no category {category!r}; categories: {', '.join(cats) or 'none'}")
+        wanted = [c.strip() for c in category.split(",") if c.strip()]
+        missing = [c for c in wanted if c not in cats]
+        if missing:
+            raise ConfigError(f"dataset {dataset!r} has no category {', '.join(map(repr, missing))}; "
+                              f"categories: {', '.join(cats) or 'none'}")
+        items = [i for i in items if i.category in wanted]
     if not items:
         raise ConfigError(f"dataset {dataset!r} ({path}) holds no prompts")
     return items[:limit] if limit else items

@@ -1,0 +1,116 @@
+"""EAGLE-1 heads over a reduced draft vocabulary (plugins/draft_vocab.py, ``train eagle --draft-vocab``,
+drafter option ``vocab=``): trained on stories260K with 128 of its 512 tokens, the head proposes only
+those tokens, its distribution is the full-vocabulary softmax restricted to them, and decoding stays
+token for token the target's greedy output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import treespec
+from conftest import EAGLE_TEST_SETTINGS, tinystories_prompts
+from treespec.errors import ConfigError
+from treespec.plugins import draft_vocab
+from treespec.plugins.configs import EagleConfig
+from treespec.plugins.eagle import EagleDrafter
+from treespec.tree import DraftTree
+
+N = 128
+
+
+@functools.lru_cache(maxsize=None)
+def small_vocab_head() -> Path:
+    from treespec.plugins.eagle_train import train
+
+    out = Path(tempfile.mkdtemp(prefix="treespec-eagle-vocab-"))
+    train(EAGLE_TEST_SETTINGS(out, draft_vocab=N), log=lambda _: None)
+    return out
+
+
+def test_rank_tokens_is_frequency_order_with_ties_by_id():
+    seqs = [torch.tensor([5, 5, 3, 9, 9, 9]), torch.tensor([3, 7])]
+    assert draft_vocab.rank_tokens(seqs, 10, 3).tolist() == [9, 3, 5]  # 3 and 5 tie at 2: lower id first
+    assert draft_vocab.rank_tokens(seqs, 10, 6).tolist() == [9, 3, 5, 7, 0, 1]  # unseen ids fill up
+
+
+def test_training_writes_the_most_frequent_generated_tokens_and_scores_against_all():
+    out = small_vocab_head()
+    ids = draft_vocab.load(out, 512, "head")
+    assert ids is not None and ids.numel() == N
+    data = torch.load(out / "data.pt", weights_only=True)
+    summary = json.loads((out / "training.json").read_text())
+    n_hold = max(1, round(len(data["seqs"]) * summary["settings"]["holdout"]))
+    counts = Counter(t for x in data["seqs"][n_hold:] for t in x["ids"][x["prompt_len"]:].tolist())
+    want = sorted(counts, key=lambda t: (-counts[t], t))[:N]
+    assert ids.tolist() == want
+    assert 0.2 < summary["top1"] < 1.0  # agreement with the target's greedy token over all 512 tokens
+
+
+def test_proposals_and_distribution_live_in_the_draft_vocabulary(target64):
+    out = small_vocab_head()
+    d = EagleDrafter(EagleConfig(head=str(out)), target64)
+    full = EagleDrafter(EagleConfig(head=str(out), vocab=0), target64)  # the same head over every token
+    ids = set(draft_vocab.load(out, 512, "head").tolist())
+    prompt = target64.tokenizer("Once upon a time, there was a little dog").input_ids
+    for dr in (d, full):
+        dr.prefill(treespec.interfaces.PrefillContext(input_ids=torch.tensor(prompt),
+                                                      hidden=_hidden(target64, prompt)))
+        dr.begin_step(prompt[-1])
+    tree = DraftTree(prompt[-1])
+    props = d.expand(tree, torch.tensor([0]), 8)
+    full.expand(tree, torch.tensor([0]), 8)  # feeds the root's feature: distribution() reads it
+    assert set(props.tokens[0].tolist()) <= ids
+    q = d.distribution(tree, torch.tensor([0]))[0]  # [V]
+    q_full = full.distribution(tree, torch.tensor([0]))[0]
+    inside = torch.tensor(sorted(ids))
+    assert float(q.sum()) == pytest.approx(1.0, abs=1e-9) and float(q[[i for i in range(512) if i not in ids]].abs().sum()) == 0
+    torch.testing.assert_close(q[inside], q_full[inside] / q_full[inside].sum())  # softmax restricted to the ids
+
+
+def _hidden(target, prompt):
+    with torch.inference_mode():
+        return target.model(torch.tensor([prompt]), output_hidden_states=True).hidden_states[-1][0, :-1]
+
+
+@pytest.mark.parametrize("builder,options", [("opt-tree", {"nodes": 30}), ("chain", {"k": 5}), ("eagle2", None)])
+def test_lossless_with_a_draft_vocabulary(target64, greedy_reference, builder, options):
+    dec = treespec.Decoder(target64, drafter="eagle", drafter_options={"head": str(small_vocab_head()), "vocab": 64},
+                           builder=builder, builder_options=options)
+    assert dec.drafter.ids.numel() == 64  # vocab= keeps the 64 most frequent
+    accepted = []
+    for prompt in tinystories_prompts(4):
+        ids = dec.encode(prompt)
+        out = dec.generate(ids, max_new_tokens=64)
+        want = greedy_reference(ids, 64)
+        assert out.token_ids == want, greedy_reference.explain(ids, out.token_ids, want)
+        accepted += [s.accepted for s in out.stats.steps]
+    assert sum(accepted) / len(accepted) > 0.1
+
+
+def test_vocab_option_without_a_draft_vocabulary_is_one_line(target64):
+    from conftest import eagle_head_dir
+
+    with pytest.raises(ConfigError, match="--draft-vocab"):
+        EagleDrafter(EagleConfig(head=str(eagle_head_dir()), vocab=100), target64)
+
+
+def test_a_damaged_draft_vocabulary_is_refused(target64, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    head = tmp_path / "head"
+    shutil.copytree(small_vocab_head(), head)
+    save_file({"ids": torch.tensor([1, 1, 2])}, str(head / draft_vocab.FILE))
+    with pytest.raises(ConfigError, match="distinct token ids"):
+        EagleDrafter(EagleConfig(head=str(head)), target64)
+    (head / draft_vocab.FILE).write_bytes(b"junk")
+    with pytest.raises(ConfigError, match="not a draft vocabulary"):
+        EagleDrafter(EagleConfig(head=str(head)), target64)
