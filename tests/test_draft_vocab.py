@@ -114,3 +114,21 @@ def test_a_damaged_draft_vocabulary_is_refused(target64, tmp_path):
     (head / draft_vocab.FILE).write_bytes(b"junk")
     with pytest.raises(ConfigError, match="not a draft vocabulary"):
         EagleDrafter(EagleConfig(head=str(head)), target64)
+
+
+def test_the_shipped_smollm2_head_is_complete_and_fits_its_target():
+    """The head in the package (docs/smollm2.md): SmolLM2-135M's sizes, fp16 weights, 8,192 draft ids."""
+    from safetensors import safe_open
+
+    from treespec.models import PACKAGED_MODELS
+    from treespec.plugins.eagle_head import load_head
+
+    folder = PACKAGED_MODELS["smollm2-eagle"]
+    head, meta = load_head(str(folder), hidden=576, vocab=49152)
+    assert sum(p.numel() for p in head.parameters()) == 4_203_648 and meta["target"] == "smollm2"
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+    ids = draft_vocab.load(folder, 49152, "smollm2-eagle")
+    assert ids is not None and ids.numel() == 8192
+    summary = json.loads((folder / "training.json").read_text())
+    assert summary["settings"]["draft_vocab"] == 8192 and summary["settings"]["data"] == "instruct-mix"
