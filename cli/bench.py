@@ -130,6 +130,10 @@ def bench(
     baseline = _baselines(baseline, builder)
     runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
                      placement, rules, pairs)
+    context = runner.target.max_positions
+    if context is not None and max_new_tokens >= context:  # no room left for any prompt
+        fail(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in {target!r}'s context of {context} "
+             f"tokens: use at most {context - 1}")
     result = {
         "command": shlex.join(command_line(ctx, {"target": target, "drafter": drafter, "limit": limit,
                                                  "builder": builder, "baseline": baseline or ["none"]})),

@@ -77,6 +77,17 @@ def _custom_code_model(path):
     ship_own_code(path)
 
 
+@pytest.mark.parametrize("value", ["false", "False", "no", 1, 0, None])
+def test_remote_code_needs_a_literal_bool(tmp_path, value):
+    """Only the literal True runs a model's own code: a string such as "false" is truthy, and used to."""
+    _custom_code_model(tmp_path / "m")
+    with pytest.raises(treespec.ConfigError, match="trust_remote_code must be True or False") as err:
+        treespec.Decoder(str(tmp_path / "m"), drafter="ngram", trust_remote_code=value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(treespec.ConfigError, match="literal True"):
+        models.load_tokenizer(str(STORIES260K), trust_remote_code=value)
+
+
 def test_remote_code_runs_only_when_allowed(tmp_path):
     _custom_code_model(tmp_path / "m")
     with pytest.raises(treespec.ModelLoadError) as err:

@@ -162,6 +162,15 @@ def _download_error(name: str, resolved: str, what: str, exc: BaseException) -> 
     )
 
 
+def require_bool_consent(value: Any) -> bool:
+    """``trust_remote_code`` runs a model's own code: only the literal ``True`` allows it. Anything but
+    a bool (``"false"``, ``1``, ``None``) is one line of error rather than a truthy yes."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"trust_remote_code must be True or False, got {value!r} ({type(value).__name__}): "
+                          "pass the literal True to let a model run its own code")
+    return value
+
+
 def _trust_fix(what: str) -> str:
     if what.startswith("draft"):
         return ("give the drafter the option trust_remote_code=true (`treespec run -D trust_remote_code=true`, "
@@ -266,7 +275,7 @@ def load_causal_lm(
 
     device, dtype = check_device(device), check_dtype(dtype)
 
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    kwargs: dict[str, Any] = {"trust_remote_code": require_bool_consent(trust_remote_code)}
     kwargs.update(device_placement(device_map, max_memory, offload_folder, device))
     if num_hidden_layers is not None:
         _check_layers(name, num_hidden_layers, trust_remote_code)
@@ -300,7 +309,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False, what: str = "toke
     from transformers import AutoTokenizer
 
     with quiet_transformers():
-        return _load(AutoTokenizer, name, what, trust_remote_code=trust_remote_code)
+        return _load(AutoTokenizer, name, what, trust_remote_code=require_bool_consent(trust_remote_code))
 
 
 def check_same_tokenizer(target_tok: Any, draft_tok: Any, target_name: str, draft_name: str) -> None:
