@@ -93,6 +93,6 @@ def test_calibrate_bad_input_is_one_clear_line(args, needle):
 
 
 def test_a_spec_given_as_a_drafter_name_says_where_options_go():
-    res = CliRunner().invoke(app, ["run", "--drafter", "treespec-py-draft temperature=0.5", "--no-echo"])
+    res = CliRunner().invoke(app, ["run", "--target", "treespec-py", "--drafter", "treespec-py-draft temperature=0.5", "--no-echo"])
     assert res.exit_code != 0
     assert "pass --drafter treespec-py-draft -D key=value" in res.output, res.output
