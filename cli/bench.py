@@ -121,6 +121,8 @@ def bench(
 
         if rules:
             fail("--sampling-rule compares rules under sampling; --batch-size measures greedy throughput: use one or the other")
+        if pairs:
+            fail("--config rows are not measured in batches yet: with --batch-size give --drafter and --builder")
 
         bench_batches(ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
                       placement, dataset, out, report_to, sampling)

@@ -47,6 +47,9 @@ def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: 
         runner = BatchBench(target, drafter, builder, sizes, max_new_tokens, device=device, dtype=dtype, placement=placement)
         tok = runner.target.tokenizer
         limit = runner.target.max_positions
+        if limit is not None and max_new_tokens >= limit:  # p[-0:] would keep the whole prompt, p[-(-k):] cut it wrong
+            fail(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in {target!r}'s context of {limit} "
+                 f"tokens: use at most {limit - 1}")
         prompts = [format_turns(tok, it, []) for it in items]
         if limit:
             prompts = [p[-(limit - max_new_tokens):] for p in prompts]

@@ -313,11 +313,15 @@ def test_configs_first_turns_chat_requests_and_per_category(tmp_path, monkeypatc
     assert captured["pairs"] == [("chain k=2", "ngram"), ("opt-tree nodes=3", f"{STORIES260K} layers=3")]
     bad = CliRunner().invoke(app, ["bench", "--target", str(STORIES260K), "--config", "chain k=2", "--out", str(tmp_path / "x")])
     assert bad.exit_code != 0 and "BUILDER-SPEC | DRAFTER-SPEC" in bad.output
+    batch = CliRunner().invoke(app, ["bench", "--target", str(STORIES260K), "--config", "chain k=2 | ngram",
+                                     "--batch-size", "2", "--out", str(tmp_path / "y")])
+    assert batch.exit_code != 0 and "not measured in batches" in batch.output  # refused, not silently dropped
 
 
-def test_max_new_tokens_filling_the_context_is_one_line(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--batch-size", "1,2"]])
+def test_max_new_tokens_filling_the_context_is_one_line(tmp_path, extra):
+    spec = ["--config", "chain k=2 | ngram", "--baseline", "none"] if not extra else ["--drafter", "ngram", "--builder", "chain k=2"]
     res = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "1", "--max-new-tokens", "512",
-                                   "--target", str(STORIES260K), "--config", "chain k=2 | ngram", "--baseline", "none",
-                                   "--out", str(tmp_path / "run")])
+                                   "--target", str(STORIES260K), *spec, *extra, "--out", str(tmp_path / "run")])
     assert res.exit_code != 0 and "Traceback" not in res.output
     assert "leaves no room for a prompt" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
