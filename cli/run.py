@@ -84,12 +84,14 @@ def run(
         fail("--batch-size decodes --prompt-file; give --prompt-file instead of --prompt")
     if prompt is not None and prompt_file is not None:
         fail("give --prompt or --prompt-file, not both")
+    if prompt_file is not None and batch_size is None:
+        prompt = read_prompt(prompt_file)  # a bad file fails before the models load
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     dec = _decoder(target, drafter, builder, builder_option, drafter_option, device, dtype, threads,
                    trust_remote_code, seed, placement)
     if chat is None:  # instruct targets treespec knows take user messages
         chat = dec.target.name in defaults.CHAT_TARGETS
-    text = _prompt_text(prompt, prompt_file, dec.target.name) if batch_size is None else ""
+    text = (prompt if prompt is not None else defaults.prompt_for(dec.target.name)) if batch_size is None else ""
     if batch_size is not None:
         from treespec.cli.run_batch import run_batches
 
@@ -112,14 +114,6 @@ def _chat_ids(dec: Any, text: str, system: str | None) -> list[int]:
 
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
     return dec.encode(chat_ids(dec.target.tokenizer, messages, f"target {dec.target.name!r}"))
-
-
-def _prompt_text(prompt: str | None, prompt_file: Path | None, target: str | None) -> str:
-    if prompt is not None and prompt_file is not None:
-        fail("give --prompt or --prompt-file, not both")
-    if prompt_file is not None:
-        return read_prompt(prompt_file)
-    return prompt if prompt is not None else defaults.prompt_for(target)
 
 
 def _decoder(target: str | None, drafter: str | None, builder: str, builder_option: list[str] | None,

@@ -36,7 +36,8 @@ from treespec.errors import ConfigError
 from treespec.lean import _rope
 from treespec.plugins.eagle3_head import Eagle3Head, default_layers
 from treespec.plugins.eagle_head import head_config_for
-from treespec.plugins.eagle_train import Progress, Sequence, _quiet, _Run, _training_data, frozen_target
+from treespec.plugins.eagle_data import Progress, Sequence, quiet, training_data
+from treespec.plugins.eagle_train import _Run, frozen_target
 from treespec.train import calibration
 
 DATA_VERSION = 3
@@ -194,7 +195,7 @@ def fit_temperature(head: Eagle3Head, embed: Any, lm_head: Any, seqs: list[Seque
     return calibration.fit_temperature(torch.cat(zs)[:max_positions], torch.cat(ys)[:max_positions])
 
 
-def train3(s: Train3Settings, progress: Progress = _quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
+def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train (or resume) an EAGLE-3 head; returns the summary also written to ``OUT/training.json``."""
     if not 0 < s.holdout < 1:
         raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
@@ -207,7 +208,7 @@ def train3(s: Train3Settings, progress: Progress = _quiet, log: Callable[[str], 
     model = target.model
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     layers = default_layers(int(cfg.num_hidden_layers))
-    seqs = _training_data(target, s, out, progress, log, layers=layers)
+    seqs = training_data(target, s, out, progress, log, layers=layers)
     vocab = target.vocab_size
     size = min(vocab, s.draft_vocab or 32_000)
     if size < 2:

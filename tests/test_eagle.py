@@ -257,7 +257,7 @@ def test_calibration_temperature_matches_confidence_to_greedy_acceptance(trained
     target = treespec.TargetModel.load(s.target)
     emb, head_out = target.model.get_input_embeddings(), target.model.get_output_embeddings()
     head, _ = load_head(str(out), target.config.hidden_size, target.vocab_size)
-    from treespec.plugins.eagle_train import sequences
+    from treespec.plugins.eagle_data import sequences
     from treespec.train.checkpoint import load_data
 
     seqs = sequences(load_data(out / "data.pt"))

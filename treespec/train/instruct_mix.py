@@ -65,8 +65,8 @@ def _stories(data_dir: Path) -> list[str]:
 
 
 def _math(data_dir: Path) -> list[str]:
-    bench = {json.loads(line)["turns"][0].strip() for line in (data_dir / "spec_bench.jsonl").open(encoding="utf-8")
-             if json.loads(line).get("category") == "math_reasoning"}
+    rows = [json.loads(line) for line in (data_dir / "spec_bench.jsonl").open(encoding="utf-8")]
+    bench = {r["turns"][0].strip() for r in rows if r.get("category") == "math_reasoning"}
     rows = [json.loads(line)["question"].strip() for line in (data_dir / "gsm8k_test.jsonl").open(encoding="utf-8")]
     return [q for q in rows if not any(q in b for b in bench)]
 

@@ -1,0 +1,119 @@
+"""The data an EAGLE head learns from (``treespec train eagle``, both versions): the target's OWN
+greedy continuations of the prompts (what the head must predict at decode time), with the target's
+last hidden states f (after its final norm) at every position, and for EAGLE-3 the hidden states of
+three chosen layers. Computed once and kept in ``OUT/data.pt`` (plain tensors and ints, read back
+with ``weights_only``), reused while the data settings (``data_key()``) stay the same.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from treespec.errors import ConfigError
+from treespec.target import TargetModel
+from treespec.train.checkpoint import load_data, save_atomic
+
+DATA_VERSION = 1
+
+@dataclass
+class Sequence:
+    ids: torch.Tensor  # [T] long: prompt + the target's continuation
+    feats: torch.Tensor  # [T, H] the target's last hidden states
+    prompt_len: int
+    fused: torch.Tensor | None = None  # [T, k·H] hidden states of k chosen layers (EAGLE-3), if collected
+
+
+def sequences(data: dict[str, Any]) -> list[Sequence]:
+    """The sequences of a ``data.pt`` read with ``checkpoint.load_data`` (stored as plain dicts)."""
+    return [Sequence(ids=x["ids"], feats=x["feats"], prompt_len=int(x["prompt_len"]), fused=x.get("fused"))
+            for x in data["seqs"]]
+
+
+Progress = Callable[[str, int, int, str], None]  # (task, done, total, info)
+
+
+def quiet(task: str, done: int, total: int, info: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------- data
+@torch.inference_mode()
+def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, batch: int, progress: Progress,
+            layers: tuple[int, ...] | None = None) -> list[Sequence]:
+    """The target's greedy continuation of every prompt, and its features along prompt + continuation
+    (and, with ``layers``, the hidden states of those layers concatenated: EAGLE-3's fused input)."""
+    model, dev, eos = target.model, target.device, target.eos_token_ids
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    done: dict[int, Sequence] = {}
+    for b0 in range(0, len(order), batch):
+        idx = order[b0 : b0 + batch]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)  # [B, W] left-padded
+        att = torch.zeros(len(idx), width, dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            att[r, width - len(prompts[i]) :] = 1
+        gen = model.generate(
+            input_ids=ids.to(dev), attention_mask=att.to(dev), do_sample=False,
+            max_new_tokens=max_new_tokens, pad_token_id=0,
+        )[:, width:].cpu()  # [B, ≤ max_new]
+        for r, i in enumerate(idx):
+            cont = gen[r].tolist()
+            stop = next((j for j, t in enumerate(cont) if t in eos), None)
+            cont = cont[: stop + 1] if stop is not None else cont
+            seq = torch.tensor(prompts[i] + cont, dtype=torch.long)  # [T]
+            done[i] = Sequence(seq, torch.empty(0), len(prompts[i]))
+        progress("generating the target's continuations", min(b0 + batch, len(order)), len(order), "")
+    for b0 in range(0, len(order), batch):
+        idx = order[b0 : b0 + batch]
+        width = max(done[i].ids.numel() for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)  # [B, T] right-padded
+        for r, i in enumerate(idx):
+            ids[r, : done[i].ids.numel()] = done[i].ids
+        extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        states = model(input_ids=ids.to(dev), output_hidden_states=True, **extra).hidden_states  # no [B, T, V] logits
+        hs = states[-1].float().cpu()  # [B, T, H]
+        fused = torch.cat([states[j] for j in layers], -1).float().cpu() if layers else None  # [B, T, k·H]
+        for r, i in enumerate(idx):
+            done[i].feats = hs[r, : done[i].ids.numel()].clone()
+            if fused is not None:
+                done[i].fused = fused[r, : done[i].ids.numel()].clone()
+        progress("computing the target's features", min(b0 + batch, len(order)), len(order), "")
+    return [done[i] for i in range(len(prompts))]
+
+
+def training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
+                   log: Callable[[str], None], layers: tuple[int, ...] | None = None) -> list:
+    """The target's own generations for the dataset's prompts, with its features: reused from
+    ``OUT/data.pt`` when that was made with the same data settings, else generated and saved."""
+    from treespec.bench.datasets import format_turns, load_prompts
+
+    data_file = out / "data.pt"
+    cached = load_data(data_file) if data_file.is_file() else None
+    if cached is not None and cached["key"] == s.data_key():
+        seqs = sequences(cached)
+        log(f"reusing the target's generations in {data_file} ({len(seqs)} sequences)")
+        return seqs
+    items = load_prompts(s.data)[s.offset : s.offset + s.limit]
+    if len(items) < 2:
+        raise ConfigError(f"dataset {s.data!r} has {len(items)} prompts after --offset {s.offset}: need at least 2")
+    limit = target.max_positions
+    if limit is not None and limit <= s.max_new_tokens:
+        raise ConfigError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in the target's context of {limit}")
+    prompts = [format_turns(target.tokenizer, it, []) for it in items]
+    if limit:
+        prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
+    t0 = time.perf_counter()
+    seqs = collect(target, prompts, s.max_new_tokens, getattr(s, "gen_batch_size", None) or s.batch_size, progress, layers)  # EAGLE-3's settings have no gen_batch_size
+    rows = [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} | ({"fused": x.fused} if layers else {})
+            for x in seqs]
+    save_atomic({"key": s.data_key(), "seqs": rows}, data_file)  # plain tensors and ints: read back with weights_only
+    log(f"generated {sum(x.ids.numel() - x.prompt_len for x in seqs)} tokens for {len(seqs)} prompts "
+        f"in {time.perf_counter() - t0:.0f} s → {data_file}")
+    return seqs
