@@ -39,6 +39,7 @@ from treespec.plugins.eagle_head import head_config_for
 from treespec.plugins.eagle_data import Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_train import _Run, frozen_target
 from treespec.train import calibration
+from treespec.train.checkpoint import prepare_out
 
 DATA_VERSION = 3
 DECAY = 0.8  # step i's loss weight: DECAY ** i, as the reference
@@ -201,8 +202,7 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
         raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
     if s.ttt_steps < 1:
         raise ConfigError(f"--ttt-steps must be ≥ 1, got {s.ttt_steps}")
-    out = Path(s.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out(s.out, "EAGLE-3 training")
     torch.manual_seed(s.seed)
     target, embed, lm_head = frozen_target(s.target)
     model = target.model

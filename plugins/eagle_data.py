@@ -101,19 +101,36 @@ def training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
         log(f"reusing the target's generations in {data_file} ({len(seqs)} sequences)")
         return seqs
     items = load_prompts(s.data)[s.offset : s.offset + s.limit]
+    kept = _prefix(cached, s.data_key(), len(items))
+    if kept:
+        log(f"reusing {len(kept)} of {len(items)} sequences in {data_file}; generating the rest")
     if len(items) < 2:
         raise ConfigError(f"dataset {s.data!r} has {len(items)} prompts after --offset {s.offset}: need at least 2")
     limit = target.max_positions
     if limit is not None and limit <= s.max_new_tokens:
         raise ConfigError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in the target's context of {limit}")
-    prompts = [format_turns(target.tokenizer, it, []) for it in items]
+    prompts = [format_turns(target.tokenizer, it, []) for it in items[len(kept) :]]
     if limit:
         prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
     t0 = time.perf_counter()
-    seqs = collect(target, prompts, s.max_new_tokens, getattr(s, "gen_batch_size", None) or s.batch_size, progress, layers)  # EAGLE-3's settings have no gen_batch_size
+    new = collect(target, prompts, s.max_new_tokens, getattr(s, "gen_batch_size", None) or s.batch_size, progress, layers)  # EAGLE-3's settings have no gen_batch_size
+    seqs = kept + new
     rows = [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} | ({"fused": x.fused} if layers else {})
             for x in seqs]
     save_atomic({"key": s.data_key(), "seqs": rows}, data_file)  # plain tensors and ints: read back with weights_only
-    log(f"generated {sum(x.ids.numel() - x.prompt_len for x in seqs)} tokens for {len(seqs)} prompts "
+    log(f"generated {sum(x.ids.numel() - x.prompt_len for x in new)} tokens for {len(new)} prompts "
         f"in {time.perf_counter() - t0:.0f} s → {data_file}")
     return seqs
+
+
+def _prefix(cached: dict[str, Any] | None, key: dict[str, Any], wanted: int) -> list[Sequence]:
+    """The cached sequences when ``data.pt`` holds a prefix of the wanted prompts: the same settings
+    but for a smaller ``--limit`` (growing a dataset generates only the new prompts). Prompts are read
+    in a fixed order, so the first ``limit`` of a larger run are the same rows."""
+    if cached is None:
+        return []
+    old = dict(cached["key"])
+    if old.pop("limit", None) is None or old != {k: v for k, v in key.items() if k != "limit"}:
+        return []
+    seqs = sequences(cached)
+    return seqs if len(seqs) < wanted else []

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from treespec.train import calibration
-from treespec.train.checkpoint import load_data, save_atomic
+from treespec.train.checkpoint import load_data, prepare_out, save_atomic
 from treespec.errors import ConfigError
 from treespec.kv import causal_mask
 from treespec.plugins.eagle_data import DATA_VERSION, Progress, Sequence, quiet, training_data
@@ -265,8 +265,7 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
     """Train (or resume) a head; returns the summary also written to ``OUT/training.json``."""
     if not 0 < s.holdout < 1:
         raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
-    out = Path(s.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out(s.out, "EAGLE training")
     torch.manual_seed(s.seed)
     target, embed, lm_head = frozen_target(s.target)
     model = target.model

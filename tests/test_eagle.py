@@ -275,3 +275,43 @@ def test_calibration_temperature_matches_confidence_to_greedy_acceptance(trained
     d = EagleDrafter(EagleConfig(head=str(out)), target)
     assert d.temperature == t_fit
     assert EagleDrafter(EagleConfig(head=str(out), temperature=0.5), target).temperature == 0.5
+
+
+# ---------------------------------------------------------------------- --out
+def test_out_that_holds_a_model_is_refused_before_any_work(tmp_path):
+    """`train eagle --out` pointed at a model's folder (the target's own) replaced its config and weights;
+    `--out ""` wrote into the current folder. Both are one line now, and the files are untouched."""
+    import shutil
+
+    model = tmp_path / "target"
+    shutil.copytree(STORIES260K, model)
+    before = {f.name: f.read_bytes() for f in model.iterdir() if f.is_file()}
+    with pytest.raises(ConfigError, match=r"holds a model \(.*\) that the EAGLE training would overwrite"):
+        train(settings(model, epochs=1, limit=8), log=lambda _: None)
+    assert {f.name: f.read_bytes() for f in model.iterdir() if f.is_file()} == before
+    with pytest.raises(ConfigError, match="--out is empty"):
+        train(settings("", epochs=1, limit=8), log=lambda _: None)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        train(settings(tmp_path / "file", epochs=1, limit=8), log=lambda _: None)
+
+
+def test_a_larger_limit_generates_only_the_new_prompts(tmp_path):
+    """Growing a dataset (--limit 40 after --limit 24) reuses the first 24 sequences and generates 16:
+    the result equals a run that generated all 40 at once."""
+    import shutil
+
+    train(settings(tmp_path / "small", epochs=1, limit=24), log=lambda _: None)
+    (tmp_path / "grow").mkdir()
+    shutil.copy(tmp_path / "small" / "data.pt", tmp_path / "grow")  # a new head from the old data
+    logs: list[str] = []
+    train(settings(tmp_path / "grow", epochs=1, limit=40), log=logs.append)
+    assert any("reusing 24 of 40 sequences" in m for m in logs), logs
+    train(settings(tmp_path / "once", epochs=1, limit=40), log=lambda _: None)
+    from treespec.train.checkpoint import load_data
+
+    grown, once = (load_data(tmp_path / d / "data.pt") for d in ("grow", "once"))
+    assert grown["key"] == once["key"] and len(grown["seqs"]) == len(once["seqs"]) == 40
+    for a, b in zip(grown["seqs"], once["seqs"]):
+        assert torch.equal(a["ids"], b["ids"]) and a["prompt_len"] == b["prompt_len"]
+        assert torch.allclose(a["feats"], b["feats"], atol=1e-5)

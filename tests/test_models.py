@@ -96,3 +96,45 @@ def test_remote_code_runs_only_when_allowed(tmp_path):
     assert "\n" not in msg and "ships its own Python code" in msg and "--trust-remote-code to `treespec run`" in msg
     model = models.load_causal_lm(str(tmp_path / "m"), trust_remote_code=True)
     assert getattr(model, "RAN_CUSTOM_CODE", False)
+
+
+def _tampered_copy(path, weights=None, config=None):
+    """A copy of stories260K whose weights (``weights(state) -> state``) or config were changed."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(STORIES260K, path)
+    if weights is not None:
+        state = weights(load_file(path / "model.safetensors"))
+        save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+    if config is not None:
+        (path / "config.json").write_text(json.dumps(config(json.loads((path / "config.json").read_text()))))
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["layer_missing", "renamed", "config_deeper", "wrong_shape"])
+def test_weights_that_do_not_fill_the_config_are_refused(tmp_path, case):
+    """transformers fills missing weights at random and says so only in a log treespec keeps quiet:
+    such a model decoded garbage with exit 0. Now it is one line naming the weights and the fix."""
+    import torch
+
+    make = {
+        "layer_missing": dict(weights=lambda sd: {k: v for k, v in sd.items() if ".layers.1." not in k}),
+        "renamed": dict(weights=lambda sd: {k.replace("model.", "\ufffd"): v for k, v in sd.items()}),
+        "config_deeper": dict(config=lambda c: c | {"num_hidden_layers": 40}),
+        "wrong_shape": dict(weights=lambda sd: sd | {"model.norm.weight": torch.ones(3)}),
+    }[case]
+    path = _tampered_copy(tmp_path / "m", **make)
+    with pytest.raises((treespec.ModelLoadError, treespec.ConfigError)) as err:
+        treespec.Decoder(path, drafter="ngram")
+    msg = str(err.value)
+    assert "\n" not in msg and "'" + path + "'" in msg and "fix config.json" in msg
+    assert ("other shapes" if case == "wrong_shape" else "missing from the checkpoint") in msg
+
+
+def test_a_self_draft_of_the_first_layers_still_loads():
+    """Weights the config does not use (layers a self-draft skips) are not a reason to refuse."""
+    model = models.load_causal_lm(str(STORIES260K), num_hidden_layers=2)
+    assert model.config.num_hidden_layers == 2

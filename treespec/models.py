@@ -206,6 +206,11 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
         # Local directories and cached hub models load without touching the network.
         return loader.from_pretrained(resolved, local_files_only=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - every loader failure becomes one line below
+        if "ignore_mismatched_sizes" in str(exc):
+            raise ModelLoadError(
+                f"{what} {name!r}: weights in {resolved} have other shapes than its config.json says; "
+                "point at the folder the model was saved in, or fix config.json to match its weights"
+            ) from None
         if not isinstance(exc, (OSError, ValueError)) and Path(resolved).is_dir():
             raise ModelLoadError(
                 f"{what} {name!r}: a file in {resolved} is damaged or incomplete ({type(exc).__name__}: {_first_line(exc)}); "
@@ -283,11 +288,29 @@ def load_causal_lm(
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     kwargs["dtype"] = dtype if dtype is not None else (torch.float32 if device_type(device) == "cpu" else "auto")
-    with quiet_transformers():
-        model = _load(AutoModelForCausalLM, name, what, **kwargs)
+    with quiet_transformers():  # transformers' load report is hidden, so its verdict is checked here
+        model, info = _load(AutoModelForCausalLM, name, what, output_loading_info=True, **kwargs)
+    _check_loaded(name, what, info)
     if device is not None and "device_map" not in kwargs:
         model = model.to(device)
     return model.eval()
+
+
+def _check_loaded(name: str, what: str, info: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose weights do not fill its config: transformers initialises what is
+    missing (or of the wrong shape) at random, reports it in a log treespec keeps quiet, and the model
+    then decodes garbage. Weights the config does not use (layers a self-draft skips) are fine."""
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ())
+    bad = missing or mismatched
+    if not bad:
+        return
+    kind = "missing from" if missing else "of the wrong shape in"
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    raise ModelLoadError(
+        f"{what} {name!r}: {len(bad)} weights its config needs are {kind} the checkpoint ({bad[0]!r}{more}), so "
+        "they would be random: point at the folder the model was saved in, or fix config.json to match its weights"
+    )
 
 
 def _check_layers(name: str, layers: int, trust_remote_code: bool) -> None:

@@ -16,6 +16,38 @@ from typing import Any
 from treespec.errors import ConfigError
 
 
+#: Files that make a folder a model someone saved (a target, a draft, a head): training never writes over them.
+MODEL_FILES = ("config.json", "*.safetensors", "*.bin", "*.gguf", "*.pt")
+#: What a treespec training run leaves in its ``--out``: a folder holding one of these is ours to resume or redo.
+TRAINING_MARKERS = ("training.json", "checkpoint*.pt", "data.pt", "log.jsonl")
+
+
+def prepare_out(out: str | Path, what: str = "training") -> Path:
+    """``--out`` as a folder this training may write into, created, or a ``ConfigError`` BEFORE any work:
+    an empty name (it would write into the current folder), a file, a folder that is not writable, or
+    a folder holding a model that is not an earlier treespec training's output (``train eagle --out``
+    pointed at the target's own folder replaced its config.json and weights)."""
+    if not str(out).strip():
+        raise ConfigError(f"--out is empty: name a new folder for the {what}'s output, e.g. --out heads/my-head")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {path} is a file, not a folder: pick another --out")
+    if path.is_dir() and not any(any(path.glob(m)) for m in TRAINING_MARKERS):
+        found = next((f.name for pattern in MODEL_FILES for f in sorted(path.glob(pattern))), None)
+        if found is not None:
+            raise ConfigError(
+                f"--out {path} holds a model ({found}) that the {what} would overwrite: pick a new or empty folder"
+            )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".treespec-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--out {path} is not writable ({exc.strerror or type(exc).__name__}): pick another --out") from None
+    return path
+
+
 def save_atomic(obj: Any, path: str | Path) -> None:
     """``torch.save`` to a temporary file beside ``path``, then rename it over ``path`` (atomic on POSIX)."""
     import torch

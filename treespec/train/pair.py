@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from treespec.errors import ConfigError
-from treespec.train.checkpoint import load_data, save_atomic
+from treespec.train.checkpoint import load_data, prepare_out, save_atomic
 from treespec.train.pair_data import EOT_ID, PAD_ID, PairData, prepare
 
 WHICH = ("target", "draft")
@@ -330,8 +330,7 @@ def train_pair(s: PairSettings, which: str = "both", stop_at: int | None = None,
     s.draft.check("draft")
     torch.set_num_threads(s.threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(s.threads))  # the tokenizers library's thread pool
-    out = Path(s.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out(s.out, "pair training")
     params = {w: parameter_count(llama_config(s, w)) for w in WHICH}
     if params["draft"] * 10 > params["target"]:
         log(f"note: the draft has {params['draft']:,} parameters, more than a tenth of the target's {params['target']:,}")
