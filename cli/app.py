@@ -37,6 +37,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts contain literal [brackets]
 )
+
+
+@app.callback()
+def _notes() -> None:
+    """Print treespec's own warnings (what a dtype promises) as one `note:` line, not Python's two."""
+    import sys
+    import warnings
+
+    from treespec.devices import InexactDtypeWarning
+
+    default = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+        if issubclass(category, InexactDtypeWarning):
+            print(f"note: {message}", file=sys.stderr)
+        else:
+            default(message, category, *args, **kwargs)  # type: ignore[arg-type]
+
+    warnings.showwarning = show
+
+
 app.command("run", epilog=RUN_EPILOG)(run)
 app.command("bench", epilog=BENCH_EPILOG)(bench)
 app.command("bench-report")(bench_report)

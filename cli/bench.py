@@ -88,8 +88,14 @@ def bench(
     per_category: Annotated[Optional[int], typer.Option(help="the first N prompts of every category (instead of --limit), "
                                                         "e.g. 3 per MT-Bench category",
                                                         show_default=False)] = None,
+    background_load: Annotated[Optional[int], typer.Option(help="N busy processes (one core's work each) run beside "
+                                                           "the measurement, started and stopped by the bench: "
+                                                           "speed on a busy machine", show_default=False)] = None,
 ) -> None:
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
+    from treespec.bench.load import background_load as busy, check_load
+
+    load = _checked(check_load, background_load)
     sampling = _sampling(temperature, top_p, top_k)
     rules = _rules(sampling_rule, sampling)
     if limit is not None and limit <= 0:
@@ -124,8 +130,9 @@ def bench(
         if pairs:
             fail("--config rows are not measured in batches yet: with --batch-size give --drafter and --builder")
 
-        bench_batches(ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
-                      placement, dataset, out, report_to, sampling)
+        with busy(load):
+            bench_batches(ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
+                          placement, dataset, out, report_to, sampling)
         if report_to is not None:
             _write_report(sorted(out.parent.glob("*/results.json")), report_to)
         return
@@ -142,9 +149,10 @@ def bench(
         "dataset": dataset, "category": category, "prompts": 0, "truncated": 0, "max_new_tokens": max_new_tokens,
         "target": target, "seed": seed, "temperature": temperature,
         "top_p": top_p if sampling else None, "top_k": top_k if sampling else None,
-        "sampling_rules": rules,
+        "sampling_rules": rules, "background_load": load,
     }
-    _measure(runner, items, result, out)
+    with busy(load):
+        _measure(runner, items, result, out)
     if report_to is not None:
         _write_report(sorted(out.parent.glob("*/results.json")), report_to)
 
@@ -318,3 +326,10 @@ def bench_report(
 ) -> None:
     """Regenerate docs/benchmarks.md from the results.json of bench runs."""
     _write_report([r / "results.json" if r.is_dir() else r for r in runs], out)
+
+
+def _checked(check: Any, value: Any) -> Any:
+    try:
+        return check(value)
+    except TreespecError as exc:
+        fail(str(exc))

@@ -131,3 +131,42 @@ def test_node_budgets_the_target_cannot_verify_are_refused_at_once(target64, bui
                          builder=builder, builder_options=options)
     assert "\n" not in str(err.value)
     treespec.Decoder(target64, drafter="ngram", builder="opt-tree", builder_options={"nodes": 512})  # the limit itself is fine
+
+
+def test_building_a_decoder_while_another_thread_decodes_waits_its_turn(decoder, target64, greedy_reference,
+                                                                        monkeypatch):
+    """`opt-tree nodes=auto` measures its costs with target forwards when a Decoder is built. Built while
+    another thread decoded on the same target, it broke that decode (every generate failed): the
+    measurement now holds the target like a decode does."""
+    from treespec import cost_measure
+
+    monkeypatch.setattr("treespec.plugins.cost_aware.load_profile", lambda key: None)  # measure, never a saved profile
+    prompts = [decoder.encode(p) for p in tinystories_prompts(3)]
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+    decoding = threading.Event()
+    stop = threading.Event()
+
+    def decode() -> None:
+        try:
+            while not stop.is_set():
+                for prompt in prompts:
+                    decoding.set()
+                    results.append(decoder.generate(prompt, max_new_tokens=24).token_ids)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=decode)
+    worker.start()
+    try:
+        decoding.wait()
+        for _ in range(3):
+            cost_measure._QUICK.clear()  # each Decoder measures again
+            treespec.Decoder(target64, drafter="ngram", builder="opt-tree", builder_options={"nodes": "auto"})
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors, errors
+    wants = [greedy_reference(p, 24) for p in prompts]
+    for i, got in enumerate(results):
+        assert got == wants[i % len(prompts)], greedy_reference.explain(prompts[i % len(prompts)], got, wants[i % len(prompts)])

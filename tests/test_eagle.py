@@ -21,7 +21,7 @@ from treespec.errors import ConfigError, ModelLoadError
 from treespec.interfaces import Commit, PrefillContext
 from treespec.plugins.configs import EagleConfig
 from treespec.plugins.eagle import EagleDrafter
-from treespec.plugins.eagle_head import EagleHead, head_config_for, load_head
+from treespec.plugins.eagle_head import load_head
 from treespec.plugins.eagle_train import train
 from treespec.tree import DraftTree
 
@@ -315,3 +315,35 @@ def test_a_larger_limit_generates_only_the_new_prompts(tmp_path):
     for a, b in zip(grown["seqs"], once["seqs"]):
         assert torch.equal(a["ids"], b["ids"]) and a["prompt_len"] == b["prompt_len"]
         assert torch.allclose(a["feats"], b["feats"], atol=1e-5)
+
+
+def test_an_interrupted_generation_resumes_from_its_journal(tmp_path):
+    """Generating the target's answers is the long part of training (an hour for 2,000 prompts here):
+    each batch's continuations are journalled, so a stop costs one batch. The resumed data equal a run
+    that was never stopped."""
+    from treespec.train.checkpoint import load_data
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two_batches(task: str, done: int, total: int, info: str) -> None:
+        if task.startswith("generating") and done >= 16:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(settings(tmp_path / "cut", epochs=1, limit=40, gen_batch_size=8), progress=stop_after_two_batches,
+              log=lambda _: None)
+    assert (tmp_path / "cut" / "generated.pt").is_file() and not (tmp_path / "cut" / "data.pt").exists()
+    seen: list[int] = []
+
+    def record(task: str, done: int, total: int, info: str) -> None:
+        if task.startswith("generating"):
+            seen.append(done)
+
+    train(settings(tmp_path / "cut", epochs=1, limit=40, gen_batch_size=8), progress=record, log=lambda _: None)
+    assert seen[0] == 24 and seen[-1] == 40, seen  # the first two batches were not generated again
+    assert not (tmp_path / "cut" / "generated.pt").exists()  # folded into data.pt
+    train(settings(tmp_path / "once", epochs=1, limit=40, gen_batch_size=8), log=lambda _: None)
+    cut, once = (load_data(tmp_path / d / "data.pt") for d in ("cut", "once"))
+    for a, b in zip(cut["seqs"], once["seqs"], strict=True):
+        assert torch.equal(a["ids"], b["ids"]) and a["prompt_len"] == b["prompt_len"]

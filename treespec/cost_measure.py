@@ -50,7 +50,19 @@ def _median(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float,
 def measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], repeats: int = 5,
             progress: Progress | None = None, verify_sizes: tuple[int, ...] = VERIFY_GRID,
             expand_sizes: tuple[int, ...] = EXPAND_GRID) -> CostModel:
-    """The cost model of ``target`` + ``drafter`` measured on ``prompt`` (see the module docstring)."""
+    """The cost model of ``target`` + ``drafter`` measured on ``prompt`` (see the module docstring). It
+    decodes on the target, so it holds the target like a decode does (``TargetModel.exclusive``): a
+    Decoder built while another thread decodes on the same target waits instead of breaking it."""
+    import threading
+
+    if getattr(target, "decoding_thread", None) == threading.get_ident():  # inside this thread's own decode
+        return _measure(target, drafter, prompt, key, repeats, progress, verify_sizes, expand_sizes)
+    with target.exclusive():
+        return _measure(target, drafter, prompt, key, repeats, progress, verify_sizes, expand_sizes)
+
+
+def _measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], repeats: int,
+             progress: Progress | None, verify_sizes: tuple[int, ...], expand_sizes: tuple[int, ...]) -> CostModel:
     model = CostModel(key=key)
     gen = torch.Generator().manual_seed(0)
     room = (target.max_positions or 1 << 30) - len(prompt) - 16 * (repeats + 1)

@@ -3,7 +3,6 @@ commit). Read ``Decoder._run`` top to bottom."""
 
 from __future__ import annotations
 
-import threading
 import warnings
 import time
 from contextlib import contextmanager
@@ -12,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from treespec.devices import InexactDtypeWarning, dtype_note
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
 from treespec import inputs, step
@@ -65,6 +65,9 @@ class Decoder:
             target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                                       device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
         self.target = target
+        note = dtype_note(target.dtype)
+        if note is not None:
+            warnings.warn(note, InexactDtypeWarning, stacklevel=2)
         self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)
         self.builder.attach(self.target, self.drafter)
@@ -186,16 +189,8 @@ class Decoder:
         """One decode at a time per target (the target's KV cache, and the drafter bound to it, hold one
         sequence): other threads wait, also those of other Decoders on the same TargetModel; a call
         from inside a running decode on the same thread (e.g. from its ``stream`` callback) is refused."""
-        target = self.target
-        if target.decoding_thread == threading.get_ident():
-            raise ConfigError("this target is already decoding on this thread (generate() called from a stream "
-                              "callback?): use a Decoder with a target of its own")
-        with target.lock:
-            target.decoding_thread = threading.get_ident()
-            try:
-                yield
-            finally:
-                target.decoding_thread = None
+        with self.target.exclusive():
+            yield
 
     def _generate(
         self, prompt: str | list[int] | torch.Tensor, max_new_tokens: int, stream: StreamCallback | None,

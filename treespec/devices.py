@@ -114,3 +114,24 @@ def device_type(device: Any) -> str:
     if device is None:
         return "cpu"
     return str(device).split(":")[0]
+
+
+class InexactDtypeWarning(UserWarning):
+    """The target's dtype rounds so coarsely that a tree forward can flip a near-tied argmax (bfloat16)."""
+
+
+def dtype_note(dtype: Any) -> str | None:
+    """What treespec promises in ``dtype``, when it is less than token-for-token equality (docs/reliability.md).
+
+    Verifying a tree computes the target's logits for N tokens in one forward; ``generate`` computes
+    them one token at a time. The two sum the same products in different orders (other matmul
+    blockings, a longer attention row), so their logits differ in the last bits. In float32 and
+    float16 that never flipped a greedy argmax in our probes; bfloat16 keeps 8 bits of mantissa, so
+    logits one bfloat16 step apart are common ties, and either side may win."""
+    import torch
+
+    if dtype != torch.bfloat16:
+        return None
+    return ("bfloat16: every token is the target's argmax in the tree forward, but its rounding differs from "
+            "generate()'s one-token forwards, so near-tied tokens can differ from generate(do_sample=False); "
+            "use --dtype float16 or float32 for token-for-token equality")

@@ -9,10 +9,11 @@ Devices and dtypes come from the model.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import DynamicCache
@@ -60,6 +61,21 @@ class TargetModel:
         self.windows = attention_windows(model.config)  # sliding windows, applied in our own masks
         self._max_positions = max_positions(model.config)  # read once: the Decoder asks every step
         self._where()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold this target (its one KV cache) for one sequence: a decode, or a cost measurement. Other
+        threads wait their turn; a second hold from the thread already holding it (``generate`` called
+        from its own ``stream`` callback) is refused instead of deadlocking."""
+        if self.decoding_thread == threading.get_ident():
+            raise ConfigError("this target is already decoding on this thread (generate() called from a stream "
+                              "callback?): use a Decoder with a target of its own")
+        with self.lock:
+            self.decoding_thread = threading.get_ident()
+            try:
+                yield
+            finally:
+                self.decoding_thread = None
 
     # ------------------------------------------------------------------ facts about the model
     def _where(self) -> None:

@@ -19,7 +19,7 @@ from treespec.errors import ConfigError
 #: Files that make a folder a model someone saved (a target, a draft, a head): training never writes over them.
 MODEL_FILES = ("config.json", "*.safetensors", "*.bin", "*.gguf", "*.pt")
 #: What a treespec training run leaves in its ``--out``: a folder holding one of these is ours to resume or redo.
-TRAINING_MARKERS = ("training.json", "checkpoint*.pt", "data.pt", "log.jsonl")
+TRAINING_MARKERS = ("training.json", "checkpoint*.pt", "data.pt", "generated.pt", "log.jsonl")
 
 
 def prepare_out(out: str | Path, what: str = "training") -> Path:
