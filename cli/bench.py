@@ -127,7 +127,7 @@ def bench(
         bench_batches(ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
                       placement, dataset, out, report_to, sampling)
         if report_to is not None:
-            _write_report(sorted(out.parent.glob("*/results.json")), report_to)
+            _write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
         return
     baseline = _baselines(baseline, builder)
     runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
@@ -146,7 +146,7 @@ def bench(
     }
     _measure(runner, items, result, out)
     if report_to is not None:
-        _write_report(sorted(out.parent.glob("*/results.json")), report_to)
+        _write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
 
 
 def _rules(value: str | None, sampling: dict[str, Any] | None) -> list[str] | None:
@@ -277,8 +277,8 @@ def _measure(runner: Any, items: list, result: dict[str, Any], out: Path) -> Non
     report.print_table(final)
     try:
         files = report.write_outputs(out, final, steps)
-    except OSError as exc:
-        _stopped(out, f"cannot write into {out}: {exc.strerror or exc}; free some space or pick another --out", 1)
+    except TreespecError as exc:  # a write failed (treespec.files): the last complete files stay
+        _stopped(out, str(exc), 1)
     typer.echo(f"wrote {out / 'results.json'}, {out / 'steps.jsonl'}, " + ", ".join(str(f) for f in files))
 
 
@@ -293,8 +293,9 @@ def _stopped(out: Path, why: str, code: int) -> None:
     fail(f"bench stopped ({why}); {kept}", code=code)
 
 
-def _write_report(paths: list[Path], out: Path) -> None:
+def _write_report(paths: list[Path], out: Path, flag: str = "--out") -> None:
     from treespec.bench import report
+    from treespec.files import write_text_atomic
 
     loaded = []
     for path in paths:
@@ -307,8 +308,11 @@ def _write_report(paths: list[Path], out: Path) -> None:
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             fail(f"{path} is not a treespec results.json (no rows); rerun the bench that wrote it")
         loaded.append((path.resolve(), data))
-    writable_file(out, "--out")
-    report.write_text_atomic(out, report.markdown(loaded, out.resolve().parent, out))
+    writable_file(out, flag)
+    try:
+        write_text_atomic(out, report.markdown(loaded, out.resolve().parent, out), flag)
+    except TreespecError as exc:
+        fail(str(exc), code=1)
     typer.echo(f"wrote {out}")
 
 

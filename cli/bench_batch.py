@@ -12,6 +12,7 @@ import typer
 from treespec.cli import fail
 from treespec.cli.common import command_line
 from treespec.errors import TreespecError
+from treespec.files import write_text_atomic
 
 
 def _sizes(value: str) -> list[int]:
@@ -65,9 +66,11 @@ def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: 
               "dataset": dataset, "category": None, "prompts": len(prompts), "truncated": 0, "max_new_tokens": max_new_tokens,
               "target": target, "seed": seed, "temperature": 0.0, "environment": report.environment(), "rows": rows,
               "partial": False}
-    out.mkdir(parents=True, exist_ok=True)
-    report.write_text_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")
-    png = plot(out, rows)
+    try:
+        write_text_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n", "--out")
+        png = plot(out, rows)
+    except TreespecError as exc:
+        fail(str(exc), code=1)
     for r in rows:
         same = "lossless" if r["lossless"] else f"{r['mismatches']} rows differ"
         typer.echo(f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  {r['vs_hf']:.2f}x HF  {same}")

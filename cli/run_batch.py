@@ -19,9 +19,8 @@ from typing import Any
 import typer
 
 from treespec.cli import fail
+from treespec.cli.common import stdout_failed
 from treespec.errors import DecodingError, TreespecError
-
-CHUNK = 4  # prompts per generate call, in batch sizes: outputs appear chunk by chunk, rows refill within one
 
 CHUNK = 4  # prompts per generate call, in batch sizes: outputs appear chunk by chunk, rows refill within one
 
@@ -56,13 +55,7 @@ def run_batches(dec: Any, prompt_file: Path | None, batch_size: int, max_new_tok
             outs, error = getattr(exc, "outputs", [exc.output]), str(exc)
         except TreespecError as exc:
             fail(str(exc))
-        for i, out in enumerate(outs):
-            n = start + i + 1
-            if as_json:
-                print(json.dumps({"prompt": n, "text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()},
-                                 ensure_ascii=False), flush=True)
-            else:
-                print(f"### prompt {n}\n{out.text}", flush=True)
+        _print_chunk(outs, start, as_json)
         tokens = sum(len(o.token_ids) for o in outs)
         seconds = time.perf_counter() - began
         steps = sum(len(o.stats.steps) for o in outs)
@@ -71,3 +64,20 @@ def run_batches(dec: Any, prompt_file: Path | None, batch_size: int, max_new_tok
                     f"τ {tau:.2f}", fg=typer.colors.CYAN, err=True)
         if error:
             fail(error)
+
+
+def _print_chunk(outs: list[Any], start: int, as_json: bool) -> None:
+    """The chunk's outputs (those of prompts that started: finished, or partial after an interrupt),
+    as JSON lines or after ``### prompt N`` headers; a stdout that cannot be written is one line."""
+    try:
+        for i, out in enumerate(outs):
+            if out.stats.stop_reason == "not started":
+                continue
+            n = start + i + 1
+            if as_json:
+                print(json.dumps({"prompt": n, "text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()},
+                                 ensure_ascii=False), flush=True)
+            else:
+                print(f"### prompt {n}\n{out.text}", flush=True)
+    except OSError as exc:
+        stdout_failed(exc)

@@ -16,8 +16,9 @@ from typing import Any, Callable
 import torch
 
 from treespec.errors import ConfigError
+from treespec.files import save_torch_atomic
 from treespec.target import TargetModel
-from treespec.train.checkpoint import load_data, save_atomic
+from treespec.train.checkpoint import load_data
 
 DATA_VERSION = 1
 
@@ -117,7 +118,7 @@ def training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
     seqs = kept + new
     rows = [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} | ({"fused": x.fused} if layers else {})
             for x in seqs]
-    save_atomic({"key": s.data_key(), "seqs": rows}, data_file)  # plain tensors and ints: read back with weights_only
+    save_torch_atomic({"key": s.data_key(), "seqs": rows}, data_file)  # plain tensors and ints: read back with weights_only
     log(f"generated {sum(x.ids.numel() - x.prompt_len for x in new)} tokens for {len(new)} prompts "
         f"in {time.perf_counter() - t0:.0f} s → {data_file}")
     return seqs

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from treespec.factory import make_drafter, resolve_drafter_name
+from treespec.files import savefig_atomic
 from treespec.options import parse_spec
 from treespec.target import TargetModel
 
@@ -193,7 +194,7 @@ def plot(out: Any, rows: list[dict[str, Any]]) -> Any:
     ax.grid(alpha=0.3)
     path = out / "throughput_vs_batch.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    savefig_atomic(fig, path, "--out", dpi=110)
     plt.close(fig)
     return path
 
