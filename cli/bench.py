@@ -15,7 +15,7 @@ from treespec import defaults
 from treespec.cli import fail
 from treespec.cli.common import (DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP, MAX_MEMORY_HELP, OFFLOAD_HELP, command_line,
                                  writable_dir, writable_file)
-from treespec.errors import TreespecError
+from treespec.errors import Interrupted, TreespecError
 
 EPILOG = """\
 Examples:
@@ -267,7 +267,7 @@ def _measure(runner: Any, items: list, result: dict[str, Any], out: Path) -> Non
 
         try:
             samples = runner.run(items, on_sample=on_sample, on_prompt=on_prompt)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Interrupted):  # Ctrl-C in Hugging Face's generate, or in treespec's
             _stopped(out, "interrupted", 130)
         except TreespecError as exc:
             _stopped(out, str(exc), 1)

@@ -1,10 +1,14 @@
 """What several commands share: option help texts, reading a prompt file, checking an output folder
-before a long run, a stdout that cannot be written, and the command line that reproduces a run. Imports no torch."""
+before a long run, SIGTERM handled like Ctrl-C, a stdout that cannot be written, and the command line
+that reproduces a run. Imports no torch."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +85,35 @@ def writable_file(path: Path, flag: str, create_folder: bool = False) -> None:
         check_writable_file(path, flag)
     except TreespecError as exc:
         fail(str(exc))
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM (``kill``, a job scheduler stopping the job) inside the block is handled like Ctrl-C: it
+    raises ``KeyboardInterrupt`` where the program is, so what was decoded is kept and printed. The
+    list it yields receives the signal's number if it came (see ``interrupt_exit``)."""
+    got: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (an application calling the command): leave SIGTERM alone
+        yield got
+        return
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interrupt_exit(message: str, term: list[int]) -> tuple[str, int]:
+    """The error line and exit code of an ``Interrupted`` decode: 130 for Ctrl-C, 143 for SIGTERM."""
+    if term:
+        return message.replace("interrupted", "terminated (SIGTERM)", 1), 128 + signal.SIGTERM
+    return message, 130
 
 
 def stdout_failed(exc: OSError) -> None:

@@ -14,7 +14,8 @@ import typer
 from treespec import defaults
 from treespec.cli import fail
 from treespec.cli.common import (B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP,
-                                 MAX_MEMORY_HELP, OFFLOAD_HELP, pair_options, read_prompt, stdout_failed)
+                                 MAX_MEMORY_HELP, OFFLOAD_HELP, interrupt_exit, pair_options, read_prompt,
+                                 sigterm_as_interrupt, stdout_failed)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -154,8 +155,8 @@ def _warn_ignored(dec: Any, sampling: dict[str, Any]) -> None:
 def _generate_and_print(dec: Any, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
                         as_json: bool) -> None:
     """Decode, streaming complete characters as they come; then the JSON object or the statistics line.
-    A failure or an interrupt still prints what was generated (exit 1, or 130 for Ctrl-C); a stdout
-    that cannot be written (a full disk) is one line on stderr, exit 1."""
+    A failure or an interrupt still prints what was generated (exit 1, or 130 for Ctrl-C, 143 for
+    SIGTERM); a stdout that cannot be written (a full disk) is one line on stderr, exit 1."""
     from treespec.errors import DecodingError, Interrupted
     from treespec.sampling import IgnoredOptionWarning
 
@@ -179,14 +180,17 @@ def _generate_and_print(dec: Any, prompt_ids: list[int], max_new_tokens: int, sa
         printed[0] = full
 
     error, code = None, 1
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", IgnoredOptionWarning)  # already printed by _warn_ignored
-            out = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, stream=collect, **sampling)
-    except DecodingError as exc:
-        out, error, code = exc.output, str(exc), 130 if isinstance(exc, Interrupted) else 1
-    except TreespecError as exc:
-        fail(str(exc))
+    with sigterm_as_interrupt() as term:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", IgnoredOptionWarning)  # already printed by _warn_ignored
+                out = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, stream=collect, **sampling)
+        except DecodingError as exc:
+            out, error = exc.output, str(exc)
+            if isinstance(exc, Interrupted):
+                error, code = interrupt_exit(error, term)
+        except TreespecError as exc:
+            fail(str(exc))
     if broken:
         stdout_failed(broken[0])
     try:
