@@ -15,7 +15,7 @@ from treespec import defaults
 from treespec.cli import fail
 from treespec.cli.common import (DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP, MAX_MEMORY_HELP, OFFLOAD_HELP, command_line,
                                  writable_dir, writable_file)
-from treespec.errors import TreespecError
+from treespec.errors import Interrupted, TreespecError
 
 EPILOG = """\
 Examples:
@@ -134,7 +134,7 @@ def bench(
             bench_batches(ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
                           placement, dataset, out, report_to, sampling)
         if report_to is not None:
-            _write_report(sorted(out.parent.glob("*/results.json")), report_to)
+            _write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
         return
     baseline = _baselines(baseline, builder)
     runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
@@ -154,7 +154,7 @@ def bench(
     with busy(load):
         _measure(runner, items, result, out)
     if report_to is not None:
-        _write_report(sorted(out.parent.glob("*/results.json")), report_to)
+        _write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
 
 
 def _rules(value: str | None, sampling: dict[str, Any] | None) -> list[str] | None:
@@ -275,7 +275,7 @@ def _measure(runner: Any, items: list, result: dict[str, Any], out: Path) -> Non
 
         try:
             samples = runner.run(items, on_sample=on_sample, on_prompt=on_prompt)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Interrupted):  # Ctrl-C in Hugging Face's generate, or in treespec's
             _stopped(out, "interrupted", 130)
         except TreespecError as exc:
             _stopped(out, str(exc), 1)
@@ -285,8 +285,8 @@ def _measure(runner: Any, items: list, result: dict[str, Any], out: Path) -> Non
     report.print_table(final)
     try:
         files = report.write_outputs(out, final, steps)
-    except OSError as exc:
-        _stopped(out, f"cannot write into {out}: {exc.strerror or exc}; free some space or pick another --out", 1)
+    except TreespecError as exc:  # a write failed (treespec.files): the last complete files stay
+        _stopped(out, str(exc), 1)
     typer.echo(f"wrote {out / 'results.json'}, {out / 'steps.jsonl'}, " + ", ".join(str(f) for f in files))
 
 
@@ -301,8 +301,9 @@ def _stopped(out: Path, why: str, code: int) -> None:
     fail(f"bench stopped ({why}); {kept}", code=code)
 
 
-def _write_report(paths: list[Path], out: Path) -> None:
+def _write_report(paths: list[Path], out: Path, flag: str = "--out") -> None:
     from treespec.bench import report
+    from treespec.files import write_text_atomic
 
     loaded = []
     for path in paths:
@@ -315,8 +316,11 @@ def _write_report(paths: list[Path], out: Path) -> None:
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             fail(f"{path} is not a treespec results.json (no rows); rerun the bench that wrote it")
         loaded.append((path.resolve(), data))
-    writable_file(out, "--out")
-    report.write_text_atomic(out, report.markdown(loaded, out.resolve().parent, out))
+    writable_file(out, flag)
+    try:
+        write_text_atomic(out, report.markdown(loaded, out.resolve().parent, out), flag)
+    except TreespecError as exc:
+        fail(str(exc), code=1)
     typer.echo(f"wrote {out}")
 
 

@@ -11,7 +11,8 @@ import typer
 
 from treespec.cli import fail
 from treespec.cli.common import command_line
-from treespec.errors import TreespecError
+from treespec.errors import Interrupted, TreespecError
+from treespec.files import write_text_atomic
 
 
 def _sizes(value: str) -> list[int]:
@@ -51,24 +52,47 @@ def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: 
             fail(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in {target!r}'s context of {limit} "
                  f"tokens: use at most {limit - 1}")
         prompts = [format_turns(tok, it, []) for it in items]
-        if limit:
-            prompts = [p[-(limit - max_new_tokens):] for p in prompts]
-        runs = len(runner.configs) * sum(-(-len(prompts) // b) for b in sizes)
-        with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.description}")) as progress:
-            task = progress.add_task("warm-up", total=runs + 1)
-            rows = runner.run(prompts, progress=lambda what: progress.update(task, advance=1, description=what))
     except TreespecError as exc:
         fail(str(exc))
+    if limit:
+        prompts = [p[-(limit - max_new_tokens):] for p in prompts]
     line = command_line(ctx, {"target": target, "drafter": drafter, "builder": builder})
     result = {"mode": "batch", "command": shlex.join(line),
               "dataset": dataset, "category": None, "prompts": len(prompts), "truncated": 0, "max_new_tokens": max_new_tokens,
-              "target": target, "seed": seed, "temperature": 0.0, "environment": report.environment(), "rows": rows,
-              "partial": False}
-    out.mkdir(parents=True, exist_ok=True)
-    report.write_text_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")
-    png = plot(out, rows)
+              "target": target, "seed": seed, "temperature": 0.0, "environment": report.environment(), "rows": [],
+              "partial": True}
+
+    saved: list[int] = []  # the batch sizes whose rows are in results.json
+
+    def save(rows: list[dict[str, Any]], partial: bool = True) -> None:  # after every batch size, atomically
+        write_text_atomic(out / "results.json", json.dumps({**result, "rows": rows, "partial": partial}, indent=1,
+                                                           default=str) + "\n", "--out")
+        saved[:] = sorted({r["batch_size"] for r in rows})
+
+    runs = len(runner.configs) * sum(-(-len(prompts) // b) for b in sizes)
+    try:
+        with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}")) as progress:
+            task = progress.add_task("warm-up", total=runs + 1)
+            rows = runner.run(prompts, progress=lambda what: progress.update(task, advance=1, description=what),
+                              on_rows=save)
+        save(rows, partial=False)
+    except (KeyboardInterrupt, Interrupted):
+        _stopped(out, "interrupted", 130, saved)
+    except TreespecError as exc:
+        _stopped(out, str(exc), 1, saved)
+    try:
+        png = plot(out, rows)
+    except TreespecError as exc:
+        fail(f"{exc}; the results are complete in {out / 'results.json'}", code=1)
     for r in rows:
         same = "lossless" if r["lossless"] else f"{r['mismatches']} rows differ"
         typer.echo(f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  {r['vs_hf']:.2f}x HF  {same}")
     typer.echo(f"wrote {out / 'results.json'}, {png}")
+
+
+def _stopped(out: Path, why: str, code: int, saved: list[int]) -> None:
+    """One line: why the run stopped, and what of it is on disk (the rows of every finished batch size)."""
+    kept = (f"the rows of batch sizes {','.join(map(str, saved))} are in {out / 'results.json'} (marked partial)"
+            if saved else "no batch size finished")
+    fail(f"bench stopped ({why}); {kept}", code=code)

@@ -11,7 +11,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from treespec.cli import measure
+from treespec.cli import fail, measure
+from treespec.cli.common import writable_file
+from treespec.errors import TreespecError
+from treespec.files import write_text_atomic
 
 EPILOG = """\
 Examples:
@@ -45,6 +48,8 @@ def calibrate(
     """Fit the draft model's temperature T so that its q predicts greedy acceptance (for `-D temperature=T`)."""
     measure.check_positive(max_positions=max_positions)
     measure.refuse_plugin_names(drafter, "calibrate")
+    if out is not None:
+        writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
     run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
 
     from rich.progress import Progress
@@ -65,8 +70,11 @@ def calibrate(
         record = {"target": run.target_name, "drafter": run.drafter_name, "dataset": dataset, "skip": skip,
                   "limit": limit, "max_new_tokens": max_new_tokens, "skipped_too_long": run.skipped,
                   "dtype": str(run.target.dtype).replace("torch.", ""), **vars(cal)}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=2) + "\n")
+        try:
+            write_text_atomic(out, json.dumps(record, indent=2) + "\n", "--out")
+        except TreespecError as exc:  # the measurement is not lost: it goes to stdout instead
+            typer.echo(json.dumps(record, indent=2))
+            fail(f"{exc}; the measurements are printed on stdout instead", code=1)
         typer.echo(f"wrote {out}")
     model = run.drafter_name.split()[0]
     opts = (f" -D layers={layers}" if layers else "") + f" -D temperature={t}"

@@ -1,13 +1,19 @@
 """What several commands share: option help texts, reading a prompt file, checking an output folder
-before a long run, and the command line that reproduces a run. Imports no torch."""
+before a long run, SIGTERM handled like Ctrl-C, a stdout that cannot be written, and the command line
+that reproduces a run. Imports no torch."""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from treespec.cli import fail
+from treespec.errors import TreespecError
 
 B_OPTION_HELP = (
     "builder option name=value, repeatable or comma-separated (e.g. -B nodes=25 -B threshold=0.3). "
@@ -60,27 +66,64 @@ def read_prompt(path: Path) -> str:
 
 def writable_dir(path: Path, flag: str) -> None:
     """Make sure ``path`` is (or can become) a folder we can write into, before any work starts."""
-    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        fail(f"{flag} {path}: {blocker} is a file, not a folder; pick another {flag}")
+    from treespec.files import check_writable_dir
+
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".treespec-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        fail(f"{flag} {path} is not writable ({exc.strerror or type(exc).__name__}); pick another {flag}")
+        check_writable_dir(path, flag)
+    except TreespecError as exc:
+        fail(str(exc))
 
 
-def writable_file(path: Path, flag: str) -> None:
-    """``path``'s folder must exist and be writable (``--dot``/``--png``/``--report``)."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        fail(f"{flag} {path} is a directory: give a file name")
-    if not parent.is_dir():
-        fail(f"{flag} {path}: the folder {parent} does not exist; create it first")
-    if not os.access(parent, os.W_OK):
-        fail(f"{flag} {path}: the folder {parent} is not writable")
+def writable_file(path: Path, flag: str, create_folder: bool = False) -> None:
+    """``path``'s folder must exist (``create_folder``: is created) and take a new file
+    (``--dot``/``--png``/``--report``/``--out``), before any work starts."""
+    from treespec.files import check_writable_dir, check_writable_file
+
+    try:
+        if create_folder and not path.is_dir():
+            check_writable_dir(path.parent if str(path.parent) else Path("."), flag)
+        check_writable_file(path, flag)
+    except TreespecError as exc:
+        fail(str(exc))
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM (``kill``, a job scheduler stopping the job) inside the block is handled like Ctrl-C: it
+    raises ``KeyboardInterrupt`` where the program is, so what was decoded is kept and printed. The
+    list it yields receives the signal's number if it came (see ``interrupt_exit``)."""
+    got: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (an application calling the command): leave SIGTERM alone
+        yield got
+        return
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interrupt_exit(message: str, term: list[int]) -> tuple[str, int]:
+    """The error line and exit code of an ``Interrupted`` decode: 130 for Ctrl-C, 143 for SIGTERM."""
+    if term:
+        return message.replace("interrupted", "terminated (SIGTERM)", 1), 128 + signal.SIGTERM
+    return message, 130
+
+
+def stdout_failed(exc: OSError) -> None:
+    """stdout cannot be written (a full disk behind ``> file``, a closed pipe): one line on stderr, exit 1.
+    stdout then points at /dev/null, so that Python's own flush at exit does not fail a second time."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor behind stdout (a test runner's buffer)
+        pass
+    fail(f"cannot write the output to stdout ({exc.strerror or exc}): free some space or redirect it elsewhere", code=1)
 
 
 def command_line(ctx: Any, resolved: dict[str, Any] | None = None) -> list[str]:

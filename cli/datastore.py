@@ -36,6 +36,7 @@ def build(
     cache_dir: Annotated[Optional[Path], typer.Option(help="the cache folder [default: $XDG_CACHE_HOME/treespec/datastore or ~/.cache/treespec/datastore]", show_default=False)] = None,
 ) -> None:
     """Tokenise and index a corpus (a suffix array), then print: tokens, documents, seconds, path."""
+    from treespec.files import check_writable_dir, check_writable_file
     from treespec.models import DEFAULT_TARGET
     from treespec.models import load_tokenizer
     from treespec.plugins.datastore_index import Index, cache_path
@@ -44,9 +45,16 @@ def build(
         _fail(f"corpus {str(corpus)!r} not found; pass an existing .txt, .jsonl or .jsonl.gz file")
     try:
         tokenizer = load_tokenizer(target or DEFAULT_TARGET)
+        path = (out if out is not None else cache_path(corpus, tokenizer, cache_dir)).expanduser()
+        flag = "--out" if out is not None else "--cache-dir"
+        check_writable_dir(path.parent, flag)  # before the build, not after it
+        check_writable_file(path, flag)
         index = Index.build(corpus, tokenizer)
-        path = index.save(out if out is not None else cache_path(corpus, tokenizer, cache_dir))
     except TreespecError as exc:
         _fail(str(exc))
+    try:
+        index.save(path)
+    except TreespecError as exc:
+        _fail(str(exc), code=1)
     h = index.header
     typer.echo(f"{h['tokens']} tokens, {h['documents']} documents, {h['build_seconds']:.2f} s, {path}")

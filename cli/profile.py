@@ -13,7 +13,7 @@ import typer
 from treespec import defaults
 from treespec.cli import fail
 from treespec.cli.common import (D_OPTION_HELP, DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP, MAX_MEMORY_HELP,
-                                 OFFLOAD_HELP, pair_options, writable_file)
+                                 OFFLOAD_HELP, pair_options, writable_dir, writable_file)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -55,8 +55,12 @@ def profile(
         fail(f"--repeats must be > 0, got {repeats}")
     if threads is not None and threads <= 0:
         fail(f"--threads must be > 0, got {threads}")
+    from treespec.cost import profile_dir
+
     if out is not None:
         writable_file(out, "--out")
+    else:  # where runs look for it: a folder that cannot take it fails now, not after the measurements
+        writable_dir(profile_dir(), "--out (or TREESPEC_PROFILE_DIR)")
     try:
         target, drafter, _, d_opts = pair_options(target, drafter, "chain", None, drafter_option)
         import torch
@@ -70,12 +74,14 @@ def profile(
         model = _measure(dec, prompt, repeats)
     except TreespecError as exc:
         fail(str(exc))
-    from treespec.bench.report import write_text_atomic
     from treespec.cost import profile_path
+    from treespec.files import write_text_atomic
 
     path = out if out is not None else profile_path(model.key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, model.to_json())
+    try:
+        write_text_atomic(path, model.to_json(), "--out")
+    except TreespecError as exc:
+        fail(str(exc), code=1)
     plain = model.plain_seconds()
     typer.echo(f"plain step {1000 * plain:.2f} ms · verify 16 nodes {1000 * model.verify.predict(16):.2f} ms · "
                f"expand 1 node {1000 * model.expand.predict(1):.2f} ms · wrote {path}")

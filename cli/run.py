@@ -14,7 +14,8 @@ import typer
 from treespec import defaults
 from treespec.cli import fail
 from treespec.cli.common import (B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP,
-                                 MAX_MEMORY_HELP, OFFLOAD_HELP, pair_options, read_prompt)
+                                 MAX_MEMORY_HELP, OFFLOAD_HELP, interrupt_exit, pair_options, read_prompt,
+                                 sigterm_as_interrupt, stdout_failed)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -154,12 +155,14 @@ def _warn_ignored(dec: Any, sampling: dict[str, Any]) -> None:
 def _generate_and_print(dec: Any, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
                         as_json: bool) -> None:
     """Decode, streaming complete characters as they come; then the JSON object or the statistics line.
-    A failure or an interrupt still prints what was generated (exit 1, or 130 for Ctrl-C)."""
+    A failure or an interrupt still prints what was generated (exit 1, or 130 for Ctrl-C, 143 for
+    SIGTERM); a stdout that cannot be written (a full disk) is one line on stderr, exit 1."""
     from treespec.errors import DecodingError, Interrupted
     from treespec.sampling import IgnoredOptionWarning
 
     out_ids: list[int] = []
     printed = [""]
+    broken: list[OSError] = []  # stdout failed while streaming
 
     def collect(new: list[int]) -> None:
         out_ids.extend(new)
@@ -168,27 +171,39 @@ def _generate_and_print(dec: Any, prompt_ids: list[int], max_new_tokens: int, sa
         full = dec.text_of(out_ids, prompt_ids)
         if full.endswith("\ufffd"):  # a token may end inside a multi-byte character: wait for the rest
             return
-        sys.stdout.write(full[len(printed[0]):])
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(full[len(printed[0]):])
+            sys.stdout.flush()
+        except OSError as exc:
+            broken.append(exc)
+            raise
         printed[0] = full
 
     error, code = None, 1
+    with sigterm_as_interrupt() as term:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", IgnoredOptionWarning)  # already printed by _warn_ignored
+                out = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, stream=collect, **sampling)
+        except DecodingError as exc:
+            out, error = exc.output, str(exc)
+            if isinstance(exc, Interrupted):
+                error, code = interrupt_exit(error, term)
+        except TreespecError as exc:
+            fail(str(exc))
+    if broken:
+        stdout_failed(broken[0])
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", IgnoredOptionWarning)  # already printed by _warn_ignored
-            out = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, stream=collect, **sampling)
-    except DecodingError as exc:
-        out, error, code = exc.output, str(exc), 130 if isinstance(exc, Interrupted) else 1
-    except TreespecError as exc:
-        fail(str(exc))
-    if as_json:
-        payload = {"text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()}
-        if error:
-            payload["error"] = error
-        print(json.dumps(payload, ensure_ascii=False), flush=True)
-    else:
-        sys.stdout.write(out.text[len(printed[0]):] + "\n")
-        sys.stdout.flush()
-        typer.secho(out.stats.summary(), fg=typer.colors.CYAN, err=True)
+        if as_json:
+            payload = {"text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()}
+            if error:
+                payload["error"] = error
+            print(json.dumps(payload, ensure_ascii=False), flush=True)
+        else:
+            sys.stdout.write(out.text[len(printed[0]):] + "\n")
+            sys.stdout.flush()
+            typer.secho(out.stats.summary(), fg=typer.colors.CYAN, err=True)
+    except OSError as exc:
+        stdout_failed(exc)
     if error:
         fail(error, code=code)

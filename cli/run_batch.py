@@ -6,7 +6,9 @@ lines. The prompts go through ``Decoder.generate([...], batch_size=B)`` in chunk
 step verifies all rows' trees in one target forward, and a finished row's place goes to the next
 prompt of the chunk (continuous batching); each chunk's outputs are printed when it is done. Output:
 with ``--json`` one JSON object per prompt and line, else each completion after a ``### prompt N``
-header; statistics (one line per chunk) go to stderr.
+header; statistics (one line per chunk) go to stderr. Ctrl-C or SIGTERM (exit 130 / 143) or a failure
+(exit 1) mid-chunk still prints that chunk's finished outputs and its rows' partial ones
+(``stats.stop_reason`` "interrupted" / "error"), then one error line.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from typing import Any
 import typer
 
 from treespec.cli import fail
-from treespec.errors import DecodingError, TreespecError
-
-CHUNK = 4  # prompts per generate call, in batch sizes: outputs appear chunk by chunk, rows refill within one
+from treespec.cli.common import interrupt_exit, sigterm_as_interrupt, stdout_failed
+from treespec.errors import DecodingError, Interrupted, TreespecError
 
 CHUNK = 4  # prompts per generate call, in batch sizes: outputs appear chunk by chunk, rows refill within one
 
@@ -46,28 +47,43 @@ def run_batches(dec: Any, prompt_file: Path | None, batch_size: int, max_new_tok
             prompts = [format_turns(tok, it, []) for it in items]
     except TreespecError as exc:
         fail(str(exc))
-    error = None
-    for start in range(0, len(prompts), CHUNK * batch_size):
-        chunk = prompts[start : start + CHUNK * batch_size]
-        began = time.perf_counter()
-        try:
-            outs = dec.generate(chunk, max_new_tokens=max_new_tokens, batch_size=batch_size, **sampling)
-        except DecodingError as exc:
-            outs, error = getattr(exc, "outputs", [exc.output]), str(exc)
-        except TreespecError as exc:
-            fail(str(exc))
+    with sigterm_as_interrupt() as term:
+        for start in range(0, len(prompts), CHUNK * batch_size):
+            chunk = prompts[start : start + CHUNK * batch_size]
+            began = time.perf_counter()
+            error, code = None, 1
+            try:
+                outs = dec.generate(chunk, max_new_tokens=max_new_tokens, batch_size=batch_size, **sampling)
+            except DecodingError as exc:  # Ctrl-C, SIGTERM or a failure: print what the chunk's rows generated
+                outs, error = exc.outputs, str(exc)
+                if isinstance(exc, Interrupted):
+                    error, code = interrupt_exit(error, term)
+            except TreespecError as exc:
+                fail(str(exc))
+            _print_chunk(outs, start, as_json)
+            tokens = sum(len(o.token_ids) for o in outs)
+            seconds = time.perf_counter() - began
+            steps = sum(len(o.stats.steps) for o in outs)
+            tau = tokens / steps if steps else 0.0
+            typer.secho(f"prompts {start + 1}-{start + len(chunk)} ({batch_size} rows): {tokens} tokens in {seconds:.2f} s "
+                        f"({tokens / max(seconds, 1e-9):.1f} tokens/s), τ {tau:.2f}", fg=typer.colors.CYAN, err=True)
+            if error:
+                fail(f"{error} in prompts {start + 1}-{start + len(chunk)} of {len(prompts)}; every prompt that "
+                     "started is printed", code=code)
+
+
+def _print_chunk(outs: list[Any], start: int, as_json: bool) -> None:
+    """The chunk's outputs (those of prompts that started: finished, or partial after an interrupt),
+    as JSON lines or after ``### prompt N`` headers; a stdout that cannot be written is one line."""
+    try:
         for i, out in enumerate(outs):
+            if out.stats.stop_reason == "not started":
+                continue
             n = start + i + 1
             if as_json:
                 print(json.dumps({"prompt": n, "text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()},
                                  ensure_ascii=False), flush=True)
             else:
                 print(f"### prompt {n}\n{out.text}", flush=True)
-        tokens = sum(len(o.token_ids) for o in outs)
-        seconds = time.perf_counter() - began
-        steps = sum(len(o.stats.steps) for o in outs)
-        tau = tokens / steps if steps else 0.0
-        typer.secho(f"prompts {start + 1}-{start + len(chunk)} ({batch_size} rows): {tokens} tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s), "
-                    f"τ {tau:.2f}", fg=typer.colors.CYAN, err=True)
-        if error:
-            fail(error)
+    except OSError as exc:
+        stdout_failed(exc)

@@ -12,7 +12,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from treespec.cli import measure
+from treespec.cli import fail, measure
+from treespec.cli.common import writable_file
+from treespec.errors import TreespecError
+from treespec.files import write_text_atomic
 
 EPILOG = """\
 Examples:
@@ -41,6 +44,8 @@ def sequoia_measure(
 ) -> None:
     """Measure the draft's per-rank acceptance vector on the target's greedy outputs (for `--builder sequoia`)."""
     measure.check_positive(ranks=ranks)
+    if out is not None:
+        writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
     run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
     prompts, tgt = run.prompts, run.target
 
@@ -61,7 +66,10 @@ def sequoia_measure(
     if out is None:
         sys.stdout.write(text + "\n")
     else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
+        try:
+            write_text_atomic(out, text + "\n", "--out")
+        except TreespecError as exc:  # the measurement is not lost: it goes to stdout instead
+            sys.stdout.write(text + "\n")
+            fail(f"{exc}; the measurement is printed on stdout instead", code=1)
         summary += f"; wrote {out} (use: --builder sequoia -B acceptance={out})"
     typer.secho(summary, fg=typer.colors.CYAN, err=True)

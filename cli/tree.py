@@ -63,6 +63,7 @@ def tree_show(
 def _draw(dec, prompt, ids, tree, acc, what: str, max_nodes: int, dot: Path | None, png: Path | None) -> None:
     from rich.console import Console
 
+    from treespec.files import write_text_atomic
     from treespec.tools import render
 
     show = render.token_text(dec.target.tokenizer)
@@ -74,11 +75,14 @@ def _draw(dec, prompt, ids, tree, acc, what: str, max_nodes: int, dot: Path | No
         f"the target accepts {acc.accepted} + 1 bonus token: {dec.text_of(acc.tokens + [acc.bonus], ids)!r}"
     )
     if dot is not None:
-        dot.write_text(render.to_dot(tree, acc, show))
+        try:
+            write_text_atomic(dot, render.to_dot(tree, acc, show), "--dot")
+        except TreespecError as exc:
+            fail(str(exc), code=1)
         console.print(f"wrote {dot} (render with: dot -Tpng {dot} -o tree.png)")
     if png is not None:
         try:
             render.to_png(tree, acc, show, png)
         except TreespecError as exc:
-            fail(str(exc))
+            fail(str(exc), code=1)
         console.print(f"wrote {png}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -35,6 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from treespec.errors import ConfigError
+from treespec.files import save_atomic_with
 from treespec.inputs import json_lines
 
 FORMAT_VERSION = 1
@@ -177,25 +177,20 @@ class Index:
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        """Write the ``.npz`` atomically (a temporary file, then a rename); returns the path."""
+        """Write the ``.npz`` atomically (``treespec.files``: a temporary file with an unpredictable name,
+        then a rename); returns the path. A failed write (a full disk) is one ``ConfigError`` line."""
         path = Path(path).expanduser()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # unpredictable name
         except OSError as exc:
             raise ConfigError(f"cannot write the index to {path.parent} ({exc.strerror or exc}); pass another "
                               "cache_dir= (or --out)") from None
-        tmp = Path(name)
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fd, 0o666 & ~umask)  # as open() would create it: mkstemp makes 0600
-            with os.fdopen(fd, "wb") as fh:
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as fh:  # a file object: np.savez would add .npz to a name
                 np.savez(fh, tokens=self.tokens, sa=self.sa, header=np.array(json.dumps(self.header)))
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+
+        save_atomic_with(write, path, "cache_dir= (or --out)")
         return path
 
     def check_vocabulary(self, vocab_size: int, where: str) -> None:

@@ -20,6 +20,7 @@ from typing import Iterable
 import torch
 
 from treespec.errors import ConfigError
+from treespec.files import save_safetensors_atomic
 
 FILE = "draft_vocab.safetensors"
 
@@ -38,9 +39,8 @@ def rank_tokens(sequences: Iterable[torch.Tensor], vocab: int, size: int) -> tor
 
 
 def save(out: Path, ids: torch.Tensor) -> None:
-    from safetensors.torch import save_file
-
-    save_file({"ids": ids.to(torch.long).contiguous()}, str(Path(out) / FILE))
+    """The ranked ids beside a head's weights, written atomically."""
+    save_safetensors_atomic({"ids": ids.to(torch.long).contiguous()}, Path(out) / FILE)
 
 
 def load(folder: Path, vocab: int, name: str) -> torch.Tensor | None:

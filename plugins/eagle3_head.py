@@ -39,6 +39,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from treespec.errors import ConfigError, ModelLoadError
+from treespec.files import save_safetensors_atomic, write_text_atomic, writing
 from treespec.lean import RopeTable, _rope, rms_norm
 
 #: config keys that are not LlamaConfig's
@@ -151,11 +152,11 @@ class Eagle3Head(nn.Module):
     # ------------------------------------------------------------------ files
     def save(self, out: str | Path, extra: dict[str, Any] | None = None, layers: tuple[int, ...] | None = None) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the published layout (``layers``: the
-        feature layers as hidden_states indices, written as the config's layer ids = index − 1)."""
-        from safetensors.torch import save_file
-
+        feature layers as hidden_states indices, written as the config's layer ids = index − 1), each
+        atomically, the weights first; a failed write is one ``ConfigError`` line."""
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
+        with writing(out):
+            out.mkdir(parents=True, exist_ok=True)
         cfg = self.config.to_dict()
         cfg.pop("_attn_implementation_autoset", None)
         cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=int(self.lm_head.out_features),
@@ -164,9 +165,9 @@ class Eagle3Head(nn.Module):
             cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers], "use_aux_hidden_state": True}
         if extra:
             cfg["treespec"] = extra
-        (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if not k.startswith("rotary.")}
-        save_file(state, str(out / "model.safetensors"))
+        save_safetensors_atomic(state, out / "model.safetensors")
+        write_text_atomic(out / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def is_eagle3(raw: dict[str, Any], state: dict[str, torch.Tensor] | None = None) -> bool:

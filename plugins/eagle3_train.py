@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from treespec.errors import ConfigError
+from treespec.files import write_text_atomic
 from treespec.lean import _rope
 from treespec.plugins.eagle3_head import Eagle3Head, default_layers
 from treespec.plugins.eagle_head import head_config_for
@@ -247,5 +248,5 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
                "parameters": sum(p.numel() for p in head.parameters())}
     head.save(out, layers=layers, extra={"target": s.target, "top1_held_out": final["top1"],
                                         "calibration_temperature": temperature, "trained_with": "treespec train eagle --version 3"})
-    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out / "training.json", json.dumps(summary, indent=2) + "\n", "--out")
     return summary

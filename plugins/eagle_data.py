@@ -16,8 +16,9 @@ from typing import Any, Callable
 import torch
 
 from treespec.errors import ConfigError
+from treespec.files import save_torch_atomic
 from treespec.target import TargetModel
-from treespec.train.checkpoint import load_data, save_atomic
+from treespec.train.checkpoint import load_data
 
 DATA_VERSION = 1
 
@@ -82,7 +83,7 @@ def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, 
             done[i] = Sequence(seq, torch.empty(0), len(prompts[i]))
         if journal is not None:
             index = sorted(done)
-            save_atomic({"key": key, "index": index, "conts": [done[i].ids[done[i].prompt_len :] for i in index]}, journal)
+            save_torch_atomic({"key": key, "index": index, "conts": [done[i].ids[done[i].prompt_len :] for i in index]}, journal)
         progress("generating the target's continuations", len(done), len(order), "")
     for b0 in range(0, len(order), batch):
         idx = order[b0 : b0 + batch]
@@ -133,7 +134,7 @@ def training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
     seqs = kept + new
     rows = [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} | ({"fused": x.fused} if layers else {})
             for x in seqs]
-    save_atomic({"key": s.data_key(), "seqs": rows}, data_file)  # plain tensors and ints: read back with weights_only
+    save_torch_atomic({"key": s.data_key(), "seqs": rows}, data_file)  # plain tensors and ints: read back with weights_only
     journal.unlink(missing_ok=True)
     log(f"generated {sum(x.ids.numel() - x.prompt_len for x in new)} tokens for {len(new)} prompts "
         f"in {time.perf_counter() - t0:.0f} s → {data_file}")

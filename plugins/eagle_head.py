@@ -33,6 +33,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from treespec.errors import ConfigError, ModelLoadError
+from treespec.files import save_safetensors_atomic, write_text_atomic, writing
 from treespec.kv import cache_keyword
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -106,20 +107,20 @@ class EagleHead(nn.Module):
 
     # ------------------------------------------------------------------ files
     def save(self, out: str | Path, extra: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> None:
-        """Write ``config.json`` and ``model.safetensors`` in the published layout (weights cast to ``dtype``)."""
-        from safetensors.torch import save_file
-
+        """Write ``config.json`` and ``model.safetensors`` in the published layout (weights cast to ``dtype``),
+        each atomically, the weights first; a failed write is one ``ConfigError`` line."""
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
+        with writing(out):
+            out.mkdir(parents=True, exist_ok=True)
         cfg = self.config.to_dict()
         cfg.pop("_attn_implementation_autoset", None)
         cfg["bias"] = self.bias
         if extra:
             cfg["treespec"] = extra
-        (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()
                  if not k.startswith("rotary.")}
-        save_file(state, str(out / "model.safetensors"))
+        save_safetensors_atomic(state, out / "model.safetensors")
+        write_text_atomic(out / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 class LeanEagleHead:

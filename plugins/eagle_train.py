@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from treespec.train import calibration
-from treespec.train.checkpoint import load_data, prepare_out, save_atomic
+from treespec.files import save_torch_atomic, write_text_atomic
+from treespec.train.checkpoint import load_data, prepare_out
 from treespec.errors import ConfigError
 from treespec.kv import causal_mask
 from treespec.plugins.eagle_data import DATA_VERSION, Progress, Sequence, quiet, training_data
@@ -256,7 +257,7 @@ class _Run:
         return running
 
     def save(self, ckpt_file: Path, s: Any, epoch: int, history: list) -> None:
-        save_atomic({"settings": asdict(s), "head": self.head.state_dict(), "opt": self.opt.state_dict(),
+        save_torch_atomic({"settings": asdict(s), "head": self.head.state_dict(), "opt": self.opt.state_dict(),
                      "sched": self.sched.state_dict(), "rng": torch.get_rng_state(), "epoch": epoch,
                      "history": history}, ckpt_file)
 
@@ -327,5 +328,5 @@ def _finish(head: EagleHead, embed: Any, lm_head: Any, held: list, n_train: int,
                           "trained_with": "treespec train eagle"}, dtype=getattr(torch, s.save_dtype))
     if ids is not None:
         draft_vocab.save(out, ids)
-    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out / "training.json", json.dumps(summary, indent=2) + "\n", "--out")
     return summary

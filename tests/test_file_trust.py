@@ -12,7 +12,8 @@ import torch
 
 from conftest import EAGLE_TEST_SETTINGS, REPO
 from treespec.errors import ConfigError
-from treespec.train.checkpoint import load_data, save_atomic
+from treespec.files import save_torch_atomic
+from treespec.train.checkpoint import load_data
 
 
 class Bomb:
@@ -44,7 +45,7 @@ def test_checkpoints_round_trip_as_data(tmp_path):
     opt.step()
     state = {"model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state(),
              "history": [{"epoch": 1, "loss": 0.5}], "key": {"lr": 1e-3, "name": "x", "sizes": (1, 2)}}
-    save_atomic(state, tmp_path / "c.pt")
+    save_torch_atomic(state, tmp_path / "c.pt")
     back = load_data(tmp_path / "c.pt")
     assert torch.equal(back["rng"], state["rng"]) and back["history"] == state["history"] and back["key"] == state["key"]
     assert all(torch.equal(back["model"][k], v) for k, v in state["model"].items())

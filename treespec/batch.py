@@ -28,7 +28,7 @@ import torch
 
 from treespec import lockstep, step
 from treespec.batch_target import BatchTarget
-from treespec.errors import ConfigError, DecodingError, TreespecError
+from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.interfaces import Commit, DraftRows, PrefillContext
 from treespec.stats import RunStats
 from treespec.verify_rows import greedy_rows
@@ -52,7 +52,9 @@ class _Row:
 def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, sampling: dict[str, Any],
                    batch_size: int | None = None) -> list["Output"]:
     """Decode every prompt, at most ``batch_size`` rows at a time (default: all at once); a finished
-    row's place goes to the next prompt waiting. Returns one ``Output`` per prompt, in order."""
+    row's place goes to the next prompt waiting. Returns one ``Output`` per prompt, in order. Ctrl-C
+    raises ``Interrupted``, a failure ``DecodingError``; either carries every prompt's output in
+    ``.outputs``: the finished ones whole, the rows in flight with what they generated."""
     from treespec import inputs
     from treespec.decoder import Output
 
@@ -69,16 +71,19 @@ def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, samp
     try:
         run = _Batch(dec, ids_list, outs, width, max_new_tokens, sampling)
         run.loop()
-    except KeyboardInterrupt:
-        raise  # the Decoder's caller sees Ctrl-C; every row's Output keeps what it generated
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:  # Ctrl-C or a failure: every prompt's output so far
+        interrupted = isinstance(exc, KeyboardInterrupt)
         for i, out in enumerate(outs):
             out.text = dec.text_of(out.token_ids, ids_list[i])
-            out.stats.stop_reason = out.stats.stop_reason or ("error" if run is not None and i < run.next else "not started")
+            started = run is not None and i < run.next
+            out.stats.stop_reason = out.stats.stop_reason or (
+                ("interrupted" if interrupted else "error") if started else "not started")
+        finished = sum(o.stats.stop_reason not in ("interrupted", "error", "not started") for o in outs)
+        done = f"{finished} of {len(outs)} prompts finished, {sum(len(o.token_ids) for o in outs)} new tokens"
+        if interrupted:
+            raise Interrupted(f"interrupted ({done})", outs[0], outs) from None
         reason = str(exc) if isinstance(exc, TreespecError) else f"{type(exc).__name__}: {exc}"
-        err = DecodingError(f"batched decoding stopped: {reason}", outs[0])
-        err.outputs = outs  # every prompt's partial output
-        raise err from exc
+        raise DecodingError(f"batched decoding stopped ({done}): {reason}", outs[0], outs) from exc
     finally:
         for r in run.active if run is not None else []:
             r.out.stats.t_total = time.perf_counter() - r.admitted

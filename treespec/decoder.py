@@ -164,7 +164,9 @@ class Decoder:
 
         Calls on one Decoder are serialised: a second thread's call waits for the first to finish
         (the target's and the drafter's caches are per Decoder). Bad arguments raise ``ConfigError``;
-        a failure while decoding raises ``DecodingError`` with everything generated so far in ``.output``.
+        a failure while decoding raises ``DecodingError`` with everything generated so far in ``.output``,
+        Ctrl-C ``Interrupted`` (a ``DecodingError``); for a list of prompts ``.outputs`` holds every
+        prompt's output (finished, partial, not started).
         """
         if unknown:
             raise ConfigError(

@@ -25,13 +25,16 @@ class ModelLoadError(TreespecError):
 
 
 class DecodingError(TreespecError):
-    """Decoding failed part-way. ``output`` holds everything generated before the failure."""
+    """Decoding failed part-way. ``output`` holds everything generated before the failure; for a batch
+    (``generate([...])``) ``outputs`` holds every prompt's output in order (finished, partial, or empty
+    with ``stats.stop_reason == "not started"``) and ``output`` is the first. One prompt: ``[output]``."""
 
-    def __init__(self, message: str, output: "Output"):
+    def __init__(self, message: str, output: Output, outputs: list[Output] | None = None):
         super().__init__(message)
         self.output = output
+        self.outputs = outputs if outputs is not None else [output]
 
 
 class Interrupted(DecodingError):
-    """Decoding was interrupted (Ctrl-C, ``KeyboardInterrupt``). ``output`` holds everything
-    generated before it, with ``stats.stop_reason == "interrupted"``."""
+    """Decoding was interrupted (Ctrl-C, ``KeyboardInterrupt``). ``output`` (``outputs`` for a batch)
+    holds everything generated before it; an unfinished output has ``stats.stop_reason == "interrupted"``."""

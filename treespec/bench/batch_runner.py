@@ -10,7 +10,7 @@ process as in a server, and reported per row (``warmup_seconds``). Every treespe
 ``… | refill``: all prompts in one ``generate(prompts, batch_size=B)`` call, at most B rows in flight
 and a finished row's place given to the next prompt (continuous batching; Hugging Face's ``generate``
 has no such mode: its rows of a batch start and stop together), right after that B's batches. Every row is compared token for token
-with its prompt's own greedy ``generate`` (batch of one, computed first): treespec rows must equal it;
+with its prompt's own greedy ``generate`` (batch of one: the hf-greedy runs at B = 1, else computed after the first B): treespec rows must equal it;
 Hugging Face's batched rows are reported as they come (left padding changes a row's arithmetic, so a
 near-tie can flip). Memory: the process's resident set after each batch (peak per B, and its growth
 from the first to the last batch of that B).
@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from treespec.factory import make_drafter, resolve_drafter_name
+from treespec.files import savefig_atomic
 from treespec.options import parse_spec
 from treespec.target import TargetModel
 
@@ -115,13 +116,16 @@ class BatchBench:
             outs.append(row[: stop + 1] if stop is not None else row)
         return BatchRun(sum(len(o) for o in outs), seconds, calls[0], outs, rss_mb())
 
-    def run(self, prompts: list[list[int]], progress: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
-        """Every configuration at every batch size; returns the rows of results.json."""
-        rows = []
-        runs: dict[tuple[str, int], list[tuple[int, BatchRun]]] = {(c.label, b): [] for c in self.configs for b in self.sizes}
+    def run(self, prompts: list[list[int]], progress: Callable[[str], None] = lambda _: None,
+            on_rows: Callable[[list[dict[str, Any]]], None] = lambda _: None) -> list[dict[str, Any]]:
+        """Every configuration at every batch size; returns the rows of results.json. ``on_rows(rows so
+        far)`` is called when a batch size is done (its rows are complete), e.g. to save partial results."""
+        rows: list[dict[str, Any]] = []
         self.warmup: dict[tuple[str, int], float] = {}  # seconds of each configuration's untimed warm-up batch
+        reference: list[list[int]] | None = None  # each prompt's own greedy output
         n = 0
         for b in self.sizes:
+            runs: dict[str, list[tuple[int, BatchRun]]] = {c.label: [] for c in self.configs}
             for c in self.configs:  # warm-up at this batch size, untimed: one-off costs (auto's quick cost
                 # measurement at size b, allocator growth) are paid here, once per process, as in a server
                 t = time.perf_counter()
@@ -132,31 +136,37 @@ class BatchBench:
                 order = self.configs[n % len(self.configs):] + self.configs[: n % len(self.configs)]
                 n += 1
                 for c in order:
-                    runs[(c.label, b)].append((start, c.run(chunk, self.max_new)))
+                    runs[c.label].append((start, c.run(chunk, self.max_new)))
                     progress(f"B={b} {c.label[:40]}")
             for c in self.refills:  # every prompt in one call, B rows in flight
-                runs[(c.label, b)] = [(0, c.run(prompts, self.max_new, b))]
+                runs[c.label] = [(0, c.run(prompts, self.max_new, b))]
                 progress(f"B={b} {c.label[:40]}")
-        if 1 in self.sizes:  # each prompt's own greedy generate: the hf-greedy row at B = 1 ran exactly that
-            reference = [o for _, r in runs[("hf-greedy", 1)] for o in r.outputs]
-        else:
-            reference = [self._hf([p], self.max_new).outputs[0] for p in prompts]
-        progress("references")
-        for b in self.sizes:
-            for c in self.configs + self.refills:
-                got = runs[(c.label, b)]
-                outs = [o for start, r in got for o in r.outputs]
-                tokens, seconds = sum(r.tokens for _, r in got), sum(r.seconds for _, r in got)
-                mism = sum(o != ref for o, ref in zip(outs, reference))
-                rows.append({"config": c.label, "kind": c.kind, "batch_size": b, "new_tokens": tokens, "seconds": seconds,
-                             "tokens_per_s": tokens / seconds if seconds else None,
-                             "forwards": sum(r.forwards for _, r in got), "mismatches": mism, "lossless": mism == 0,
-                             "nodes_per_row_step": (sum(r.nodes for _, r in got) / sum(r.row_steps for _, r in got)
-                                                    if sum(r.row_steps for _, r in got) else None),
-                             "peak_rss_mb": max(r.rss for _, r in got), "rss_growth_mb": got[-1][1].rss - got[0][1].rss,
-                             "warmup_seconds": self.warmup.get((c.label.removesuffix(" | refill"), b))})
+            if reference is None:  # the hf-greedy row at B = 1 ran exactly that
+                reference = ([o for _, r in runs["hf-greedy"] for o in r.outputs] if b == 1
+                             else [self._hf([p], self.max_new).outputs[0] for p in prompts])
+                progress("references")
+            rows += self._rows(b, runs, reference)
+            on_rows(rows)
+        return rows
+
+    def _rows(self, b: int, runs: dict[str, list[tuple[int, BatchRun]]], reference: list[list[int]]) -> list[dict[str, Any]]:
+        """The rows of batch size ``b``: every configuration's totals, exactness against ``reference``
+        and speed against Hugging Face's batched greedy at the same size."""
+        rows = []
+        for c in self.configs + self.refills:
+            got = runs[c.label]
+            outs = [o for start, r in got for o in r.outputs]
+            tokens, seconds = sum(r.tokens for _, r in got), sum(r.seconds for _, r in got)
+            mism = sum(o != ref for o, ref in zip(outs, reference))
+            rows.append({"config": c.label, "kind": c.kind, "batch_size": b, "new_tokens": tokens, "seconds": seconds,
+                         "tokens_per_s": tokens / seconds if seconds else None,
+                         "forwards": sum(r.forwards for _, r in got), "mismatches": mism, "lossless": mism == 0,
+                         "nodes_per_row_step": (sum(r.nodes for _, r in got) / sum(r.row_steps for _, r in got)
+                                                if sum(r.row_steps for _, r in got) else None),
+                         "peak_rss_mb": max(r.rss for _, r in got), "rss_growth_mb": got[-1][1].rss - got[0][1].rss,
+                         "warmup_seconds": self.warmup.get((c.label.removesuffix(" | refill"), b))})
+        hf = next(r for r in rows if r["kind"] == "hf-greedy")
         for row in rows:
-            hf = next(r for r in rows if r["kind"] == "hf-greedy" and r["batch_size"] == row["batch_size"])
             row["vs_hf"] = row["tokens_per_s"] / hf["tokens_per_s"] if hf["tokens_per_s"] else None
         return rows
 
@@ -193,7 +203,7 @@ def plot(out: Any, rows: list[dict[str, Any]]) -> Any:
     ax.grid(alpha=0.3)
     path = out / "throughput_vs_batch.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    savefig_atomic(fig, path, "--out", dpi=110)
     plt.close(fig)
     return path
 

@@ -9,6 +9,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from treespec.files import savefig_atomic
+
 #: histogram bins of the verified nodes (root excluded) and of the depth: (label, low, high) inclusive
 SIZE_BINS = (("0", 0, 0), ("1-3", 1, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16-31", 16, 31), ("32+", 32, 1 << 30))
 DEPTH_BINS = (("0", 0, 0), ("1-2", 1, 2), ("3-5", 3, 5), ("6-9", 6, 9), ("10-15", 10, 15), ("16+", 16, 1 << 30))
@@ -109,7 +111,7 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]], budget:
     ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     path = out / "tokens_vs_budget.png"
-    fig.savefig(path, dpi=110)
+    savefig_atomic(fig, path, "--out", dpi=110)
     plt.close(fig)
     return path
 

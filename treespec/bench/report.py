@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from treespec.bench import planning
+from treespec.files import savefig_atomic, write_text_atomic, writing
 
 BUDGET_KEYS = ("nodes", "total_tokens", "k")  # the option that is a builder's node budget
 
@@ -96,28 +97,13 @@ def print_table(result: dict[str, Any]) -> None:
         console.print(line)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a reader (or a
-    disk that fills up half-way) never sees a half-written file, and the old one survives a failure."""
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_results(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> None:
-    """results.json and steps.jsonl, each written atomically."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")
-    write_text_atomic(out / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in steps))
+    """results.json and steps.jsonl, each written atomically (``treespec.files``: a failed write is a
+    ``ConfigError`` and leaves the last complete file)."""
+    with writing(out, "--out"):
+        out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n", "--out")
+    write_text_atomic(out / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in steps), "--out")
 
 
 def write_outputs(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list[Path]:
@@ -145,7 +131,7 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list
     ax.legend(fontsize=7)
     fig.tight_layout()
     files.append(out / "tau_vs_budget.png")
-    fig.savefig(files[-1], dpi=110)
+    savefig_atomic(fig, files[-1], "--out", dpi=110)
     plt.close(fig)
 
     configs = [r["config"] for r in result["rows"] if r["builder"]]
@@ -170,7 +156,7 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list
             ax.axis("off")
         fig.tight_layout()
         files.append(out / "ea_vs_accepted.png")
-        fig.savefig(files[-1], dpi=110)
+        savefig_atomic(fig, files[-1], "--out", dpi=110)
         plt.close(fig)
 
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -182,7 +168,7 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list
         ax.legend(fontsize=6)
         fig.tight_layout()
         files.append(out / "accepted_hist.png")
-        fig.savefig(files[-1], dpi=110)
+        savefig_atomic(fig, files[-1], "--out", dpi=110)
         plt.close(fig)
     budgets = planning.plot(out, result, steps, budget)
     return files + ([budgets] if budgets else [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from treespec.files import savefig_atomic
 from treespec.tree import DraftTree
 from treespec.verify import Acceptance
 
@@ -127,5 +128,5 @@ def to_png(tree: DraftTree, acc: Acceptance, decode: Callable[[int], str], path:
     ax.set_title(f"{tree.size} drafted nodes · depth {tree.depth} · E(A) {tree.expected_accepted():.2f} · "
                  f"accepted {acc.accepted} + bonus", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    savefig_atomic(fig, path, "--png", format="png", dpi=120)
     plt.close(fig)

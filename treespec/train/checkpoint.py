@@ -8,12 +8,11 @@ one line, and nothing is unpickled.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from treespec.errors import ConfigError
+from treespec.files import check_writable_dir
 
 
 #: Files that make a folder a model someone saved (a target, a draft, a head): training never writes over them.
@@ -38,35 +37,13 @@ def prepare_out(out: str | Path, what: str = "training") -> Path:
             raise ConfigError(
                 f"--out {path} holds a model ({found}) that the {what} would overwrite: pick a new or empty folder"
             )
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".treespec-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"--out {path} is not writable ({exc.strerror or type(exc).__name__}): pick another --out") from None
-    return path
-
-
-def save_atomic(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then rename it over ``path`` (atomic on POSIX)."""
-    import torch
-
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return check_writable_dir(path, "--out")
 
 
 def load_data(path: str | Path) -> Any:
-    """A checkpoint written by ``save_atomic``, read as data only (``weights_only=True``). A file that
-    holds anything but plain tensors and containers (an older treespec's, or a crafted one) is a
-    ``ConfigError`` that says to delete it; it is never unpickled."""
+    """A checkpoint written by ``treespec.files.save_torch_atomic``, read as data only
+    (``weights_only=True``). A file that holds anything but plain tensors and containers (an older
+    treespec's, or a crafted one) is a ``ConfigError`` that says to delete it; it is never unpickled."""
     import torch
 
     path = Path(path)

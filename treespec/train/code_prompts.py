@@ -13,6 +13,8 @@ import random
 from pathlib import Path
 from typing import Iterable
 
+from treespec.files import write_text_atomic, writing
+
 
 def function_prompts(rel: str, text: str) -> Iterable[dict[str, str]]:
     """Every function (or method) in ``text`` that has a docstring: its ``def`` line(s) through the end
@@ -41,8 +43,7 @@ def write_prompts(files: Iterable[tuple[str, str]], out: Path, limit: int, seed:
     if len(prompts) > limit:
         keep = sorted(random.Random(seed).sample(range(len(prompts)), limit))
         prompts = [prompts[i] for i in keep]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as fh:
-        for p in prompts:
-            fh.write(json.dumps(p) + "\n")
+    with writing(out.parent):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out, "".join(json.dumps(p) + "\n" for p in prompts))
     return len(prompts)

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from treespec.errors import ConfigError
-from treespec.train.checkpoint import load_data, prepare_out, save_atomic
+from treespec.files import save_torch_atomic, write_text_atomic, writing
+from treespec.train.checkpoint import load_data, prepare_out
 from treespec.train.pair_data import EOT_ID, PAD_ID, PairData, prepare
 
 WHICH = ("target", "draft")
@@ -223,7 +224,7 @@ class _Trainer:
         import torch
 
         self.clock()
-        save_atomic({"key": self.s.key(self.which), "model": self.model.state_dict(), "opt": self.opt.state_dict(),
+        save_torch_atomic({"key": self.s.key(self.which), "model": self.model.state_dict(), "opt": self.opt.state_dict(),
                      "sched": self.sched.state_dict(), "rng": {"torch": torch.get_rng_state()},
                      "state": asdict(self.state)}, self.ckpt_file)
 
@@ -236,7 +237,7 @@ class _Trainer:
         entry = {"which": self.which, "step": state.step, "train_loss": state.train_loss, "held_out_loss": loss,
                  "lr": self.sched.get_last_lr()[0], "tokens": state.step * s.batch_size * self.length,
                  "seconds": round(state.seconds, 1)}
-        with open(self.out / "log.jsonl", "a") as f:
+        with writing(self.out / "log.jsonl", "--out"), open(self.out / "log.jsonl", "a") as f:  # appended: a log, not a state
             f.write(json.dumps(entry) + "\n")
         trained = "" if state.step == 0 else f"train loss {state.train_loss:.4f} · "
         self.log(f"{self.which} step {state.step}/{self.total}: {trained}held-out loss {loss:.4f}")
@@ -308,11 +309,12 @@ def export(model: Any, tokenizer: Any, folder: Path) -> None:
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # "Writing model shards" would break the rich progress bar
     try:
-        model.eval().save_pretrained(folder, max_shard_size=MAX_SHARD)
+        with writing(folder, "--out"):  # transformers writes the folder's files itself
+            model.eval().save_pretrained(folder, max_shard_size=MAX_SHARD)
+            tokenizer.save_pretrained(folder)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    tokenizer.save_pretrained(folder)
 
 
 # ---------------------------------------------------------------------- the pair
@@ -371,5 +373,5 @@ def write_summary(s: PairSettings, data: PairData, params: dict[str, int], state
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
                      "tokenizers": tokenizers.__version__, "treespec": treespec.__version__},
     }
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(summary, indent=2) + "\n", "--out")
     return summary

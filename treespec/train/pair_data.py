@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from treespec.train.code_prompts import write_prompts
 from treespec.errors import ConfigError
+from treespec.files import save_atomic_with, write_text_atomic, writing
 
 EOT, PAD = "<|endoftext|>", "<|pad|>"
 EOT_ID, PAD_ID = 0, 1
@@ -207,14 +208,15 @@ def prepare(held_out: float, max_files: int | None, vocab_size: int, context: in
         log(f"corpus: {facts['train_files']} train files ({facts['train_bytes']:,} bytes), "
             f"{facts['held_out_files']} held out ({facts['held_out_bytes']:,} bytes) from {corpus.root}")
         tokenizer = train_tokenizer([f.text for f in corpus.train], vocab_size, context)
-        tokenizer.save_pretrained(tok_dir)
+        with writing(tok_dir, "--out"):
+            tokenizer.save_pretrained(tok_dir)
         train, held = encode_stream(tokenizer, corpus.train), encode_stream(tokenizer, corpus.held_out)
-        train.tofile(out / "train.u16")
-        held.tofile(out / "held_out.u16")
+        save_atomic_with(train.tofile, out / "train.u16", "--out")
+        save_atomic_with(held.tofile, out / "held_out.u16", "--out")
         tok_hash = hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()
         meta = {"key": key, "facts": facts | {"train_tokens": int(train.size), "held_out_tokens": int(held.size),
                                              "tokenizer_sha256": tok_hash}}
-        meta_file.write_text(json.dumps(meta, indent=2) + "\n")
+        write_text_atomic(meta_file, json.dumps(meta, indent=2) + "\n", "--out")  # last: it marks the cache valid
         log(f"tokenizer: {vocab_size} tokens; {train.size:,} train tokens "
             f"({facts['train_bytes'] / max(1, train.size):.2f} bytes/token), {held.size:,} held-out tokens → {out}")
     for split, files in (("train", corpus.train), ("held-out", corpus.held_out)):  # cheap: always rewritten
