@@ -58,8 +58,11 @@ class Drafted:
     def candidates(self, frontier: np.ndarray, q: np.ndarray, depth: int,
                    calibration: "AcceptanceMap | None") -> np.ndarray:
         """p̂ of every proposed child, [M·k] in row-major order of ``q`` [M, k]: the parent's p̂ times
-        the child's calibrated acceptance (the raw q without a calibration map)."""
-        f = calibration.lookup(q, depth) if calibration is not None else q.astype(np.float64)  # [M, k]
+        the child's calibrated acceptance (the raw q without a calibration map); padding (q = 0) gets
+        0, whatever the map says of the lowest confidences."""
+        f = q.astype(np.float64)  # [M, k]
+        if calibration is not None:
+            f = np.where(q > 0, calibration.lookup(q, depth), 0.0)
         return (self.phat[frontier, None] * f).ravel()  # [M*k]
 
     def add(self, tree: "DraftTree", frontier: np.ndarray, prop: "Proposals", order: np.ndarray,

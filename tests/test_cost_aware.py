@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from treespec.acceptance_map import AcceptanceMap
 from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel, Curve, load_profile, profile_path
 from treespec.interfaces import Drafter, Proposals
 from treespec.plugins.cost_aware import MIN_STEPS_OFF, AutoPlanner
+from treespec.plugins.drafted import Drafted
 from treespec.stats import StepStats
 from treespec.tree import DraftTree
 
@@ -84,6 +86,17 @@ def test_acceptance_map_counts_only_nodes_whose_parent_was_accepted():
     amap = AcceptanceMap()
     amap.learn(tree, torch.tensor([0, a]))
     assert amap.observed == 2  # a (accepted) and b (rejected); c was never tested
+
+
+def test_padding_is_never_priced_by_the_calibration_map():
+    """The map is read in cells of 1/1024 at their centres, so q = 0 reads a small positive f; padding
+    (q = 0) must still price at 0, or `nodes=auto` adds padding tokens as nodes (a trial step keeps
+    the best candidate of a drafter with nothing to propose: the builder conformance kit caught it
+    with the ngram drafter)."""
+    amap = AcceptanceMap()
+    assert amap.lookup(np.array([0.0]), 1)[0] > 0  # what made padding look like a candidate
+    cand = Drafted(4).candidates(np.zeros(1, dtype=np.int64), np.array([[0.5, 0.0]], dtype=np.float32), 1, amap)
+    assert cand[0] == pytest.approx(0.5, abs=1e-3) and cand[1] == 0.0
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from treespec.errors import ConfigError
 from treespec.interfaces import Commit, PrefillContext
 from treespec.plugins.configs import DatastoreConfig
 from treespec.plugins.datastore import DatastoreDrafter
-from treespec.plugins.datastore_index import Index, cache_path, default_cache_dir, open_index, suffix_array
+from treespec.plugins.datastore_index import Index, cache_path, default_cache_dir, open_index
 from treespec.testing import DrafterConformance
 from treespec.tree import DraftTree
 
@@ -70,18 +70,7 @@ def write_corpus(path, docs: list[list[int]]) -> str:
     return str(path)
 
 
-# ---------------------------------------------------------------------- the suffix array
-def test_suffix_array_equals_brute_force_sorted_suffixes():
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        n = int(rng.integers(0, 60))
-        tokens = rng.integers(-1, int(rng.integers(1, 6)), n).astype(np.int32)  # -1 = document end
-        want = sorted(range(n), key=lambda i: tokens[i:].tolist())
-        assert suffix_array(tokens).tolist() == want
-    periodic = np.tile(np.array([3, 1, 3, 1, 2], dtype=np.int32), 40)  # long repeats: many doubling rounds
-    assert suffix_array(periodic).tolist() == sorted(range(200), key=lambda i: periodic[i:].tolist())
-
-
+# ---------------------------------------------------------------------- ranges (the suffix array: test_suffix_array.py)
 def test_ranges_find_exactly_the_occurrences():
     rng = np.random.default_rng(1)
     docs = [rng.integers(0, 4, int(rng.integers(1, 30))).tolist() for _ in range(20)]

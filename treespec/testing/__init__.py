@@ -1,4 +1,5 @@
-"""A conformance suite for drafters: does a ``treespec.Drafter`` keep the contract the decoder relies on?
+"""Conformance suites for plugins: does a ``treespec.Drafter`` or a ``treespec.TreeBuilder`` keep the
+contract the decoder relies on?
 
 For plugin authors. With pytest, subclass ``DrafterConformance`` (one test per check)::
 
@@ -34,19 +35,42 @@ and watches every call), ``checks`` (the eight checks, numbered in run order), `
 (``check_*`` functions, ``check_drafter``, ``DrafterConformance``) and ``reference`` (the target's own
 greedy decoding, shared with treespec's tests).
 
+**Builders** have a kit of their own, the same way: subclass ``BuilderConformance`` and implement
+``make_builder(self)`` (or call ``check_builder(lambda: MyBuilder(MyBuilder.Config()))``). Its five
+checks (``BUILDER_CHECKS``) decode with a real ``treespec.Decoder`` on the default target with the
+``self`` and ``ngram`` drafters: every tree valid and grown by the drafter protocol (``contract``),
+within ``max_nodes`` (``budget``) and ``max_depth`` (``max_depth``), the same in batches
+(``batch``), and every output equal to the target's own greedy decoding (``lossless``). Files:
+``trees`` (the rules of a tree and of an ``expand`` call), ``watch`` (the builder as the Decoder sees
+it, checked at every ``build``), ``builder_checks`` and ``builder_suite``; ``settings`` holds
+``BuilderSettings``.
+
 This package imports torch and transformers; ``import treespec`` does not import it. pytest is
 optional: without it, ``DrafterConformance`` is a plain class and ``check_drafter`` still works.
 """
 
+from .builder_suite import (
+    BUILDER_CHECKS,
+    BuilderConformance,
+    check_builder,
+    check_builder_batch,
+    check_builder_budget,
+    check_builder_contract,
+    check_builder_lossless,
+    check_builder_max_depth,
+)
 from .reference import GreedyReference, greedy_reference
 from .settings import (
     DEFAULT_PLAN,
     DEFAULT_PROMPTS,
     BuilderFactory,
+    BuilderSettings,
     ConformanceError,
     DrafterFactory,
+    NamedDrafter,
     Settings,
     default_builders,
+    default_drafters,
     tiny_target,
 )
 from .suite import (
@@ -64,16 +88,26 @@ from .suite import (
 )
 
 __all__ = [
+    "BUILDER_CHECKS",
     "CHECKS",
     "DEFAULT_PLAN",
     "DEFAULT_PROMPTS",
+    "BuilderConformance",
     "BuilderFactory",
+    "BuilderSettings",
     "ConformanceError",
     "DrafterConformance",
     "DrafterFactory",
     "GreedyReference",
+    "NamedDrafter",
     "Settings",
     "check_budget",
+    "check_builder",
+    "check_builder_batch",
+    "check_builder_budget",
+    "check_builder_contract",
+    "check_builder_lossless",
+    "check_builder_max_depth",
     "check_commit_consistency",
     "check_contract",
     "check_determinism",
@@ -83,6 +117,7 @@ __all__ = [
     "check_prefill_starts_over",
     "check_unproposed_nodes",
     "default_builders",
+    "default_drafters",
     "greedy_reference",
     "tiny_target",
 ]

@@ -6,8 +6,9 @@ why (``docs/plugins.md`` §8 shows the same as a table). ``CHECKS`` lists them i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import torch
 
@@ -282,7 +283,7 @@ def lossless(driver: Driver) -> None:
 class Check:
     number: int
     name: str
-    run: Callable[[Driver], None]
+    run: Callable[[Any], None]  # a function of a Driver (drafter checks) or a BuilderDriver (builder checks)
 
     @property
     def summary(self) -> str:

@@ -23,7 +23,7 @@ from treespec.tree import DraftTree, TreeTensors
 from treespec.verify import Acceptance
 
 from .rows import describe_drafter, describe_node, describe_row, row_mismatch, row_problem, shape_problem
-from .settings import BuilderFactory, ConformanceError, DrafterFactory, Settings
+from .settings import BuilderFactory, ConformanceError, DrafterFactory, Settings, encode_prompt
 
 
 @dataclass
@@ -124,20 +124,9 @@ class Driver:
         self.make_drafter, self.target, self.settings = make_drafter, target, settings
         self.vocab = target.vocab_size
         self.label = "drafter"
-        self.prompts = [self._encode(p, i) for i, p in enumerate(settings.prompts)]
+        self.prompts = [encode_prompt(target, p, i) for i, p in enumerate(settings.prompts)]
         if not self.prompts:
             raise ValueError("the conformance checks need at least one prompt")
-
-    def _encode(self, prompt: Sequence[int] | str, i: int) -> list[int]:
-        if isinstance(prompt, str):
-            if self.target.tokenizer is None:
-                raise ValueError(f"prompt #{i} is text but the target has no tokenizer: give token ids")
-            ids = list(self.target.tokenizer(prompt).input_ids)
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids or any(not 0 <= t < self.vocab for t in ids):
-            raise ValueError(f"prompt #{i} must be 1+ token ids in [0, {self.vocab}): {ids}")
-        return ids
 
     def room(self, committed: list[int]) -> int:
         """The deepest tree the target's context still holds after ``committed``."""

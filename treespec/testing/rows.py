@@ -14,14 +14,19 @@ from treespec.interfaces import Drafter, Proposals
 from treespec.tree import DraftTree
 
 
-def describe_drafter(drafter: Drafter) -> str:
-    """``drafter ClassName(option=value, ...)`` with the options that differ from the defaults."""
+def describe_plugin(kind: str, plugin: Any) -> str:
+    """``drafter ClassName(option=value, ...)`` (``kind`` first) with the options that differ from
+    the defaults."""
     opts: dict[str, Any] = {}
     try:
-        opts = drafter.config.model_dump(exclude_defaults=True)
-    except Exception:
+        opts = plugin.config.model_dump(exclude_defaults=True)
+    except Exception:  # noqa: BLE001, S110 - a plugin without a pydantic config is named without options
         pass
-    return f"drafter {type(drafter).__name__}({', '.join(f'{k}={v!r}' for k, v in opts.items())})"
+    return f"{kind} {type(plugin).__name__}({', '.join(f'{k}={v!r}' for k, v in opts.items())})"
+
+
+def describe_drafter(drafter: Drafter) -> str:
+    return describe_plugin("drafter", drafter)
 
 
 def describe_node(tree: DraftTree, node: int) -> str:

@@ -1,4 +1,5 @@
-"""What the conformance checks run on: the default target, prompts, builders and knobs."""
+"""What the conformance checks run on: the default target, prompts, builders, drafters and knobs
+(``Settings`` for the drafter kit, ``BuilderSettings`` for the builder kit)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from treespec.target import TargetModel
 DrafterFactory = Callable[[TargetModel], Drafter]
 #: a name and a factory of a fresh builder instance
 BuilderFactory = tuple[str, Callable[[], TreeBuilder]]
+#: a name and a factory of a new drafter for a target (what the builder kit drafts with)
+NamedDrafter = tuple[str, DrafterFactory]
 
 #: token-id prompts for ``tiny_target()`` (ids < 64): repetitions give retrieval drafters something
 #: to find; the one-token prompt has an empty prefix (``PrefillContext.hidden`` is then [0, H])
@@ -74,6 +77,31 @@ def default_builders() -> list[BuilderFactory]:
     ]
 
 
+def default_drafters() -> list[NamedDrafter]:
+    """The drafters the builder checks draft with, found through the plugin registry: ``self`` (the
+    target's first layer: probabilities from a KV-cache model, rows drafted together in a batch) and
+    ``ngram`` (prompt lookup: scores, and nodes with nothing to propose)."""
+    from treespec.factory import make_drafter
+
+    return [
+        ("self", lambda target: make_drafter("self", {"layers": 1}, target)),
+        ("ngram", lambda target: make_drafter("ngram", {}, target)),
+    ]
+
+
+def encode_prompt(target: TargetModel, prompt: Sequence[int] | str, i: int) -> list[int]:
+    """Prompt #i as token ids: text through the target's tokenizer, ids checked against its vocabulary."""
+    if isinstance(prompt, str):
+        if target.tokenizer is None:
+            raise ValueError(f"prompt #{i} is text but the target has no tokenizer: give token ids")
+        ids = list(target.tokenizer(prompt).input_ids)
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids or any(not 0 <= t < target.vocab_size for t in ids):
+        raise ValueError(f"prompt #{i} must be 1+ token ids in [0, {target.vocab_size}): {ids}")
+    return ids
+
+
 @dataclass
 class Settings:
     """Knobs of the checks (``DrafterConformance`` maps its class attributes onto these)."""
@@ -104,3 +132,25 @@ class Settings:
         for policy in self.plan:
             if policy not in POLICIES:
                 raise ValueError(f"unknown plan step {policy!r}; choose from {POLICIES}")
+
+
+@dataclass
+class BuilderSettings:
+    """Knobs of the builder checks (``BuilderConformance`` maps its class attributes onto these)."""
+
+    #: token-id lists, or strings when the target has a tokenizer
+    prompts: Sequence[Sequence[int] | str] = DEFAULT_PROMPTS
+    #: new tokens per prompt in every decoding run
+    max_new_tokens: int = 24
+    #: the drafters every check drafts with (one decoding run per drafter)
+    drafters: Sequence[NamedDrafter] = field(default_factory=default_drafters)
+    #: depth caps of the max_depth check (each a run with max_new_tokens = cap + 1)
+    depth_caps: Sequence[int] = (0, 1, 2)
+    #: require some tree with a drafted node (a builder that never drafts passes the rest trivially)
+    expect_drafting: bool = True
+    #: require the lossless runs to accept at least one draft token (use it with a real target)
+    expect_acceptance: bool = False
+
+    def __post_init__(self) -> None:
+        if any(cap < 0 for cap in self.depth_caps):
+            raise ValueError(f"depth_caps must be >= 0: {list(self.depth_caps)}")

@@ -22,6 +22,11 @@ class BestFirstBuilder(treespec.TreeBuilder):
     Config = BestFirstConfig
     config: BestFirstConfig
 
+    @property
+    def max_nodes(self) -> int:
+        """The most drafted nodes a tree can have: the Decoder refuses a target that cannot verify them."""
+        return self.config.nodes
+
     def build(self, drafter: treespec.Drafter, root_token: int, max_depth: int) -> DraftTree:
         tree = DraftTree(root_token)
         depth_cap = min(self.config.max_depth, max_depth)
