@@ -30,11 +30,12 @@ from treespec import lockstep, step
 from treespec.batch_target import BatchTarget
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.interfaces import Commit, DraftRows, PrefillContext
+from treespec.output import Output, emit
 from treespec.stats import RunStats
-from treespec.verify_rows import greedy_rows
+from treespec.verify import greedy_rows
 
 if TYPE_CHECKING:
-    from treespec.decoder import Decoder, Output
+    from treespec.decoder import Decoder
 
 
 def is_batch(prompt: Any) -> bool:
@@ -43,25 +44,24 @@ def is_batch(prompt: Any) -> bool:
 
 
 class _Row:
-    def __init__(self, index: int, ids: list[int], drafter: Any, builder: Any, accept: Any, out: "Output"):
+    def __init__(self, index: int, ids: list[int], drafter: Any, builder: Any, accept: Any, out: Output):
         self.index, self.ids, self.drafter, self.builder, self.accept, self.out = index, ids, drafter, builder, accept, out
         self.committed = list(ids)
         self.admitted = time.perf_counter()
 
 
 def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, sampling: dict[str, Any],
-                   batch_size: int | None = None) -> list["Output"]:
+                   batch_size: int | None = None) -> list[Output]:
     """Decode every prompt, at most ``batch_size`` rows at a time (default: all at once); a finished
     row's place goes to the next prompt waiting. Returns one ``Output`` per prompt, in order. Ctrl-C
     raises ``Interrupted``, a failure ``DecodingError``; either carries every prompt's output in
     ``.outputs``: the finished ones whole, the rows in flight with what they generated."""
     from treespec import inputs
-    from treespec.decoder import Output
 
     ids_list = []
     for i, p in enumerate(prompts):
         try:
-            ids_list.append(dec._prompt_ids(p))
+            ids_list.append(dec.prompt_ids(p))
         except ConfigError as exc:
             raise ConfigError(f"prompt {i + 1} of {len(prompts)}: {exc}") from None
     max_new_tokens = inputs.positive_int("max_new_tokens", max_new_tokens)
@@ -95,7 +95,7 @@ def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, samp
 class _Batch:
     """The rows in flight, the prompts waiting, and the shared target cache and draft rows."""
 
-    def __init__(self, dec: "Decoder", ids_list: list[list[int]], outs: list["Output"], width: int, max_new: int,
+    def __init__(self, dec: "Decoder", ids_list: list[list[int]], outs: list[Output], width: int, max_new: int,
                  sampling: dict[str, Any]):
         self.dec, self.ids_list, self.outs, self.max_new, self.sampling = dec, ids_list, outs, max_new, sampling
         self.group: DraftRows = dec.drafter.rows(width)
@@ -115,7 +115,7 @@ class _Batch:
             i, builder = self.next, self.free.pop(0)
             self.next += 1
             seed = None if s.get("seed") is None else int(s["seed"]) + i
-            params, draft = dec._sampling(s.get("temperature"), s.get("top_p"), s.get("top_k"), seed,
+            params, draft = dec.sampling(s.get("temperature"), s.get("top_p"), s.get("top_k"), seed,
                                           s.get("draft_temperature"), s.get("rule", "auto"), builder)
             accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, s.get("rule", "auto"))
             builder.start(draft)
@@ -146,13 +146,11 @@ class _Batch:
             self._admit(self.group.add(waiting))
 
     def loop(self) -> None:
-        from treespec.decoder import step_stats
-
         dec, bt = self.dec, self.bt
         last = time.perf_counter()  # the end of the previous step
         while self.active:
             # rows with no room left (max_new_tokens, context) stop before drafting
-            rooms = [dec._room(r.committed, self.max_new - len(r.out.token_ids)) for r in self.active]
+            rooms = [dec.room(r.committed, self.max_new - len(r.out.token_ids)) for r in self.active]
             full = [i for i, room in enumerate(rooms) if room <= 0]
             if full:
                 self._leave(full, ["max_new_tokens" if len(self.active[i].out.token_ids) >= self.max_new else "context"
@@ -168,32 +166,24 @@ class _Batch:
             t_verify = time.perf_counter()
             logits, hiddens = bt.forward_trees(tts, want_hidden=self.want)
             t_verify = time.perf_counter() - t_verify
-            if all(r.accept is step.greedy for r in active):  # one pass over [B, N_max] (verify_rows)
+            if all(r.accept is step.greedy for r in active):  # one pass over [B, N_max] (verify.greedy_rows)
                 accs = greedy_rows(tts, logits)
             else:  # each row's own rule and generator
                 accs = [r.accept(tree, tt, logits[i, : len(tree)]) for i, (r, tree, tt) in enumerate(zip(active, trees, tts))]
             bt.commit([a.nodes for a in accs])
-            ended, steps = [], []
-            for i, (r, tree, acc, h) in enumerate(zip(active, trees, accs, hiddens)):
+            for r, tree, acc, h in zip(active, trees, accs, hiddens):
                 r.builder.verified(tree, acc.nodes)
                 tokens = acc.tokens + [acc.bonus]
                 r.drafter.commit(Commit(tokens=tokens, hidden=h[acc.nodes.to(h.device)] if h is not None else None))
-                new = tokens
-                hit = next((j for j, t in enumerate(new) if t in self.eos), None)
-                if hit is not None:
-                    new = new[: hit + 1]
-                    ended.append(i)
-                r.committed += new
-                r.out.token_ids += new
-                r.out.stats.new_tokens = len(r.out.token_ids)
-                steps.append((r, step.Step(verdict=step.Verdict(tree=tree, acceptance=acc, hidden=None), tokens=tokens,
-                                           seconds={}), len(new)))
             now = time.perf_counter()
             # every row waited for the whole step: its times are the step's (drafting, the shared forward)
             seconds = {"draft": t_draft, "verify": t_verify, "bookkeeping": max(0.0, now - last - t_draft - t_verify)}
-            for r, done, emitted in steps:
-                done.seconds.update(seconds)
-                r.out.stats.steps.append(step_stats(done, emitted=emitted, wall=now - last, note=r.builder.plan_note()))
+            ended = []
+            for i, (r, tree, acc) in enumerate(zip(active, trees, accs)):
+                done = step.Step(verdict=step.Verdict(tree=tree, acceptance=acc, hidden=None),
+                                 tokens=acc.tokens + [acc.bonus], seconds=seconds)
+                if emit(r.out, r.committed, done, self.eos, wall=now - last, note=r.builder.plan_note())[1]:
+                    ended.append(i)
                 r.builder.observe(r.out.stats.steps[-1])
             if ended:
                 self._leave(ended, ["eos"] * len(ended))

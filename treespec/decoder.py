@@ -6,8 +6,7 @@ from __future__ import annotations
 import warnings
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -15,23 +14,13 @@ from treespec.devices import InexactDtypeWarning, dtype_note
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
 from treespec import inputs, step
-from treespec.interfaces import Drafter, PlanNote, TreeBuilder
-from treespec.stats import RunStats, StepStats
+from treespec.interfaces import Drafter, TreeBuilder
+from treespec.output import Output, StreamCallback, emit, step_stats  # noqa: F401 - step_stats: public here before
+from treespec.stats import RunStats
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
 from treespec.sampling import DraftSampling, IgnoredOptionWarning, SamplingParams, check_sampling, make_generator
 from treespec.verify import Acceptance
-
-StreamCallback = Callable[[list[int]], None]
-
-
-@dataclass
-class Output:
-    token_ids: list[int]  # the new tokens only
-    text: str
-    prompt_ids: list[int]
-    stats: RunStats = field(default_factory=RunStats)
-
 
 class Decoder:
     """Lossless tree speculative decoding of one target with one drafter and one builder.
@@ -110,7 +99,7 @@ class Decoder:
         """Token ids of a prompt: text, a list of ids or a [L] / [1, L] tensor (checked: one line of error)."""
         return inputs.token_ids(prompt, self.target.tokenizer, self.target.vocab_size)
 
-    def _prompt_ids(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
         """Token ids of a prompt that leaves room for at least one new token."""
         ids = self.encode(prompt)
         if not ids:
@@ -199,11 +188,11 @@ class Decoder:
         temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
         draft_temperature: float | None, rule: str,
     ) -> Output:
-        ids = self._prompt_ids(prompt)
+        ids = self.prompt_ids(prompt)
         max_new_tokens = inputs.positive_int("max_new_tokens", max_new_tokens)
         if stream is not None and not callable(stream):
             raise ConfigError(f"stream must be a callable taking a list of token ids, got {type(stream).__name__}")
-        params, draft = self._sampling(temperature, top_p, top_k, seed, draft_temperature, rule)
+        params, draft = self.sampling(temperature, top_p, top_k, seed, draft_temperature, rule)
         accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, rule)
         out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
         self.builder.start(draft)
@@ -223,7 +212,7 @@ class Decoder:
         out.text = self.text_of(out.token_ids, ids)
         return out
 
-    def _sampling(
+    def sampling(
         self, temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
         draft_temperature: float | None, rule: str, builder: TreeBuilder | None = None,
     ) -> tuple[SamplingParams | None, DraftSampling | None]:
@@ -250,13 +239,13 @@ class Decoder:
         """One greedy step for inspection (``treespec tree show``): prefill the prompt, build the first
         tree and verify it, without committing. Returns the prompt ids, the tree and what the target accepts."""
         with self._exclusive():
-            ids = self._prompt_ids(prompt)
+            ids = self.prompt_ids(prompt)
             self.builder.start(None)  # greedy: ranked children
             step.prefill(self.target, self.drafter, ids)
-            done = step.step(self.target, self.drafter, self.builder, ids[-1], self._room(ids, 1 << 30), keep=False)
+            done = step.step(self.target, self.drafter, self.builder, ids[-1], self.room(ids, 1 << 30), keep=False)
             return ids, done.tree, done.acceptance
 
-    def _room(self, committed: list[int], wanted: int) -> int:
+    def room(self, committed: list[int], wanted: int) -> int:
         """New tokens the next step may emit: ``wanted``, capped by the target's context."""
         limit = self.target.max_positions
         return wanted if limit is None else min(wanted, limit - len(committed))
@@ -272,23 +261,16 @@ class Decoder:
             committed = list(ids)
             last = time.perf_counter()
             stats.t_prefill = last - t_start
-            while (room := self._room(committed, max_new - len(out.token_ids))) > 0:
+            while (room := self.room(committed, max_new - len(out.token_ids))) > 0:
                 # one step emits at most depth + 1 tokens: the accepted path and the target's bonus
                 done = step.step(target, drafter, builder, committed[-1], room - 1, accept)
-                new = done.tokens
-                hit_eos = next((i for i, t in enumerate(new) if t in eos), None)
-                if hit_eos is not None:
-                    new = new[: hit_eos + 1]
-                committed += new
-                out.token_ids += new
-                stats.new_tokens = len(out.token_ids)
                 now = time.perf_counter()
-                stats.steps.append(step_stats(done, emitted=len(new), wall=now - last, note=builder.plan_note()))
+                new, ended = emit(out, committed, done, eos, wall=now - last, note=builder.plan_note())
                 last = now
                 builder.observe(stats.steps[-1])
                 if stream is not None:
                     stream(new)
-                if hit_eos is not None:
+                if ended:
                     stats.stop_reason = "eos"
                     return
             stats.stop_reason = "max_new_tokens" if len(out.token_ids) >= max_new else "context"
@@ -311,23 +293,3 @@ def _require_models(target: str | TargetModel, drafter: str | Drafter, options: 
         if name == "model" and isinstance(opts.get("model"), str):
             needed.append((opts["model"], "draft model"))
     require_cached(needed)
-
-
-def step_stats(done: step.Step, emitted: int, wall: float = 0.0, note: PlanNote | None = None) -> StepStats:
-    """The statistics of one finished step (``emitted``: tokens kept, after an EOS cut; ``wall``: seconds
-    since the previous step ended; ``note``: what a planning builder expected)."""
-    tree, seconds = done.tree, done.seconds
-    return StepStats(
-        tree_size=tree.size,
-        depth=tree.depth,
-        accepted=done.acceptance.accepted,
-        emitted=emitted,
-        expected_accepted=tree.expected_accepted(),
-        t_draft=seconds["draft"],
-        t_verify=seconds["verify"],
-        t_bookkeeping=seconds["bookkeeping"],
-        t_wall=wall,
-        predicted_seconds=note.predicted_seconds if note else None,
-        planned_expected=note.expected if note else None,
-        plan_seconds=note.own_seconds if note else None,
-    )

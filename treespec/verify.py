@@ -30,23 +30,52 @@ class Acceptance:
 
 def greedy_verify(tt: TreeTensors, logits: torch.Tensor) -> Acceptance:
     """The longest root-to-node path whose every token equals the target's argmax at its parent,
-    plus the target's argmax after that path.
+    plus the target's argmax after that path: ``greedy_rows`` for a batch of one.
 
     logits: [N, V], row i = the target's logits after node i's path.
     """
     if logits.shape[0] == 1:  # the root alone (a plain step): the target's own next token
         return Acceptance(nodes=torch.zeros(1, dtype=torch.long), tokens=[], bonus=int(logits[0].argmax()))
-    best_next = logits.argmax(dim=-1)  # [N] the target's token after each node
-    tokens = tt.input_ids.to(best_next.device)  # [N]
-    parents = tt.parents.to(best_next.device).clamp(min=0)  # [N]
-    ok = tokens == best_next[parents]  # [N] node i is what the target would say after its parent
-    ok[0] = True  # the root is committed
-    anc = tt.ancestors.to(best_next.device)  # [N, N]
-    path_ok = ~(anc & ~ok[None, :]).any(dim=-1)  # [N] every node on the path is ok
-    depths = torch.where(path_ok, tt.depths.to(best_next.device), -1)  # [N]
-    best = int(depths.argmax())  # deepest fully accepted node (at most one per depth in greedy)
-    nodes = anc[best].nonzero().flatten()  # ids ascend along a path: root ... best
-    return Acceptance(nodes=nodes, tokens=tokens[nodes[1:]].tolist(), bonus=int(best_next[best]))
+    return greedy_rows([tt], logits[None])[0]
+
+
+def greedy_rows(trees: list[TreeTensors], logits: torch.Tensor) -> list[Acceptance]:
+    """Greedy acceptance for every row of a batch in one pass. logits: [B, N_max, V], row b's first
+    N_b positions belong to its tree (padding after them is never accepted).
+
+    Node i is right when its token is the target's argmax after its parent; the accepted path ends at
+    the deepest node whose whole root path is right (the first such node when duplicate siblings tie);
+    the bonus is the target's argmax after it. One set of tensor ops over [B, N_max], not B sets.
+    """
+    b, n = len(trees), int(logits.shape[1])
+    dev = logits.device
+    best_next = logits.argmax(dim=-1)  # [B, N] the target's token after each node
+    if b == 1 and int(trees[0].input_ids.shape[0]) == n:  # one row, no padding: its own tensors
+        tt = trees[0]
+        tokens, parents = tt.input_ids[None].to(dev), tt.parents.clamp(min=0)[None].to(dev)  # [1, N]
+        depths, anc = tt.depths[None].to(dev), tt.ancestors[None].to(dev)  # [1, N], [1, N, N]
+    else:
+        tokens = torch.full((b, n), -1, dtype=torch.long)  # [B, N] padding: no token
+        parents = torch.zeros(b, n, dtype=torch.long)  # [B, N]
+        depths = torch.full((b, n), -1, dtype=torch.long)  # [B, N] padding: never the deepest
+        anc = torch.zeros(b, n, n, dtype=torch.bool)  # [B, N, N]
+        for r, tt in enumerate(trees):
+            m = int(tt.input_ids.shape[0])
+            tokens[r, :m], parents[r, :m], depths[r, :m] = tt.input_ids, tt.parents.clamp(min=0), tt.depths
+            anc[r, :m, :m] = tt.ancestors
+        tokens, parents, depths, anc = tokens.to(dev), parents.to(dev), depths.to(dev), anc.to(dev)
+    ok = tokens == best_next.gather(1, parents)  # [B, N] node i is what the target says after its parent
+    ok[:, 0] = True  # the root is committed
+    path_ok = ~(anc & ~ok[:, None, :]).any(dim=-1)  # [B, N] every node on the path is right
+    best = torch.where(path_ok, depths, -1).argmax(dim=-1)  # [B] the deepest fully right node
+    rows = torch.arange(b, device=dev)
+    bonus = best_next[rows, best].tolist()  # [B]
+    paths = anc[rows, best].cpu()  # [B, N] the accepted path of each row
+    out = []
+    for r, tt in enumerate(trees):
+        nodes = paths[r].nonzero().flatten()  # ids ascend along a path: root ... best
+        out.append(Acceptance(nodes=nodes, tokens=tt.input_ids[nodes[1:]].tolist(), bonus=int(bonus[r])))
+    return out
 
 
 # ---------------------------------------------------------------------------------------- sampling
