@@ -56,6 +56,19 @@ class OptTreeConfig(PluginConfig):
             )
         return self
 
+    @model_validator(mode="after")
+    def _profile_is_a_profile(self) -> OptTreeConfig:
+        """A profile FILE is read now, before any model loads: one line if it is not a cost profile."""
+        if self.profile is None or self.profile == "none":
+            return self
+        if self.nodes != "auto":
+            raise ConfigError(f"opt-tree: profile= plans nodes=auto only, and nodes={self.nodes} is a fixed budget: "
+                              "drop profile, or use nodes=auto")
+        from treespec.cost import user_profile
+
+        user_profile(self.profile)
+        return self
+
 
 class ChainConfig(PluginConfig):
     k: int = Field(4, gt=0, description="drafted tokens per step")

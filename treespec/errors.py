@@ -35,3 +35,7 @@ class DecodingError(TreespecError):
 class Interrupted(DecodingError):
     """Decoding was interrupted (Ctrl-C, ``KeyboardInterrupt``). ``output`` holds everything
     generated before it, with ``stats.stop_reason == "interrupted"``."""
+
+
+class TreespecWarning(UserWarning):
+    """Something was ignored or redone, and the run goes on (the CLI prints it as one ``warning:`` line)."""
