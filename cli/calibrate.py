@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import measure
+from treespec.cli.common import creatable_file
 
 EPILOG = """\
 Examples:
@@ -44,6 +45,8 @@ def calibrate(
 ) -> None:
     """Fit the draft model's temperature T so that its q predicts greedy acceptance (for `-D temperature=T`)."""
     measure.check_positive(max_positions=max_positions)
+    if out is not None:
+        creatable_file(out, "--out")  # before the measurement, not after
     measure.refuse_plugin_names(drafter, "calibrate")
     run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
 

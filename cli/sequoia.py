@@ -12,7 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from treespec.cli import measure
+from treespec.cli import fail, measure
+from treespec.cli.common import creatable_file
 
 EPILOG = """\
 Examples:
@@ -41,8 +42,13 @@ def sequoia_measure(
 ) -> None:
     """Measure the draft's per-rank acceptance vector on the target's greedy outputs (for `--builder sequoia`)."""
     measure.check_positive(ranks=ranks)
+    if out is not None:
+        creatable_file(out, "--out")
     run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
     prompts, tgt = run.prompts, run.target
+    if ranks > tgt.vocab_size:  # a rank is a place among the vocabulary: 10⁹ ranks allocated gigabytes of counts
+        fail(f"--ranks {ranks} is more ranks than the vocabulary has tokens ({tgt.vocab_size}): use at most "
+                      f"{tgt.vocab_size} (the default 16 covers what trees use)")
 
     from treespec.train.acceptance import measure_acceptance
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from treespec.config import PluginConfig
 from treespec.errors import ConfigError
@@ -104,6 +104,7 @@ class StaticConfig(PluginConfig):
 
 
 class SequoiaConfig(PluginConfig):
+    model_config = ConfigDict(allow_inf_nan=True)  # a NaN in acceptance: sequoia's own check names p_i
     nodes: int = Field(50, gt=0, description="node budget n: drafted nodes per tree (root excluded)")
     max_depth: int = Field(10, gt=0, description="deepest layer of the tree")
     acceptance: str | list[float] = Field(

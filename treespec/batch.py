@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from treespec import lockstep, step
+from treespec import inputs, lockstep, step
 from treespec.batch_target import BatchTarget
 from treespec.errors import ConfigError, DecodingError, TreespecError
 from treespec.interfaces import Commit, DraftRows, PrefillContext
@@ -109,7 +109,7 @@ class _Batch:
         for drafter in drafters:
             i, builder = self.next, self.free.pop(0)
             self.next += 1
-            seed = None if s.get("seed") is None else int(s["seed"]) + i
+            seed = None if s.get("seed") is None else inputs.seed_value(s["seed"]) + i
             params, draft = dec._sampling(s.get("temperature"), s.get("top_p"), s.get("top_k"), seed,
                                           s.get("draft_temperature"), s.get("rule", "auto"), builder)
             accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, s.get("rule", "auto"))
