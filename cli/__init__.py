@@ -3,6 +3,27 @@
 import typer
 
 
+def _one_line_warnings() -> None:
+    """treespec's own warnings (``TreespecWarning``: a saved profile ignored, ...) print as one yellow
+    ``warning: ...`` line, not Python's two (file:line, then the source line); others as before."""
+    import warnings
+
+    from treespec.errors import TreespecWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if issubclass(category, TreespecWarning):
+            typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
+_one_line_warnings()
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print one red ``error: ...`` line on stderr and exit with ``code`` (2: bad input, 1: a run failed)."""
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)

@@ -14,7 +14,7 @@ import typer
 from treespec import defaults
 from treespec.cli import fail
 from treespec.cli.common import (DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP, MAX_MEMORY_HELP, OFFLOAD_HELP, command_line,
-                                 writable_dir, writable_file)
+                                 check_seed, check_threads, set_threads, writable_dir, writable_file)
 from treespec.errors import Interrupted, TreespecError
 
 EPILOG = """\
@@ -96,6 +96,8 @@ def bench(
     from treespec.bench.load import background_load as busy, check_load
 
     load = _checked(check_load, background_load)
+    check_seed(seed)
+    check_threads(threads)
     sampling = _sampling(temperature, top_p, top_k)
     rules = _rules(sampling_rule, sampling)
     if limit is not None and limit <= 0:
@@ -136,9 +138,13 @@ def bench(
         if report_to is not None:
             _write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
         return
+    given = baseline
     baseline = _baselines(baseline, builder)
     runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
                      placement, rules, pairs)
+    if any(b.split()[:1] == ["hf-assisted"] for b in given or []) and not any(c.kind == "hf-assisted" for c in runner.configs):
+        fail("--baseline hf-assisted runs Hugging Face's assisted generation with a draft MODEL, and no --drafter names "
+             "one: add a draft model (e.g. --drafter llama-68m, or the target's folder with layers=K), or drop the baseline")
     context = runner.target.max_positions
     if context is not None and max_new_tokens >= context:  # no room left for any prompt
         fail(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in {target!r}'s context of {context} "
@@ -238,10 +244,7 @@ def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[
 
     hf_logging.set_verbosity_error()  # assisted generation warns about its own arguments on every call
     torch.manual_seed(seed)
-    if threads is not None:
-        if threads <= 0:
-            fail(f"--threads must be > 0, got {threads}")
-        torch.set_num_threads(threads)
+    set_threads(threads)
     try:
         return Bench(target, drafter, builder, baseline, max_new_tokens, device=device, dtype=dtype,
                      sampling=sampling, seed=seed, placement=placement, rules=rules, pairs=pairs)

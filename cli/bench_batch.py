@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import command_line
+from treespec.cli.common import command_line, set_threads
 from treespec.errors import Interrupted, TreespecError
 from treespec.files import write_text_atomic
 
@@ -42,8 +42,7 @@ def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: 
         fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
     builder = builder or ["opt-tree"]
     torch.manual_seed(seed)
-    if threads is not None:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     try:
         runner = BatchBench(target, drafter, builder, sizes, max_new_tokens, device=device, dtype=dtype, placement=placement)
         tok = runner.target.tokenizer

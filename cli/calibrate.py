@@ -47,9 +47,9 @@ def calibrate(
 ) -> None:
     """Fit the draft model's temperature T so that its q predicts greedy acceptance (for `-D temperature=T`)."""
     measure.check_positive(max_positions=max_positions)
-    measure.refuse_plugin_names(drafter, "calibrate")
     if out is not None:
         writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
+    measure.refuse_plugin_names(drafter, "calibrate")
     run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
 
     from rich.progress import Progress

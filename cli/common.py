@@ -39,6 +39,9 @@ def pair_options(target: str | None, drafter: str | None, builder: str, builder_
     from treespec import defaults
     from treespec.options import parse_pairs
 
+    for flag, name in (("--target", target), ("--drafter", drafter)):
+        if name is not None and not name.strip():  # "" read as the current folder
+            fail(f"{flag} is empty: give a name, e.g. {flag} {'treespec-py' if flag == '--target' else 'ngram'} (or leave it out)")
     b_opts = parse_pairs(builder_option, "builder")
     d_opts = parse_pairs(drafter_option, "drafter")
     target, drafter = defaults.apply(target, drafter, builder, b_opts, main=main)
@@ -49,12 +52,53 @@ def pair_options(target: str | None, drafter: str | None, builder: str, builder_
     return target, drafter, b_opts, d_opts
 
 
-def read_prompt(path: Path) -> str:
-    """The text of ``--prompt-file``: one line of error for a missing file, a folder or non-UTF-8."""
+def check_threads(threads: int | None) -> int | None:
+    """``--threads``: None (torch's default), or 1 .. ``treespec.memory.max_threads()``; one line otherwise
+    (100,000 crashed starting threads, and the error blamed the model's files)."""
+    from treespec.errors import TreespecError
+    from treespec.memory import check_threads as check
+
+    try:
+        return check(threads)
+    except TreespecError as exc:
+        fail(str(exc))
+    raise AssertionError("unreachable")
+
+
+def set_threads(threads: int | None) -> None:
+    """Check ``--threads`` (``check_threads``), then give torch that many (None: leave torch's default)."""
+    if check_threads(threads) is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def check_seed(seed: int) -> int:
+    """``--seed``: a whole number torch's generators take (``treespec.inputs.seed_value``), or one line."""
+    from treespec.errors import TreespecError
+    from treespec.inputs import seed_value
+
+    try:
+        return seed_value(seed, "--seed")
+    except TreespecError as exc:
+        fail(str(exc))
+    raise AssertionError("unreachable")
+
+
+def input_file(path: Path, flag: str, what: str = "a text file") -> None:
+    """``path`` must be a regular file: one line for a folder, a pipe or device (reading one blocks or
+    never ends; it was reported as "no such file"), or nothing there."""
     if path.is_dir():
-        fail(f"--prompt-file {path} is a directory: give a text file")
+        fail(f"{flag} {path} is a directory: give {what}")
+    if path.exists() and not path.is_file():
+        fail(f"{flag} {path} is not a regular file (a pipe or a device): give {what}")
     if not path.is_file():
-        fail(f"--prompt-file {path}: no such file")
+        fail(f"{flag} {path}: no such file")
+
+
+def read_prompt(path: Path) -> str:
+    """The text of ``--prompt-file``: one line of error for a missing file, a folder, a pipe or non-UTF-8."""
+    input_file(path, "--prompt-file")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

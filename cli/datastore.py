@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail as _fail
+from treespec.cli.common import writable_file
 
 from treespec.errors import TreespecError
 
@@ -41,8 +42,13 @@ def build(
     from treespec.models import load_tokenizer
     from treespec.plugins.datastore_index import Index, cache_path
 
+    if corpus.exists() and not corpus.is_file():
+        kind = "a directory" if corpus.is_dir() else "not a regular file (a pipe or a device)"
+        _fail(f"corpus {str(corpus)!r} is {kind}; pass a .txt, .jsonl or .jsonl.gz file")
     if not corpus.is_file():
         _fail(f"corpus {str(corpus)!r} not found; pass an existing .txt, .jsonl or .jsonl.gz file")
+    if out is not None:
+        writable_file(out, "--out", create_folder=True)
     try:
         tokenizer = load_tokenizer(target or DEFAULT_TARGET)
         path = (out if out is not None else cache_path(corpus, tokenizer, cache_dir)).expanduser()

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec.cli import fail as _fail
+from treespec.cli.common import check_threads, set_threads
 from treespec.errors import TreespecError
 
 TargetOption = Annotated[Optional[str], typer.Option(
@@ -68,6 +69,9 @@ def load(target: str | None, drafter: str | None, layers: int | None, dataset: s
          threads: int | None) -> Loaded:
     """Target, draft model and tokenised prompts, or one line of error (exit 2)."""
     check_positive(limit=limit, max_new_tokens=max_new_tokens, layers=layers, threads=threads)
+    if skip < 0:
+        _fail(f"--skip must be >= 0, got {skip}")
+    check_threads(threads)
     if target is None:
         from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -85,13 +89,10 @@ def load(target: str | None, drafter: str | None, layers: int | None, dataset: s
     if not items:
         _fail(f"--skip {skip} leaves no prompts in {dataset!r}")
 
-    import torch
-
     from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
     from treespec.target import TargetModel
 
-    if threads is not None:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     try:
         tgt = TargetModel.load(target, device=device, dtype=dtype)
         if tgt.tokenizer is None:

@@ -13,7 +13,7 @@ import typer
 from treespec import defaults
 from treespec.cli import fail
 from treespec.cli.common import (D_OPTION_HELP, DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP, MAX_MEMORY_HELP,
-                                 OFFLOAD_HELP, pair_options, writable_dir, writable_file)
+                                 OFFLOAD_HELP, check_threads, pair_options, set_threads, writable_dir, writable_file)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -53,8 +53,7 @@ def profile(
     """Measure what drafting and verifying cost on this machine, for `opt-tree nodes=auto`."""
     if repeats <= 0:
         fail(f"--repeats must be > 0, got {repeats}")
-    if threads is not None and threads <= 0:
-        fail(f"--threads must be > 0, got {threads}")
+    check_threads(threads)
     from treespec.cost import profile_dir
 
     if out is not None:
@@ -63,12 +62,9 @@ def profile(
         writable_dir(profile_dir(), "--out (or TREESPEC_PROFILE_DIR)")
     try:
         target, drafter, _, d_opts = pair_options(target, drafter, "chain", None, drafter_option)
-        import torch
-
         from treespec.decoder import Decoder
 
-        if threads is not None:
-            torch.set_num_threads(threads)
+        set_threads(threads)
         dec = Decoder(target, drafter, "chain", d_opts, None, device=device, dtype=dtype, device_map=device_map,
                       max_memory=max_memory, offload_folder=offload_folder)
         model = _measure(dec, prompt, repeats)

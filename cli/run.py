@@ -14,8 +14,8 @@ import typer
 from treespec import defaults
 from treespec.cli import fail
 from treespec.cli.common import (B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP,
-                                 MAX_MEMORY_HELP, OFFLOAD_HELP, interrupt_exit, pair_options, read_prompt,
-                                 sigterm_as_interrupt, stdout_failed)
+                                 MAX_MEMORY_HELP, OFFLOAD_HELP, check_seed, check_threads, interrupt_exit, pair_options,
+                                 read_prompt, set_threads, sigterm_as_interrupt, stdout_failed)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -79,6 +79,7 @@ def run(
     batch_size: Annotated[Optional[int], typer.Option(help=BATCH_HELP, show_default=False)] = None,
 ) -> None:
     """Generate from a prompt with tree speculative decoding; prints the text and one line of statistics."""
+    check_seed(seed)
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                     draft_temperature=draft_temperature, rule=sampling_rule)
     if batch_size is not None and prompt is not None:
@@ -123,16 +124,14 @@ def _decoder(target: str | None, drafter: str | None, builder: str, builder_opti
     """The Decoder the options describe (the default pair without --target); one line on any error."""
     try:
         target, drafter, b_opts, d_opts = pair_options(target, drafter, builder, builder_option, drafter_option)
-        if threads is not None and threads <= 0:
-            fail(f"--threads must be > 0, got {threads}")
+        check_threads(threads)
 
         import torch
 
         from treespec.decoder import Decoder
 
         torch.manual_seed(seed)
-        if threads is not None:
-            torch.set_num_threads(threads)
+        set_threads(threads)
         return Decoder(target, drafter, builder, d_opts, b_opts, device=device, dtype=dtype,
                        trust_remote_code=trust_remote_code, **placement)
     except TreespecError as exc:

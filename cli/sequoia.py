@@ -48,6 +48,9 @@ def sequoia_measure(
         writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
     run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
     prompts, tgt = run.prompts, run.target
+    if ranks > tgt.vocab_size:  # a rank is a place among the vocabulary: 10⁹ ranks allocated gigabytes of counts
+        fail(f"--ranks {ranks} is more ranks than the vocabulary has tokens ({tgt.vocab_size}): use at most "
+                      f"{tgt.vocab_size} (the default 16 covers what trees use)")
 
     from treespec.train.acceptance import measure_acceptance
 

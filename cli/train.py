@@ -5,11 +5,13 @@ Registered in ``cli/app.py`` with ``app.add_typer(train_app, name="train")``.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Optional
 
 import typer
 
 from treespec.cli import fail as _fail
+from treespec.cli.common import check_seed, set_threads
 
 from treespec.errors import TreespecError
 
@@ -58,18 +60,22 @@ def eagle(
 ) -> None:
     """Train an EAGLE head on the target's own greedy generations: EAGLE-1/2 (feature regression +
     token loss) or, with --version 3, EAGLE-3 (three fused target layers, training-time test)."""
-    import torch
-
     from treespec.cli import TrainingProgress
     from treespec.models import DEFAULT_TARGET
     from treespec.plugins.eagle_train import TrainSettings, train
 
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
+    check_seed(seed)
     for name, value in (("--limit", limit), ("--epochs", epochs), ("--batch-size", batch_size), ("--layers", layers),
-                        ("--ttt-steps", ttt_steps)):
-        if value <= 0:
+                        ("--ttt-steps", ttt_steps), ("--max-new-tokens", max_new_tokens), ("--gen-batch-size", gen_batch_size)):
+        if value is not None and value <= 0:
             _fail(f"{name} must be > 0, got {value}")
+    if offset < 0:
+        _fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        _fail(f"--lr must be a finite number > 0, got {lr}")
+    if not (math.isfinite(noise) and noise >= 0):
+        _fail(f"--noise must be a finite number >= 0 (0: no noise), got {noise}")
     if version not in (1, 3):
         _fail(f"--version {version}: use 1 (EAGLE-1/2) or 3 (EAGLE-3)")
     if version == 3:

@@ -46,6 +46,8 @@ def tree_show(
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
 ) -> None:
     """Build one tree for a prompt, verify it with the target, and draw it (accepted path highlighted)."""
+    if max_nodes <= 0:  # a slice by it kept all but the last nodes, or none
+        fail(f"--max-nodes must be > 0, got {max_nodes}")
     for path, flag in ((dot, "--dot"), (png, "--png")):
         if path is not None:
             writable_file(path, flag)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from treespec.config import PluginConfig
 from treespec.errors import ConfigError
@@ -56,6 +56,19 @@ class OptTreeConfig(PluginConfig):
             )
         return self
 
+    @model_validator(mode="after")
+    def _profile_is_a_profile(self) -> OptTreeConfig:
+        """A profile FILE is read now, before any model loads: one line if it is not a cost profile."""
+        if self.profile is None or self.profile == "none":
+            return self
+        if self.nodes != "auto":
+            raise ConfigError(f"opt-tree: profile= plans nodes=auto only, and nodes={self.nodes} is a fixed budget: "
+                              "drop profile, or use nodes=auto")
+        from treespec.cost import user_profile
+
+        user_profile(self.profile)
+        return self
+
 
 class ChainConfig(PluginConfig):
     k: int = Field(4, gt=0, description="drafted tokens per step")
@@ -91,6 +104,7 @@ class StaticConfig(PluginConfig):
 
 
 class SequoiaConfig(PluginConfig):
+    model_config = ConfigDict(allow_inf_nan=True)  # a NaN in acceptance: sequoia's own check names p_i
     nodes: int = Field(50, gt=0, description="node budget n: drafted nodes per tree (root excluded)")
     max_depth: int = Field(10, gt=0, description="deepest layer of the tree")
     acceptance: str | list[float] = Field(

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from treespec.acceptance_map import AcceptanceMap
-from treespec.cost import CostModel, load_profile
+from treespec.cost import CostModel, load_profile, user_profile
 from treespec.plugins.batch_budget import BatchPlan, grow_row
 from treespec.plugins.drafted import Drafted
 from treespec.interfaces import PlanNote
@@ -139,9 +139,7 @@ class AutoPlanner:
         if self.profile == "none":
             return
         if self.profile:
-            from pathlib import Path
-
-            self.cost = CostModel.from_json(Path(self.profile).read_text())
+            self.cost = user_profile(self.profile)
         else:
             key = profile_key(target, drafter)
             if batch > 1:

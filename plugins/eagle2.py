@@ -83,6 +83,12 @@ class Eagle2Builder(TreeBuilder):
     def max_nodes(self) -> int:
         return self.config.total_tokens
 
+    @property
+    def max_drafted(self) -> int:
+        """Every layer's candidates stay in the pool: k children of the root, then k × k per layer."""
+        k = self.config.top_k
+        return k + (self.config.depth - 1) * k * k
+
     def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
         if self.calibration is not None:
             self.calibration.learn(tree, path)

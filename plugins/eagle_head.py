@@ -168,6 +168,12 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
     fc = state.get("fc.weight")
     if fc is not None and fc.dim() == 2 and fc.shape[1] == 3 * hidden:
         raise ConfigError(f"EAGLE head {name!r} is an EAGLE-3 head (its fc fuses 3 feature layers): use --drafter eagle3")
+    stored = 1 + max((int(k.split(".")[1]) for k in state if k.split(".")[0] == "layers" and k.split(".")[1].isdigit()),
+                     default=0)
+    layers = raw.get("num_hidden_layers", 1)
+    if isinstance(layers, int) and layers > stored:  # before building them: 100,000 layers are gigabytes
+        raise ModelLoadError(f"EAGLE head {name!r}: config.json says num_hidden_layers {layers:,} but its weights hold "
+                             f"{stored}: fix num_hidden_layers in its config.json (EAGLE-1/2 heads have 1)")
     config = LlamaConfig(**{k: val for k, val in raw.items() if k not in ("bias", "treespec")})
     head = EagleHead(config, bias=bool(raw.get("bias", True)))
     fit_weights(head, state, f"EAGLE head {name!r}", "the EAGLE layout", "; is this an EAGLE-1/2 head?")

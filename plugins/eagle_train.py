@@ -36,6 +36,7 @@ from treespec.files import save_torch_atomic, write_text_atomic
 from treespec.train.checkpoint import load_data, prepare_out
 from treespec.errors import ConfigError
 from treespec.kv import causal_mask
+from treespec.memory import check_fits, decoder_parameters
 from treespec.plugins.eagle_data import DATA_VERSION, Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_head import EagleHead, head_config_for
 from treespec.target import TargetModel
@@ -270,13 +271,17 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
     torch.manual_seed(s.seed)
     target, embed, lm_head = frozen_target(s.target)
     model = target.model
+    head_config = head_config_for(model.config, layers=s.layers)
+    params = decoder_parameters({**head_config.to_dict(), "vocab_size": 0}, s.layers)  # its embeddings are the target's
+    check_fits(16 * params, f"an EAGLE head of {s.layers:,} layers ({params:,} parameters, with its gradients and "
+               "AdamW's state)", "lower --layers (EAGLE-1/2 heads have 1)")  # before minutes of generating data
     seqs = training_data(target, s, out, progress, log)
     n_hold = max(1, round(len(seqs) * s.holdout))
     held, train_set = seqs[:n_hold], seqs[n_hold:]
     ids = _draft_vocab(train_set, target, s, log)
     draft_out = DraftOut.of(lm_head, ids)
 
-    run = _Run.new(EagleHead(head_config_for(model.config, layers=s.layers)), s, len(train_set))
+    run = _Run.new(EagleHead(head_config), s, len(train_set))
     ckpt_file = out / "checkpoint.pt"
     start, history = run.resume(ckpt_file, s, log)
     before = evaluate(run.head, embed, lm_head, held, s, ids) if start == 0 else history[0]["held_out_before"]

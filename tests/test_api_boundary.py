@@ -170,3 +170,61 @@ def test_building_a_decoder_while_another_thread_decodes_waits_its_turn(decoder,
     wants = [greedy_reference(p, 24) for p in prompts]
     for i, got in enumerate(results):
         assert got == wants[i % len(prompts)], greedy_reference.explain(prompts[i % len(prompts)], got, wants[i % len(prompts)])
+# ---------------------------------------------------------------------------------------------------
+# issue 27 (10, 11): wrong types and values are one ConfigError line, never a TypeError or ValueError
+# from deep inside, an allocation of gigabytes, or a value silently read as another
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"seed": 2**64, "temperature": 0.7}, r"seed 18446744073709551616 is out of range"),  # was ValueError: Overflow
+        ({"seed": 1.5, "temperature": 0.7}, r"seed must be a whole number, got 1.5"),  # was truncated to 1
+        ({"seed": "1", "temperature": 0.7}, r"seed must be a whole number, got '1'"),
+        ({"temperature": "0.7"}, r"temperature must be a number, got '0.7'"),  # was TypeError
+        ({"temperature": [1]}, r"temperature must be a number"),
+        ({"temperature": 0.7, "top_p": "0.9"}, r"top_p must be a number, got '0.9'"),  # was read as 0.9
+        ({"temperature": 0.7, "draft_temperature": "x"}, r"draft_temperature must be a number"),  # was TypeError
+    ],
+)
+def test_bad_sampling_arguments_are_config_errors(decoder, kwargs, message):
+    with pytest.raises(treespec.ConfigError, match=message) as err:
+        decoder.generate([1, 500], max_new_tokens=4, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_a_batch_seed_out_of_range_is_a_config_error(decoder):
+    with pytest.raises(treespec.ConfigError, match="seed"):
+        decoder.generate([[1, 500], [1, 501]], max_new_tokens=4, temperature=0.7, seed=2**64)
+
+
+T = "<target64>"  # the module's float64 target, put in by the test
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        ((3,), {}, r"target must be a model name or path \(str\) or a TargetModel, got 3"),  # TypeError before
+        ((None,), {}, r"target must be"),
+        ((T, 3), {}, r"drafter must be a drafter name"),
+        ((T, None, "chain"), {}, r"drafter must be"),
+        ((T, "ngram", None), {}, r"builder must be a builder name"),
+        ((T, "ngram", "chain"), {"builder_options": "k=3"}, r"builder_options must be a dict"),
+        ((T, "ngram", "chain"), {"drafter_options": [1]}, r"drafter_options must be a dict"),
+        ((str(STORIES260K), "ngram", "chain"), {"device": "meta"}, r"holds tensor shapes but no values"),
+        ((str(STORIES260K), "ngram", "chain"), {"device_map": "auto", "offload_folder": 3},
+         r"offload_folder must be a folder path"),
+        ((T, "ngram+ngram", "chain"), {"drafter_options": {"merge": "mix", "weights": "nan,1"}}, r"finite number"),
+        ((T, "ngram+ngram", "chain"), {"drafter_options": {"merge": "mix", "weights": [float("inf"), 1]}},
+         r"finite number"),
+        ((T, str(STORIES260K), "chain"), {"drafter_options": {"temperature": float("inf")}}, r"finite number"),
+        ((T, "ngram", "eagle2"), {"builder_options": {"top_k": 200}}, r"drafts up to 200,200 nodes per step"),
+    ],
+)
+def test_bad_decoder_arguments_are_config_errors(target64, args, kwargs, message):
+    args = tuple(target64 if a is T else a for a in args)
+    with pytest.raises(treespec.ConfigError, match=message) as err:
+        treespec.Decoder(*args, **kwargs).generate([1, 500], max_new_tokens=2)
+    assert "\n" not in str(err.value)
+
+
+def test_a_path_object_names_a_model():
+    assert treespec.Decoder(STORIES260K, "ngram", "chain").target.name == str(STORIES260K)

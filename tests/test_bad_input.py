@@ -75,7 +75,40 @@ def bad(tmp_path_factory) -> dict[str, str]:
     (root / "afile").write_text("x")
     out["afile"] = str(root / "afile")
     out["root"] = str(root)
+    _issue27_files(root, out, model_copy, head_copy)
     return out
+
+
+def _issue27_files(root: Path, out: dict[str, str], model_copy, head_copy) -> None:
+    """Issue 27 (9-11): cost profiles that are not profiles, configs that ask for more than the weights
+    hold or the machine has, a broken chat template, a pipe, a prompt file with a null prompt."""
+    import os
+
+    from treespec.cost import CostModel
+
+    (root / "profile-list.json").write_text("[1, 2]")
+    raw = json.loads(CostModel().to_json())
+    raw["verify"]["ys"][0], raw["verify"]["counts"][0] = float("nan"), 1.0
+    (root / "profile-nan.json").write_text(json.dumps(raw))
+    for name in ("profile-list", "profile-nan"):
+        out[name] = str(root / f"{name}.json")
+    os.mkfifo(root / "fifo")
+    out["fifo"] = str(root / "fifo")
+    (root / "null-prompt.jsonl").write_text('{"prompt": "Once upon"}\n{"prompt": null}\n')
+    out["null-prompt"] = str(root / "null-prompt.jsonl")
+    (root / "bad-turns.jsonl").write_text('{"turns": ["Once", 5]}\n')
+    out["bad-turns"] = str(root / "bad-turns.jsonl")
+    for name, change in (("deep-config", {"num_hidden_layers": 100_000}), ("huge-config", {"vocab_size": 10**9})):
+        path = model_copy(name)
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, **change}))
+    deep_head = head_copy("head-deep")
+    config = json.loads((deep_head / "config.json").read_text())
+    (deep_head / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 100_000}))
+    template = model_copy("broken-template")
+    tok_config = json.loads((template / "tokenizer_config.json").read_text())
+    tok_config["chat_template"] = "{% for m in messages %}{{ m['content'] | nosuchfilter }}{% endfor %}"
+    (template / "tokenizer_config.json").write_text(json.dumps(tok_config))
 
 
 def _pickle_bomb(marker: Path) -> bytes:
@@ -228,6 +261,112 @@ CLI_CASES = [
     ("datastore-build-latin1", lambda b: ["datastore", "build", b["latin1"], "--target", S260], "UTF-8"),
 ]
 
+# Issue 27 (9-11): each was a traceback, a crash, an allocation of gigabytes, a misleading message or
+# input silently read as something else before.
+def OUT(b: dict[str, str], name: str) -> list[str]:
+    return ["--out", str(Path(b["root"]) / name)]
+
+
+AUTO = ["-B", "nodes=auto"]
+BENCH = ["bench", "--dataset", "tinystories", "--target", S260, "--limit", "1", "--max-new-tokens", "4"]
+MEASURE = ["--target", S260, "--drafter", S260, "--layers", "3", "--dataset", "tinystories", "--limit", "1",
+           "--max-new-tokens", "4"]
+TRAIN_EAGLE = ["train", "eagle", "--target", S260, "--data", "tinystories", "--limit", "4", "--max-new-tokens", "4",
+               "--epochs", "1"]
+TRAIN_PAIR = ["train", "pair", "--steps", "1", "--draft-steps", "1", "--max-files", "4"]
+CLI_CASES += [
+    # --- 9: cost profiles (-B profile=FILE): a traceback each, a pipe hung
+    ("run-profile-missing", lambda b: [*RUN, *PAIR, *AUTO, "-B", "profile=/nonexistent/p.json"],
+     r"opt-tree: profile /nonexistent/p.json: no such file; give a file written by `treespec profile --out FILE`"),
+    ("run-profile-list", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['profile-list']}"], "a JSON list"),
+    ("run-profile-not-json", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['latin1']}"], "not UTF-8|not JSON"),
+    ("run-profile-dir", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['root']}"], "is a directory"),
+    ("run-profile-fifo", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['fifo']}"], "not a regular file"),
+    ("run-profile-nan", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['profile-nan']}"],
+     "curve 'verify': ys holds a negative or non-finite value"),
+    ("run-profile-fixed-budget", lambda b: [*RUN, *PAIR, "-B", "nodes=5", "-B", f"profile={b['profile-nan']}"],
+     "profile= plans nodes=auto only"),
+    # --- 10: oversized requests, refused before allocating
+    ("run-eagle2-top-k-200", lambda b: [*RUN, *PAIR, "--builder", "eagle2", "-B", "top_k=200"],
+     r"drafts up to 200,200 nodes per step.*needs about 128.0 GiB.*lower its top_k or depth"),
+    ("run-config-layers-100000", lambda b: [*RUN, "--target", b["deep-config"], "--drafter", "ngram"],
+     r"config.json says num_hidden_layers 100,000 but the weights in .* hold 5 layers"),
+    ("run-config-oversized", lambda b: [*RUN, "--target", b["huge-config"], "--drafter", "ngram"],
+     r"parameters by its config.json\) needs about .* GiB, more than the .* available"),
+    ("run-eagle-head-layers-100000", lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle",
+                                                "-D", f"head={b['head-deep']}"],
+     r"config.json says num_hidden_layers 100,000 but its weights hold 1"),
+    ("run-threads-100000", lambda b: [*RUN, *PAIR, "--threads", "100000"], r"more threads than .* use at most \d+"),
+    ("bench-threads-100000", lambda b: [*BENCH, "--drafter", "ngram", "--threads", "100000", *OUT(b, "b-t")],
+     "use at most"),
+    ("profile-threads-100000", lambda b: ["profile", "--target", S260, "--drafter", "ngram", "--threads", "100000"],
+     "use at most"),
+    ("sequoia-measure-ranks-1e9", lambda b: ["sequoia-measure", *MEASURE, "--ranks", "1000000000",
+                                             "--out", str(Path(b["root"]) / "acc.json")],
+     r"--ranks 1000000000 is more ranks than the vocabulary has tokens \(512\)"),
+    ("train-pair-huge-model", lambda b: [*TRAIN_PAIR, "--target-layers", "10000000", *OUT(b, "p-huge")],
+     r"training the target \(.* parameters.*\) needs about .* GiB"),
+    ("train-eagle-layers-100000", lambda b: [*TRAIN_EAGLE, "--layers", "100000", *OUT(b, "h-deep")],
+     r"an EAGLE head of 100,000 layers .* needs about"),
+    # --- 11: tracebacks
+    ("run-seed-2-64", lambda b: [*RUN, *PAIR, "--seed", str(2**64)], r"--seed 18446744073709551616 is out of range"),
+    ("bench-seed-2-64", lambda b: [*BENCH, "--drafter", "ngram", "--seed", str(2**64), *OUT(b, "b-s")], "out of range"),
+    ("train-pair-seed-2-63", lambda b: [*TRAIN_PAIR, "--seed", str(2**63), *OUT(b, "p-seed")], "out of range"),
+    ("run-device-meta", lambda b: [*RUN, *PAIR, "--device", "meta"], "holds tensor shapes but no values"),
+    ("tree-show-device-meta", lambda b: ["tree", "show", *PAIR, "--prompt", "Once", "--device", "meta"], "no values"),
+    ("sequoia-measure-device-meta", lambda b: ["sequoia-measure", *MEASURE, "--device", "meta"], "no values"),
+    ("run-chat-template-broken", lambda b: [*RUN, "--target", b["broken-template"], "--drafter", "ngram", "--chat"],
+     r"chat template fails on this conversation .*fix chat_template in its tokenizer_config.json"),
+    ("train-eagle-lr-nan", lambda b: [*TRAIN_EAGLE, "--lr", "nan", *OUT(b, "h-lr")], "--lr must be a finite number > 0"),
+    ("train-eagle-max-new-zero", lambda b: [*TRAIN_EAGLE[:8], "--max-new-tokens", "0", *OUT(b, "h-m")],
+     "--max-new-tokens must be > 0"),
+    ("train-pair-lr-nan", lambda b: [*TRAIN_PAIR, "--lr", "nan", *OUT(b, "p-lr")], "--lr must be a finite number > 0"),
+    ("train-pair-vocab-1", lambda b: [*TRAIN_PAIR, "--vocab-size", "1", *OUT(b, "p-v")], "--vocab-size must be between"),
+    ("bench-baseline-k-text", lambda b: [*BENCH, "--drafter", f"{S260} layers=3", "--baseline",
+                                         "hf-assisted num_assistant_tokens=x", *OUT(b, "b-k")],
+     "num_assistant_tokens must be a whole number > 0, got 'x'"),
+    ("bench-baseline-confidence-nan", lambda b: [*BENCH, "--drafter", f"{S260} layers=3", "--baseline",
+                                                 "hf-assisted assistant_confidence_threshold=nan", *OUT(b, "b-c")],
+     r"assistant_confidence_threshold must be a number in \[0, 1\]"),
+    ("bench-baseline-lookup-text", lambda b: [*BENCH, "--drafter", "ngram", "--baseline",
+                                              "hf-lookup prompt_lookup_num_tokens=x", *OUT(b, "b-l")], "whole number > 0"),
+    ("bench-baseline-lookup-unknown", lambda b: [*BENCH, "--drafter", "ngram", "--baseline", "hf-lookup n=3",
+                                                 *OUT(b, "b-u")], r"hf-lookup: unknown setting\(s\) \['n'\]"),
+    ("sequoia-measure-out-dir", lambda b: ["sequoia-measure", *MEASURE, "--out", b["root"]], "is a directory"),
+    ("calibrate-out-dir", lambda b: ["calibrate", *MEASURE, "--out", b["root"]], "is a directory"),
+    ("datastore-build-out-dir", lambda b: ["datastore", "build", b["null-prompt"], "--target", S260, "--out", b["root"]],
+     "is a directory"),
+    # --- 11: inputs silently misread
+    ("run-batch-prompt-null", lambda b: ["run", *PAIR, "--max-new-tokens", "4", "--prompt-file", b["null-prompt"],
+                                         "--batch-size", "2"], r"line 2: 'prompt' must be text, got null"),
+    ("run-batch-turns-not-text", lambda b: ["run", *PAIR, "--max-new-tokens", "4", "--prompt-file", b["bad-turns"],
+                                            "--batch-size", "2"], r"'turns' must be a non-empty list of texts"),
+    ("sequoia-measure-skip-negative", lambda b: ["sequoia-measure", *MEASURE, "--skip", "-1"], "--skip must be >= 0"),
+    ("calibrate-skip-negative", lambda b: ["calibrate", *MEASURE, "--skip", "-1"], "--skip must be >= 0"),
+    ("train-eagle-offset-negative", lambda b: [*TRAIN_EAGLE, "--offset", "-1", *OUT(b, "h-o")], "--offset must be >= 0"),
+    ("train-eagle-noise-negative", lambda b: [*TRAIN_EAGLE, "--noise", "-1", *OUT(b, "h-n")], "--noise must be"),
+    ("train-eagle-lr-inf", lambda b: [*TRAIN_EAGLE, "--lr", "inf", *OUT(b, "h-i")], "--lr must be a finite"),
+    ("train-eagle-threads-zero", lambda b: [*TRAIN_EAGLE, "--threads", "0", *OUT(b, "h-t")], "--threads must be > 0"),
+    ("train-eagle-gen-batch-zero", lambda b: [*TRAIN_EAGLE, "--gen-batch-size", "0", *OUT(b, "h-g")],
+     "--gen-batch-size must be > 0"),
+    ("train-pair-max-files-negative", lambda b: [*TRAIN_PAIR[:-2], "--max-files", "-1", *OUT(b, "p-f")],
+     "--max-files must be > 0"),
+    ("train-pair-minutes-nan", lambda b: [*TRAIN_PAIR, "--minutes", "nan", *OUT(b, "p-m")], "--minutes must be"),
+    ("run-compose-weights-nan", lambda b: [*RUN, "--target", S260, "--drafter", "ngram+ngram", "-D", "merge=mix",
+                                           "-D", "weights=nan,1"], "finite number"),
+    ("run-draft-temperature-inf", lambda b: [*RUN, "--target", S260, "--drafter", S260, "-D", "temperature=inf"],
+     "finite number"),
+    ("tree-show-max-nodes-zero", lambda b: ["tree", "show", *PAIR, "--prompt", "Once", "--max-nodes", "0"],
+     "--max-nodes must be > 0"),
+    ("bench-baseline-assisted-without-draft", lambda b: [*BENCH, "--drafter", "ngram", "--baseline", "hf-assisted",
+                                                         *OUT(b, "b-a")], "no --drafter names one"),
+    ("run-target-empty", lambda b: [*RUN, "--target", "", "--drafter", "ngram"], "--target is empty"),
+    # --- 11: misleading messages
+    ("run-prompt-file-fifo", lambda b: [*RUN[:3], *PAIR, "--prompt-file", b["fifo"]],
+     "is not a regular file \\(a pipe or a device\\)"),
+    ("datastore-build-corpus-fifo", lambda b: ["datastore", "build", b["fifo"], "--target", S260], "not a regular file"),
+]
+
 
 @pytest.mark.parametrize("case, argv, pattern", CLI_CASES, ids=[c[0] for c in CLI_CASES])
 def test_cli_bad_input_is_one_line(bad, monkeypatch, case, argv, pattern):
@@ -251,6 +390,50 @@ def test_refused_custom_code_prints_one_line_and_nothing_else(bad):
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("error: draft model"), proc.stderr
+
+
+def test_a_damaged_saved_profile_is_one_warning_line_and_the_run_goes_on(tmp_path, monkeypatch):
+    """Issue 27 (9): a saved profile that is a JSON list made every default run fail until deleted by
+    hand; now a real `treespec run` prints one warning line, measures again and decodes (exit 0)."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from treespec.cost import profile_path
+    from treespec.plugins.cost_aware import profile_key
+
+    monkeypatch.setenv("TREESPEC_PROFILE_DIR", str(tmp_path))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the profile key of a run with --threads 1
+    try:
+        dec = treespec.Decoder(S260, "ngram", "opt-tree", builder_options={"profile": "none"})
+        path = profile_path(profile_key(dec.target, dec.drafter))
+    finally:
+        torch.set_num_threads(threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[1, 2]")
+    cmd = [sys.executable, "-m", "treespec.cli.app", *RUN, "--target", S260, "--drafter", "ngram", "--threads", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "profile" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: the saved cost profile {path} is not usable"), proc.stderr
+    assert "Traceback" not in proc.stderr and "ProfileWarning" not in proc.stderr
+
+
+def test_running_out_of_threads_while_loading_does_not_blame_the_files(monkeypatch):
+    """Issue 27 (11): --threads 100000 crashed, and the error said a file was damaged (download again)."""
+    from transformers import AutoModelForCausalLM
+
+    def no_threads(*args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_threads)
+    with pytest.raises(treespec.ModelLoadError, match="ran out of threads while loading") as err:
+        treespec.TargetModel.load(S260)
+    assert "damaged" not in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------------

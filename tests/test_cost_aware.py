@@ -8,6 +8,7 @@ largest useful tree, a steep one a chain or nothing), and the real-model test co
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import torch
 import treespec
 from conftest import STORIES260K, tinystories_prompts
 from treespec.acceptance_map import AcceptanceMap
-from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel, Curve, load_profile, profile_path
+from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel, Curve, ProfileWarning, load_profile, profile_path
 from treespec.interfaces import Drafter, Proposals
 from treespec.plugins.cost_aware import MIN_STEPS_OFF, AutoPlanner
 from treespec.plugins.drafted import Drafted
@@ -60,7 +61,81 @@ def test_cost_model_round_trips_and_profiles_are_found_by_key(tmp_path, monkeypa
     assert again is not None and again.verify.predict(10) == pytest.approx(model.verify.predict(10))
     assert load_profile({"target": "t", "drafter": "d", "threads": 1}) is None  # another thread count
     path.write_text("{ broken")
-    assert load_profile(model.key) is None  # unreadable: start empty, never fail
+    with pytest.warns(ProfileWarning, match="not usable"):
+        assert load_profile(model.key) is None  # unreadable: start empty, never fail
+
+
+# ---------------------------------------------------------------------------------------------------
+# profiles that are not profiles (issue 27, item 9): a given one is refused in one line, a saved one is
+# ignored with one warning and measured again
+def _damaged(change: str) -> str:
+    """A real profile's JSON, damaged as ``change`` says."""
+    if change == "a list":
+        return "[1, 2]"
+    if change == "not JSON":
+        return "{ broken"
+    raw = json.loads(CostModel(key={"target": "t"}).to_json())
+    for n in (0, 1, 2):
+        raw["verify"]["ys"][n], raw["verify"]["counts"][n] = 0.01 * (n + 1), 1.0
+    if change == "NaN seconds":
+        raw["verify"]["ys"][1] = float("nan")
+    elif change == "negative seconds":
+        raw["verify"]["ys"][1] = -0.5
+    elif change == "sizes out of order":
+        raw["verify"]["xs"][1], raw["verify"]["xs"][2] = raw["verify"]["xs"][2], raw["verify"]["xs"][1]
+    elif change == "lengths differ":
+        raw["expand"]["ys"].append(0.1)
+    elif change == "a curve missing":
+        del raw["bookkeeping"]
+    elif change == "a curve that is a list":
+        raw["expand"] = [1, 2]
+    elif change == "zero learning rate":
+        raw["verify"]["rate"] = 0
+    return json.dumps(raw)
+
+
+DAMAGED = [
+    ("a list", "a JSON list"), ("not JSON", "is not JSON"), ("NaN seconds", "'verify': ys holds a negative or non-finite"),
+    ("negative seconds", "'verify': ys holds a negative"), ("sizes out of order", "'verify': sizes .* increasing order"),
+    ("lengths differ", "'expand': 8 ys for 7 sizes"), ("a curve missing", "'bookkeeping' is missing"),
+    ("a curve that is a list", "'expand' is not an object"), ("zero learning rate", "'verify': rate 0"),
+]
+
+
+@pytest.mark.parametrize("change, problem", DAMAGED, ids=[d[0] for d in DAMAGED])
+def test_a_given_profile_that_is_not_a_profile_is_one_line(tmp_path, change, problem):
+    import treespec.factory
+
+    path = tmp_path / "profile.json"
+    path.write_text(_damaged(change))
+    with pytest.raises(treespec.ConfigError, match=f"opt-tree: profile {path}: .*{problem}.*treespec profile --out"):
+        treespec.factory.make_builder("opt-tree", {"nodes": "auto", "profile": str(path)})
+
+
+@pytest.mark.parametrize("change, problem", DAMAGED, ids=[d[0] for d in DAMAGED])
+def test_a_damaged_saved_profile_is_ignored_and_measured_again(target64, tmp_path, monkeypatch, change, problem):
+    """Before: a saved profile that was a JSON list failed every default run until deleted by hand; one
+    with NaN or negative times was planned with."""
+    from treespec.plugins.cost_aware import profile_key
+
+    monkeypatch.setenv("TREESPEC_PROFILE_DIR", str(tmp_path))
+    first = treespec.Decoder(target64, drafter="ngram", builder="opt-tree", builder_options={"profile": "none"})
+    path = profile_path(profile_key(first.target, first.drafter))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_damaged(change))
+    with pytest.warns(ProfileWarning, match=re.escape(f"{path} is not usable (") + f".*{problem}.*measured again"):
+        dec = treespec.Decoder(target64, drafter="ngram", builder="opt-tree")
+    cost = dec.builder.planner.cost
+    assert cost.verify.known and all(y >= 0 for y in cost.verify.ys)  # measured (quick), not the damaged file
+    assert len(dec.generate("Once upon a time", max_new_tokens=4).token_ids) == 4
+
+
+def test_a_given_profile_with_a_fixed_budget_is_refused():
+    """``profile=`` plans nodes=auto only: with nodes=N it was dropped without a word."""
+    import treespec.factory
+
+    with pytest.raises(treespec.ConfigError, match="profile= plans nodes=auto only"):
+        treespec.factory.make_builder("opt-tree", {"nodes": 5, "profile": "p.json"})
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from treespec import lockstep, step
+from treespec import inputs, lockstep, step
 from treespec.batch_target import BatchTarget
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.interfaces import Commit, DraftRows, PrefillContext
@@ -56,7 +56,6 @@ def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, samp
     row's place goes to the next prompt waiting. Returns one ``Output`` per prompt, in order. Ctrl-C
     raises ``Interrupted``, a failure ``DecodingError``; either carries every prompt's output in
     ``.outputs``: the finished ones whole, the rows in flight with what they generated."""
-    from treespec import inputs
 
     ids_list = []
     for i, p in enumerate(prompts):
@@ -114,7 +113,7 @@ class _Batch:
         for drafter in drafters:
             i, builder = self.next, self.free.pop(0)
             self.next += 1
-            seed = None if s.get("seed") is None else int(s["seed"]) + i
+            seed = None if s.get("seed") is None else inputs.seed_value(s["seed"]) + i
             params, draft = dec.sampling(s.get("temperature"), s.get("top_p"), s.get("top_k"), seed,
                                           s.get("draft_temperature"), s.get("rule", "auto"), builder)
             accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, s.get("rule", "auto"))

@@ -14,7 +14,7 @@ class PluginConfig(pydantic.BaseModel):
     are converted by pydantic's lax mode (``"25"`` -> ``25``).
     """
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def describe_options(config: type[PluginConfig]) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ factor of 2 of the current prediction once the point has been seen a few times, 
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from treespec.errors import TreespecWarning
 from treespec.isotonic import isotonic
 
 #: verification sizes (drafted nodes, root excluded) a profile measures and a curve keeps
@@ -104,6 +106,10 @@ class Curve:
             self.counts[i] += w
 
 
+class BadProfile(ValueError):
+    """A file that is not a valid cost profile; the message says what is wrong, in one line."""
+
+
 @dataclass
 class CostModel:
     """The three curves of a step (see the module docstring) and what they were measured for."""
@@ -127,13 +133,75 @@ class CostModel:
 
     @classmethod
     def from_json(cls, text: str) -> "CostModel":
+        """The cost model saved by ``to_json``; ``BadProfile`` naming what is wrong for anything else:
+        not JSON, not an object, another format, or a curve that is not a curve (``_curve``)."""
         raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise BadProfile(f"a JSON {type(raw).__name__}, not a treespec cost model (an object)")
         if raw.get("format") != "treespec-cost-model/1":
-            raise ValueError(f"not a treespec cost model (format {raw.get('format')!r})")
-        return cls(
-            verify=Curve(**raw["verify"]), bookkeeping=Curve(**raw["bookkeeping"]), expand=Curve(**raw["expand"]),
-            first=Curve(**raw["first"]) if "first" in raw else Curve([1]), key=raw.get("key", {}),
-        )
+            raise BadProfile(f"not a treespec cost model (format {raw.get('format')!r})")
+        key = raw.get("key", {})
+        if not isinstance(key, dict):
+            raise BadProfile(f"'key' is a {type(key).__name__}, not an object")
+        curves = {name: _curve(raw, name) for name in ("verify", "bookkeeping", "expand")}
+        first = _curve(raw, "first") if "first" in raw else Curve([1])
+        return cls(**curves, first=first, key=key)
+
+
+def _curve(raw: dict[str, Any], name: str) -> Curve:
+    """``raw[name]`` as a Curve, checked: sizes strictly increasing whole numbers >= 0, and as many
+    seconds and counts as sizes, each finite and >= 0 (a NaN or a negative time would plan nonsense,
+    a length mismatch fail mid-run)."""
+    spec = raw.get(name)
+    if not isinstance(spec, dict):
+        raise BadProfile(f"curve {name!r} is {'missing' if spec is None else 'not an object'}")
+    if set(spec) - {"xs", "ys", "counts", "rate"} or "xs" not in spec:
+        raise BadProfile(f"curve {name!r} needs xs, ys, counts (and rate), got {sorted(spec)}")
+    xs, ys, counts = spec["xs"], spec.get("ys", []), spec.get("counts", [])
+    rate = spec.get("rate", 0.2)
+
+    def numbers(values: Any, what: str) -> list[float]:
+        if not isinstance(values, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+            raise BadProfile(f"curve {name!r}: {what} is not a list of numbers")
+        if any(not math.isfinite(v) or v < 0 for v in values):
+            raise BadProfile(f"curve {name!r}: {what} holds a negative or non-finite value")
+        return values
+
+    numbers(xs, "xs")
+    if not xs or any(x != int(x) for x in xs) or any(b <= a for a, b in itertools.pairwise(xs)):
+        raise BadProfile(f"curve {name!r}: sizes xs {xs} are not whole numbers in increasing order")
+    for values, what in ((ys, "ys"), (counts, "counts")):
+        numbers(values, what)
+        if values and len(values) != len(xs):
+            raise BadProfile(f"curve {name!r}: {len(values)} {what} for {len(xs)} sizes")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+        raise BadProfile(f"curve {name!r}: rate {rate!r} is not in (0, 1]")
+    return Curve(xs=[int(x) for x in xs], ys=[float(y) for y in ys], counts=[float(c) for c in counts], rate=float(rate))
+
+
+class ProfileWarning(TreespecWarning):
+    """A saved profile could not be used: it is ignored, and the costs are measured again."""
+
+
+def read_profile(path: Path) -> CostModel:
+    """The cost profile in ``path`` (``-B profile=FILE``); ``BadProfile`` with one line saying what is
+    wrong with it (missing, a folder or a pipe, not a cost model, a bad curve)."""
+    if not path.exists():
+        raise BadProfile("no such file")
+    if not path.is_file():
+        raise BadProfile("is a directory" if path.is_dir() else "is not a regular file (a pipe or a device?)")
+    try:
+        return CostModel.from_json(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BadProfile(f"cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise BadProfile("is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise BadProfile(f"is not JSON ({exc})") from None
+    except BadProfile:
+        raise
+    except ValueError as exc:
+        raise BadProfile(str(exc).splitlines()[0] if str(exc) else "not a cost model") from None
 
 
 def profile_dir() -> Path:
@@ -153,11 +221,32 @@ def profile_path(key: dict[str, Any]) -> Path:
     return profile_dir() / f"{stem or 'profile'}-{digest}.json"
 
 
-def load_profile(key: dict[str, Any]) -> CostModel | None:
-    """The saved profile for ``key``, or None (none saved, or unreadable: then the model starts empty)."""
-    path = profile_path(key)
+def user_profile(path: str) -> CostModel:
+    """The profile given as ``-B profile=FILE``, or one ``ConfigError`` naming the file and the fix."""
+    from treespec.errors import ConfigError
+
     try:
-        model = CostModel.from_json(path.read_text())
-    except (OSError, ValueError, KeyError, TypeError):
+        return read_profile(Path(path))
+    except ValueError as exc:
+        raise ConfigError(
+            f"opt-tree: profile {path}: {exc}; give a file written by `treespec profile --out FILE`, or leave "
+            "profile out (the saved profile, or a quick measurement)"
+        ) from None
+
+
+def load_profile(key: dict[str, Any]) -> CostModel | None:
+    """The saved profile for ``key``, or None: none saved, or one that is not a valid profile (then one
+    ``ProfileWarning`` names it, and the caller measures the costs again; a damaged cache must never
+    make every run fail until someone deletes it by hand)."""
+    path = profile_path(key)
+    if not path.exists():
+        return None
+    try:
+        model = read_profile(path)
+    except ValueError as exc:
+        import warnings
+
+        warnings.warn(f"the saved cost profile {path} is not usable ({exc}): ignored, the costs are measured again "
+                      "(`treespec profile` saves a new one)", ProfileWarning, stacklevel=2)
         return None
     return model if model.key == key else None

@@ -13,6 +13,7 @@ import torch
 from treespec.devices import InexactDtypeWarning, dtype_note
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
+from treespec.memory import check_fits
 from treespec import inputs, step
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.output import Output, StreamCallback, emit, step_stats  # noqa: F401 - step_stats: public here before
@@ -46,6 +47,7 @@ class Decoder:
         max_memory: str | dict | None = None,
         offload_folder: str | None = None,
     ):
+        target, drafter = _check_arguments(target, drafter, builder, drafter_options, builder_options, offload_folder)
         self.builder = make_builder(builder, builder_options)  # cheap: fail on bad options first
         self._builder_spec = (builder, dict(builder_options or {}))  # batch rows get builders of their own
         self._row_builders: dict[int, list[TreeBuilder]] = {}  # batch size -> its rows' builders (kept across batches)
@@ -94,6 +96,11 @@ class Decoder:
                 f"{limit} in one forward (its context, or half this machine's memory for the tree's mask and logits): "
                 f"use a budget of at most {limit} nodes"
             )
+        drafted = self.builder.max_drafted
+        if drafted is not None:  # the draft tree's [N, N] ancestor matrix, grown by doubling (old and new at once)
+            capacity = 1 << max(drafted, 1).bit_length()
+            check_fits(2 * capacity * capacity, f"builder {type(self.builder).__name__}, which drafts up to {drafted:,} "
+                       "nodes per step before keeping its best,", "lower its top_k or depth")
 
     def encode(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
         """Token ids of a prompt: text, a list of ids or a [L] / [1, L] tensor (checked: one line of error)."""
@@ -166,6 +173,8 @@ class Decoder:
 
         if batch.is_batch(prompt):
             batch.check_batch_settings(stream)
+            if seed is not None:
+                inputs.seed_value(seed)  # before any row starts (a row's seed + i would fail mid-batch)
             sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             draft_temperature=draft_temperature, rule=rule)
             with self._exclusive():
@@ -276,6 +285,34 @@ class Decoder:
             stats.stop_reason = "max_new_tokens" if len(out.token_ids) >= max_new else "context"
         finally:
             stats.t_total = time.perf_counter() - t_start  # also when a step fails: the partial output's speed
+
+
+def _check_arguments(target: Any, drafter: Any, builder: Any, drafter_options: Any, builder_options: Any,
+                     offload_folder: Any) -> tuple[Any, Any]:
+    """The Decoder's arguments have the types it takes (a path may be a ``pathlib.Path``): one
+    ``ConfigError`` each otherwise, not a ``TypeError`` from deep inside (``Decoder(3)``,
+    ``builder_options="k=3"``). Returns (target, drafter) with paths as strings."""
+    import os
+    from collections.abc import Mapping
+
+    if isinstance(target, os.PathLike):
+        target = os.fspath(target)
+    if isinstance(drafter, os.PathLike):
+        drafter = os.fspath(drafter)
+    if not isinstance(target, (str, TargetModel)):
+        raise ConfigError(f"target must be a model name or path (str) or a TargetModel, got {target!r} "
+                          f"({type(target).__name__})")
+    if not isinstance(drafter, (str, Drafter)):
+        raise ConfigError(f"drafter must be a drafter name, a draft model (str) or a Drafter, got {drafter!r} "
+                          f"({type(drafter).__name__})")
+    if not isinstance(builder, (str, TreeBuilder)):
+        raise ConfigError(f"builder must be a builder name (str) or a TreeBuilder, got {builder!r} ({type(builder).__name__})")
+    for name, options in (("drafter_options", drafter_options), ("builder_options", builder_options)):
+        if options is not None and not isinstance(options, Mapping):
+            raise ConfigError(f"{name} must be a dict of option name -> value, got {options!r} ({type(options).__name__})")
+    if offload_folder is not None and not isinstance(offload_folder, (str, os.PathLike)):
+        raise ConfigError(f"offload_folder must be a folder path, got {offload_folder!r} ({type(offload_folder).__name__})")
+    return target, drafter
 
 
 def _require_models(target: str | TargetModel, drafter: str | Drafter, options: dict[str, Any] | None) -> None:

@@ -100,6 +100,13 @@ def check_device(device: Any) -> Any:
         parsed = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ConfigError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps ({first_line(exc)[:60]}...)") from None
+    if parsed.type == "meta":  # shapes without values: decoding failed on the first .item()
+        raise ConfigError(f"device {device!r} holds tensor shapes but no values, so it cannot run a model: use cpu, "
+                          "cuda, cuda:N or mps")
+    if parsed.type not in ("cpu", "cuda", "mps"):  # xpu, npu, ...: only with their backend and a device present
+        available = getattr(getattr(torch, parsed.type, None), "is_available", None)
+        if not (callable(available) and available()):
+            raise ConfigError(f"device {device!r} is not available on this machine; use --device cpu")
     if parsed.type == "cuda" and not torch.cuda.is_available():
         why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
         raise ConfigError(f"device {device!r} is not available: {why}; use --device cpu (or install a CUDA build of torch)")

@@ -38,3 +38,7 @@ class DecodingError(TreespecError):
 class Interrupted(DecodingError):
     """Decoding was interrupted (Ctrl-C, ``KeyboardInterrupt``). ``output`` (``outputs`` for a batch)
     holds everything generated before it; an unfinished output has ``stats.stop_reason == "interrupted"``."""
+
+
+class TreespecWarning(UserWarning):
+    """Something was ignored or redone, and the run goes on (the CLI prints it as one ``warning:`` line)."""

@@ -68,6 +68,30 @@ def positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch's generators take, with room for ``seed + n``
+
+
+def seed_value(value: Any, name: str = "seed") -> int:
+    """A random seed: a whole number in ``SEED_RANGE`` (2**64 failed deep inside torch; a float or a
+    string was used as something else without a word)."""
+    lo, hi = SEED_RANGE
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ConfigError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name} {value} is out of range: use a whole number between -2**63 and 2**63 - 1")
+    return int(value)
+
+
+def real_number(name: str, value: Any) -> float | None:
+    """``value`` (None passes) as a float, if it is an int or a float: a string or a list is one line,
+    not a ``TypeError`` from a comparison deep inside."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
 def json_lines(path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line of a ``.jsonl`` (or ``.jsonl.gz``) file; a line
     that is not a JSON object is one ``ConfigError`` naming ``what``, the file and the line."""
@@ -95,5 +119,10 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]], model: str = "the t
     in the model's own chat template, ending with the prompt for the assistant's next turn."""
     if not has_chat_template(tokenizer):
         raise ConfigError(f"{model} has no chat template (a base model): drop --chat/--system and give a plain prompt")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except Exception as exc:  # noqa: BLE001 - a template is code from the model's files: jinja errors, its raise_exception
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ConfigError(f"{model}'s chat template fails on this conversation ({type(exc).__name__}: {first}): fix "
+                          "chat_template in its tokenizer_config.json, or drop --chat/--system") from None
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)

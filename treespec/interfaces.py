@@ -229,6 +229,13 @@ class TreeBuilder(ABC):
         in one forward (``TargetModel.max_tree_nodes``) before anything runs."""
         return None
 
+    @property
+    def max_drafted(self) -> int | None:
+        """The most nodes one step may draft before choosing the ``max_nodes`` it verifies (EAGLE-2
+        drafts k + (D - 1)·k² and keeps its best), or None when that is ``max_nodes``. The Decoder
+        refuses settings whose draft tree would not fit this machine's memory, before anything runs."""
+        return None
+
     def observe(self, stats: "StepStats") -> None:
         """Feedback after each step (adaptive builders override it)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import socket
 import urllib.parse
@@ -211,6 +212,11 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
                 f"{what} {name!r}: weights in {resolved} have other shapes than its config.json says; "
                 "point at the folder the model was saved in, or fix config.json to match its weights"
             ) from None
+        if _out_of_resources(exc):  # not the files' fault: say what ran out
+            raise ModelLoadError(
+                f"{what} {name!r}: this machine ran out of {_out_of_resources(exc)} while loading {resolved} "
+                f"({type(exc).__name__}: {_first_line(exc)}); use fewer --threads, or free memory"
+            ) from None
         if not isinstance(exc, (OSError, ValueError)) and Path(resolved).is_dir():
             raise ModelLoadError(
                 f"{what} {name!r}: a file in {resolved} is damaged or incomplete ({type(exc).__name__}: {_first_line(exc)}); "
@@ -248,6 +254,17 @@ def snapshot_dir(name: str, patterns: list[str], what: str = "model") -> Path:
         return Path(snapshot_download(resolved, allow_patterns=patterns))
     except Exception as exc:
         raise _download_error(name, resolved, what, exc) from None
+
+
+def _out_of_resources(exc: BaseException) -> str:
+    """"memory" or "threads" when ``exc`` says the machine ran out of it (not a damaged file), else ""."""
+    text = str(exc).lower()
+    if isinstance(exc, MemoryError) or "can't allocate memory" in text or "cannot allocate memory" in text \
+            or "out of memory" in text:
+        return "memory"
+    if "can't start new thread" in text or "resource temporarily unavailable" in text:
+        return "threads"
+    return ""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -288,12 +305,69 @@ def load_causal_lm(
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     kwargs["dtype"] = dtype if dtype is not None else (torch.float32 if device_type(device) == "cpu" else "auto")
+    if "device_map" not in kwargs:  # a device map may offload: accelerate places what fits
+        _check_size(name, what, num_hidden_layers, kwargs["dtype"])
     with quiet_transformers():  # transformers' load report is hidden, so its verdict is checked here
         model, info = _load(AutoModelForCausalLM, name, what, output_loading_info=True, **kwargs)
     _check_loaded(name, what, info)
     if device is not None and "device_map" not in kwargs:
         model = model.to(device)
     return model.eval()
+
+
+def _check_size(name: str, what: str, layers: int | None, dtype: Any) -> None:
+    """Before allocating a local model: its config.json may not describe more decoder layers than its
+    weights hold (``num_hidden_layers: 100000`` on a 5-layer checkpoint allocated gigabytes of random
+    layers before ``_check_loaded`` could refuse it), and the model it describes must fit the memory
+    available. Anything unreadable is left to the loader, which says what is wrong in its words."""
+    from treespec.errors import TreespecError
+    from treespec.memory import check_fits, decoder_parameters
+
+    try:
+        folder = Path(_locate(name, what))
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (TreespecError, OSError, ValueError):
+        return
+    if not isinstance(raw, dict):
+        return
+    text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+    have = text.get("num_hidden_layers")
+    if layers is None and isinstance(have, int):
+        stored = _stored_layers(folder)
+        if stored is not None and have > stored:
+            raise ModelLoadError(
+                f"{what} {name!r}: config.json says num_hidden_layers {have:,} but the weights in {folder} hold {stored} "
+                f"layers: the weights of {have - stored:,} layers are missing from the checkpoint, so they would be random: "
+                "fix config.json (num_hidden_layers) to match its weights, or point at the folder the model was saved in"
+            )
+    if "quantization_config" in raw or "quantization_config" in text:
+        return  # stored in fewer bits than any dtype: the estimate below would be too high
+    params = decoder_parameters(text, layers if layers is not None else have)
+    item = getattr(dtype, "itemsize", 2)  # "auto": the checkpoint's own dtype, 2 bytes at least
+    check_fits(params * item, f"{what} {name!r} ({params:,} parameters by its config.json)",
+               "fix its config.json, load it in a smaller --dtype, or free memory")
+
+
+def _stored_layers(folder: Path) -> int | None:
+    """Decoder layers the safetensors weights in ``folder`` hold (the highest ``layers.N.`` + 1), read
+    from the headers only; None if there are none to read."""
+    import re
+
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            names = list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
+        elif (folder / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(folder / "model.safetensors"), "pt") as fh:
+                names = list(fh.keys())
+        else:
+            return None
+    except Exception:  # noqa: BLE001 - a damaged file: loading it says so
+        return None
+    found = [int(m.group(1)) for n in names if (m := re.search(r"(?:^|\.)layers\.(\d+)\.", n))]
+    return max(found) + 1 if found else None
 
 
 def _check_loaded(name: str, what: str, info: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from treespec.errors import ConfigError
+from treespec.inputs import real_number, seed_value
 
 if TYPE_CHECKING:
     from treespec.interfaces import Drafter, Proposals
@@ -47,8 +48,10 @@ def check_sampling(
     """The one place sampling settings are validated (API, ``run``, ``bench``). Returns the target's
     ``SamplingParams`` (None: greedy) and a note per option that greedy decoding ignores; a value
     that is invalid whatever the temperature is a ``ConfigError``."""
-    if rule not in RULES:
+    if not isinstance(rule, str) or rule not in RULES:
         raise ConfigError(f"unknown verification rule {rule!r}; rules: {', '.join(RULES)}")
+    temperature, draft_temperature = real_number("temperature", temperature), real_number("draft_temperature", draft_temperature)
+    top_p = real_number("top_p", top_p)
     if temperature is not None and not temperature >= 0:  # also catches NaN
         raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if draft_temperature is not None and not (0 < draft_temperature < float("inf")):
@@ -128,6 +131,7 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     ``torch.manual_seed`` makes a run reproducible, as with Hugging Face's ``generate``)."""
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)))
+    seed = seed_value(seed)
     gen = torch.Generator(device=torch.device(device))
     gen.manual_seed(int(seed))
     return gen

@@ -6,6 +6,7 @@ into token ids for a target: its chat template when the tokenizer has one, plain
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,13 +117,17 @@ def _record(row: dict[str, Any], n: int, path: Path) -> PromptItem:
     rid = str(row.get("question_id", row.get("task_id", row.get("id", n))))
     cat = str(row.get("category", ""))
     if "turns" in row:
-        return PromptItem(rid, [str(t) for t in row["turns"]], cat)
-    if "question" in row:
-        return PromptItem(rid, [str(row["question"])], cat)
-    if "prompt" in row:
-        return PromptItem(rid, [str(row["prompt"])], cat, raw="task_id" in row)  # HumanEval: code to complete
-    if "text" in row:
-        return PromptItem(rid, [str(row["text"])], cat, raw=True)
+        turns = row["turns"]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise ConfigError(f"{path} line {n + 1}: 'turns' must be a non-empty list of texts, got "
+                              f'{json.dumps(turns)[:60]}: give "turns": ["first user turn", ...]')
+        return PromptItem(rid, turns, cat)
+    for key in ("question", "prompt", "text"):
+        if key in row:
+            if not isinstance(row[key], str):  # {"prompt": null} was decoded as the prompt "None"
+                raise ConfigError(f"{path} line {n + 1}: {key!r} must be text, got {json.dumps(row[key])[:60]}: give "
+                                  f'"{key}": "..." (or drop the line)')
+            return PromptItem(rid, [row[key]], cat, raw=key == "text" or (key == "prompt" and "task_id" in row))
     raise ConfigError(f"{path} line {n + 1}: no 'turns', 'question', 'prompt' or 'text' field")
 
 

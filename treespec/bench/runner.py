@@ -7,6 +7,7 @@ sweeps that option (the cartesian product of all sweeps becomes one configuratio
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -165,7 +166,10 @@ class Bench:
                                                    options=settings, drafter=d_label,
                                                    run=self._hf_runner({"assistant_model": model}, model, settings)))
                 elif b_name == "hf-lookup":
-                    settings = {**LOOKUP_DEFAULTS, **{k: int(v) for k, v in b_opts.items()}}
+                    unknown = set(b_opts) - set(LOOKUP_DEFAULTS)
+                    if unknown:
+                        raise ConfigError(f"hf-lookup: unknown setting(s) {sorted(unknown)}; settings: {sorted(LOOKUP_DEFAULTS)}")
+                    settings = {**LOOKUP_DEFAULTS, **{k: _whole(f"hf-lookup {k}", v) for k, v in b_opts.items()}}
                     self.configs.append(Config(_label("hf-lookup", b_opts), "hf-lookup", options=settings,
                                                run=self._hf_runner(settings)))
 
@@ -305,14 +309,32 @@ def _assistant_settings(model: Any, options: dict[str, str]) -> dict[str, Any]:
     if hasattr(gc, "_get_default_generation_params"):
         defaults.update({k: v for k, v in gc._get_default_generation_params().items() if k in defaults})
     value = {k: options.get(k, getattr(gc, k, None) if getattr(gc, k, None) is not None else defaults[k]) for k in defaults}
+    try:
+        threshold = float(value["assistant_confidence_threshold"])
+    except ValueError:
+        threshold = math.nan
+    if not 0 <= threshold <= 1:  # also NaN
+        raise ConfigError(f"hf-assisted: assistant_confidence_threshold must be a number in [0, 1], got "
+                          f"{value['assistant_confidence_threshold']!r}")
     settings = {
-        "num_assistant_tokens": int(value["num_assistant_tokens"]),
+        "num_assistant_tokens": _whole("hf-assisted num_assistant_tokens", value["num_assistant_tokens"]),
         "num_assistant_tokens_schedule": str(value["num_assistant_tokens_schedule"]),
-        "assistant_confidence_threshold": float(value["assistant_confidence_threshold"]),
+        "assistant_confidence_threshold": threshold,
     }
     if settings["num_assistant_tokens_schedule"] not in ("constant", "heuristic", "heuristic_transient"):
         raise ConfigError("hf-assisted: num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient")
     return settings
+
+
+def _whole(what: str, value: Any) -> int:
+    """A baseline's count setting: a whole number > 0 (``k=x`` was a ValueError traceback)."""
+    try:
+        number = int(str(value))
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise ConfigError(f"{what} must be a whole number > 0, got {value!r}")
+    return number
 
 
 def _pearson(xs: list[float], ys: list[float]) -> float | None:

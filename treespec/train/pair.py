@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 from treespec.errors import ConfigError
 from treespec.files import save_torch_atomic, write_text_atomic, writing
+from treespec.inputs import seed_value
+from treespec.memory import check_fits, check_threads
 from treespec.train.checkpoint import load_data, prepare_out
 from treespec.train.pair_data import EOT_ID, PAD_ID, PairData, prepare
 
@@ -248,7 +250,10 @@ class _Trainer:
         import torch
 
         s, state = self.s, self.state
-        g = torch.Generator().manual_seed(s.seed * 1_000_003 + WHICH.index(self.which) * 100_003 + state.step)
+        seed = s.seed * 1_000_003 + WHICH.index(self.which) * 100_003 + state.step
+        if not -(2**63) <= seed < 2**64:  # what torch takes: a large --seed wraps (every smaller one is as it was)
+            seed %= 2**64
+        g = torch.Generator().manual_seed(seed)
         starts = torch.randint(0, self.train_stream.numel() - self.length, (s.batch_size,), generator=g)  # [B]
         loss = lm_loss(self.model, windows(self.train_stream, starts, self.length))
         self.opt.zero_grad(set_to_none=True)
@@ -330,16 +335,56 @@ def train_pair(s: PairSettings, which: str = "both", stop_at: int | None = None,
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(s, name)}")
     s.target.check("target")
     s.draft.check("draft")
+    check_settings(s)
+    check_threads(s.threads)
+    for w in WHICH if which == "both" else (which,):  # before building even a meta model: 10⁷ layers are 10⁷ objects
+        n = llama_parameters(s, w)
+        check_fits(training_bytes(s, w, n), f"training the {w} ({n:,} parameters, --batch-size {s.batch_size} × "
+                   f"--context {s.context})", f"lower the {w}'s sizes, --batch-size or --context")
+    params = {w: parameter_count(llama_config(s, w)) for w in WHICH}
     torch.set_num_threads(s.threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(s.threads))  # the tokenizers library's thread pool
     out = prepare_out(s.out, "pair training")
-    params = {w: parameter_count(llama_config(s, w)) for w in WHICH}
     if params["draft"] * 10 > params["target"]:
         log(f"note: the draft has {params['draft']:,} parameters, more than a tenth of the target's {params['target']:,}")
     data = prepare(s.held_out, s.max_files, s.vocab_size, s.context, out / "data", log=log)
     deadline = time.monotonic() + s.minutes * 60 if s.minutes else math.inf  # training time of the whole call
     states = {w: train_model(s, w, data, stop_at, deadline, progress, log) for w in (WHICH if which == "both" else (which,))}
     return write_summary(s, data, params, states)
+
+
+def check_settings(s: PairSettings) -> None:
+    """The numbers no model size check covers: a learning rate, a time limit, a file count and a
+    vocabulary that make sense (NaN trained garbage or failed mid-run; a negative --max-files dropped
+    the last files without a word; --vocab-size 1 failed building the model)."""
+    seed_value(s.seed, "--seed")
+    if not (math.isfinite(s.lr) and s.lr > 0):
+        raise ConfigError(f"--lr must be a finite number > 0, got {s.lr}")
+    if s.minutes is not None and not (math.isfinite(s.minutes) and s.minutes > 0):
+        raise ConfigError(f"--minutes must be a finite number > 0, got {s.minutes}")
+    if s.max_files is not None and s.max_files <= 0:
+        raise ConfigError(f"--max-files must be > 0, got {s.max_files}")
+    if not 259 <= s.vocab_size <= 65535:
+        raise ConfigError(f"--vocab-size must be between 259 and 65535 (256 bytes, 2 special tokens, uint16 streams), "
+                          f"got {s.vocab_size}")
+
+
+def llama_parameters(s: PairSettings, which: str) -> int:
+    """``parameter_count(llama_config(s, which))`` by arithmetic, without building the model: tied
+    embeddings, per layer q/k/v/o, the gated MLP and two norms, and the final norm."""
+    m = s.size(which)
+    kv = m.kv_heads * (m.hidden // m.heads)
+    per_layer = 2 * m.hidden * m.hidden + 2 * m.hidden * kv + 3 * m.hidden * m.intermediate + 2 * m.hidden
+    return s.vocab_size * m.hidden + m.layers * per_layer + m.hidden
+
+
+def training_bytes(s: PairSettings, which: str, params: int) -> int:
+    """A rough floor of the memory training one model takes: float32 weights, gradients and AdamW's two
+    moments (16 bytes a parameter), and one batch's activations (per token: about 16 hidden vectors a
+    layer, the logits and their gradient)."""
+    m = s.size(which)
+    tokens = s.batch_size * s.context
+    return 16 * params + 4 * tokens * (16 * m.hidden * m.layers + 2 * s.vocab_size)
 
 
 def write_summary(s: PairSettings, data: PairData, params: dict[str, int], states: dict[str, RunState]) -> dict[str, Any]:
