@@ -178,6 +178,10 @@ class WatchedBuilder(TreeBuilder):
     def max_nodes(self) -> int | None:
         return self.inner.max_nodes
 
+    @property
+    def max_drafted(self) -> int | None:
+        return self.inner.max_drafted
+
     def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
         watch = self.watch
         if watch.failure is not None:
