@@ -168,7 +168,9 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
     if fc is not None and fc.dim() == 2 and fc.shape[1] == 3 * hidden:
         raise ConfigError(f"EAGLE head {name!r} is an EAGLE-3 head (its fc fuses 3 feature layers): use --drafter eagle3")
     config = LlamaConfig(**{k: val for k, val in raw.items() if k not in ("bias", "treespec")})
-    head = EagleHead(config, bias=bool(raw.get("bias", True)))
+    # fc's bias: the config's ``bias`` (absent = on, as EAGLE publishes), or the weights' own: SGLang's
+    # EAGLE-1 fc always has one and its config's ``bias`` means attention biases there
+    head = EagleHead(config, bias=bool(raw.get("bias", True)) or "fc.bias" in state)
     fit_weights(head, state, f"EAGLE head {name!r}", "the EAGLE layout", "; is this an EAGLE-1/2 head?")
     return head.eval(), raw.get("treespec", {})
 
