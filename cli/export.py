@@ -169,6 +169,9 @@ def _export(engine: str, target: str | None, head: str | None, out: Path, accept
     if planned:
         record["plan"] = planned.summary()
     heads.write_json(out / "plan.json", record)
+    if planned:  # treespec runs the OPT-Tree optimum too: --builder static -B shape=FILE
+        (out / "treespec-tree.json").write_text(json.dumps([list(p) for p in planned.optimum.paths]) + "\n")
+        lines += ["", f"# treespec, the same head with the OPT-Tree optimum: --builder static -B shape={out / 'treespec-tree.json'}"]
     (out / "launch.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     typer.echo("\n".join(lines))
     if planned:
@@ -178,7 +181,8 @@ def _export(engine: str, target: str | None, head: str | None, out: Path, accept
                     f"{s['optimum']['expected_accepted']:.2f} ({s['optimum']['nodes']}), SGLang "
                     f"{s['sglang']['expected_accepted']:.2f} (steps {s['sglang']['steps']}, topk {s['sglang']['topk']}, "
                     f"{s['sglang']['num_draft_tokens']} draft tokens)", fg=typer.colors.CYAN, err=True)
-    typer.secho(f"wrote {out}: {', '.join(written + ['plan.json', 'launch.txt'])}", fg=typer.colors.CYAN, err=True)
+    extra = ["plan.json", "launch.txt"] + (["treespec-tree.json"] if planned else [])
+    typer.secho(f"wrote {out}: {', '.join(written + extra)}", fg=typer.colors.CYAN, err=True)
 
 
 @export_app.command("vllm", epilog=EPILOG)

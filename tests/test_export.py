@@ -238,3 +238,24 @@ def test_cli_export_writes_the_launch_command_and_errors_are_one_line(tmp_path):
     ):
         r = run_cli("export", "sglang", "--target", str(STORIES260K), "--out", str(out), *bad)
         assert r.returncode == 2 and re.search(message, r.stderr) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# ------------------------------------------------------------------------------------------ measuring
+def test_depth_rank_measurement_counts_what_a_chain_decodes(target64):
+    """`export measure`: its chain accepts exactly what the chain builder accepts (same drafts, same
+    greedy verification), depth 1 is tested at every step, and each depth's ranks sum to at most 1."""
+    from conftest import tinystories_prompts
+    from treespec.export.acceptance import measure_depth_rank
+
+    dec = treespec.Decoder(target64, drafter="eagle3", drafter_options={"head": str(eagle3_head_dir())}, builder="chain",
+                           builder_options={"k": 3})
+    prompts = [dec.encode(p) for p in tinystories_prompts(3)]
+    got = measure_depth_rank(dec, prompts, 32, depth=3, ranks=4)
+    steps = accepted = 0
+    for ids in prompts:
+        out = dec.generate(ids, max_new_tokens=32)
+        steps += len(out.stats.steps)
+        accepted += sum(s.accepted for s in out.stats.steps)
+    assert got["steps"] == steps and got["chain_tau"] == pytest.approx(1 + accepted / steps)
+    assert got["tests"][0] == steps and all(a >= b for a, b in zip(got["tests"], got["tests"][1:]))
+    assert all(sum(row) <= 1 + 1e-9 for row in got["acceptance"]) and got["acceptance"][0][0] > 0
