@@ -259,3 +259,12 @@ def test_depth_rank_measurement_counts_what_a_chain_decodes(target64):
     assert got["steps"] == steps and got["chain_tau"] == pytest.approx(1 + accepted / steps)
     assert got["tests"][0] == steps and all(a >= b for a, b in zip(got["tests"], got["tests"][1:]))
     assert all(sum(row) <= 1 + 1e-9 for row in got["acceptance"]) and got["acceptance"][0][0] > 0
+
+
+def test_deep_depths_with_few_tests_lean_on_the_shallower_depth():
+    from treespec.export.acceptance import PRIOR_TESTS, smooth
+
+    p = smooth([[60, 20], [3, 0], [0, 0]], [100, 4, 0])
+    assert p[0] == [0.6, 0.2]
+    assert p[1][0] == pytest.approx((3 + PRIOR_TESTS * 0.6) / (4 + PRIOR_TESTS)) and p[1][1] > 0  # not "impossible"
+    assert p[2] == p[1]  # no test at all: the shallower depth's vector

@@ -200,7 +200,7 @@ def main() -> None:
     summary = summarise(rows, n)
     record = {"settings": vars(args), "prompts": n, "prompt_ids": data["ids"], "load_averages": load, "summary": summary}
     out.write_text(json.dumps(record, indent=1))
-    print(f"| configuration | tokens/s | τ | greedy text identical to vLLM |\n|---|---|---|---|")
+    print("| configuration | tokens/s | τ | greedy text identical to vLLM |\n|---|---|---|---|")
     for c, s in summary.items():
         print(f"| {c} | {s['tokens_per_second']} | {s['tau'] or '—'} | {s['identical_to_vllm']} |")
     print(f"load average (1 min) during the run: {min(x[0] for x in load):.1f}–{max(x[0] for x in load):.1f}; wrote {out}")

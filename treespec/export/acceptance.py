@@ -9,7 +9,8 @@ none of them). So every step adds one test at each depth 1..m+1 that it reached:
 
     tests[d]    steps whose chain reached depth d (its parent was accepted)
     hits[d][r]  of those, the steps where the target's token at depth d was the drafter's rank r
-    p[d][r]     = hits / tests   (the observed, hence calibrated, acceptance of rank r at depth d)
+    p[d][r]     = hits / tests   (the observed, hence calibrated, acceptance of rank r at depth d),
+                  pulled towards depth d-1's by 16 pseudo-tests (``smooth``: deep depths get few tests)
 
 It is conditional on the ancestors being rank 0 (the drafter's context below the root holds its own
 predictions either way); planning a tree uses it for every path, the one approximation of the
@@ -30,6 +31,20 @@ from treespec.interfaces import Drafter, TreeBuilder
 from treespec.tree import DraftTree
 
 FORMAT = "treespec-depth-rank/1"
+PRIOR_TESTS = 16.0  # a depth's vector is pulled towards the shallower depth's by this many pseudo-tests
+
+
+def smooth(hits: list[list[int]], tests: list[int]) -> list[list[float]]:
+    """p[d][r] = (hits + w · p[d-1][r]) / (tests + w), w = ``PRIOR_TESTS`` (depth 1: hits / tests):
+    deep depths are reached by few steps, and a handful of tests must not make a rank look certain
+    or impossible; with no test at all a depth repeats the shallower one."""
+    out: list[list[float]] = []
+    for d, (row, t) in enumerate(zip(hits, tests)):
+        if d == 0:
+            out.append([h / t if t else 0.0 for h in row])
+        else:
+            out.append([(h + PRIOR_TESTS * q) / (t + PRIOR_TESTS) for h, q in zip(row, out[-1])])
+    return out
 
 
 class RankChain(TreeBuilder):
@@ -98,11 +113,13 @@ def measure_depth_rank(decoder: Any, prompts: list[list[int]], max_new_tokens: i
             if progress:
                 progress(i + 1, len(prompts))
     seconds = time.perf_counter() - start
-    p = [[h / t if t else 0.0 for h in row] for row, t in zip(hits, tests)]
+    p = smooth(hits, tests)
     return {
         "format": FORMAT,
         "acceptance": p,
         "tests": tests,
+        "hits": hits,
+        "prior_tests": PRIOR_TESTS,
         "depth": depth,
         "ranks": ranks,
         "chain_tau": 1.0 + accepted / max(n_steps, 1),
