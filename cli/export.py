@@ -181,6 +181,12 @@ def _export(engine: str, target: str | None, head: str | None, out: Path, accept
                     f"{s['optimum']['expected_accepted']:.2f} ({s['optimum']['nodes']}), SGLang "
                     f"{s['sglang']['expected_accepted']:.2f} (steps {s['sglang']['steps']}, topk {s['sglang']['topk']}, "
                     f"{s['sglang']['num_draft_tokens']} draft tokens)", fg=typer.colors.CYAN, err=True)
+        rates = {k: v for k, v in s["predicted_tokens_per_second"].items() if v is not None and k != "plain"}
+        plain = s["predicted_tokens_per_second"].get("plain")
+        if rates and plain is not None and plain >= max(rates.values()):
+            typer.secho(f"note: under this profile plain decoding ({plain:.2f} tokens/s) beats every speculative shape "
+                        f"(best {max(rates.values()):.2f}): on this machine the head does not pay; serve without it, or "
+                        "train it further", fg=typer.colors.YELLOW, err=True)
     extra = ["plan.json", "launch.txt"] + (["treespec-tree.json"] if planned else [])
     typer.secho(f"wrote {out}: {', '.join(written + extra)}", fg=typer.colors.CYAN, err=True)
 
