@@ -147,7 +147,9 @@ def _export(engine: str, target: str | None, head: str | None, out: Path, accept
             written = vllm.write(files, info, out, k, dt)
             tree = trees.to_vllm_string(planned.vllm_tree.paths) if planned else None
             python, serve = vllm.launch(info, out, files.version, k, None)
-            lines = ["# vLLM 0.32 (no tree attention): a chain of num_speculative_tokens", serve, "", python]
+            lines = ["# vLLM 0.32 (no tree attention): a chain of num_speculative_tokens", serve, "", python,
+                     "# vLLM CPU: add gpu_memory_utilization=0.1 (there: the share of RAM for the KV cache) and run it "
+                     "under if __name__ == '__main__':"]
             if tree is not None:
                 _, serve_tree = vllm.launch(info, out, files.version, planned.vllm_tree.nodes, tree)
                 lines += ["# vLLM releases with tree attention (speculative_token_tree; one branching factor per level):",

@@ -268,3 +268,18 @@ def test_deep_depths_with_few_tests_lean_on_the_shallower_depth():
     assert p[0] == [0.6, 0.2]
     assert p[1][0] == pytest.approx((3 + PRIOR_TESTS * 0.6) / (4 + PRIOR_TESTS)) and p[1][1] > 0  # not "impossible"
     assert p[2] == p[1]  # no test at all: the shallower depth's vector
+
+
+def test_a_speculators_head_re_exports_its_residual_variant(target64, tmp_path):
+    """A head published in vLLM's layout with norm_before_residual (vLLM's default when absent) keeps
+    it when exported for vLLM, and is refused in one line for SGLang, whose layer has no such variant."""
+    from published_heads import speculators_head
+    from treespec.errors import ConfigError
+
+    emb = target64.model.get_input_embeddings().weight.detach()
+    folder = speculators_head(tmp_path / "h", 64, 512, 200, emb, [1, 3, 4], None)
+    files, out = export("vllm", folder, tmp_path)
+    assert json.loads((out / "config.json").read_text())["norm_before_residual"] is True
+    assert files.layers == (1, 3, 4)
+    with pytest.raises(ConfigError, match="normalises before its residual.*serve it with vLLM$"):
+        export("sglang", folder, tmp_path)

@@ -85,7 +85,8 @@ def read_head(name: str, target: TargetInfo) -> HeadFiles:
 def llama_config(head: HeadFiles) -> dict[str, Any]:
     """The head's Llama fields, without treespec's own block and without keys engines read differently."""
     drop = {"treespec", "bias", "architectures", "eagle_config", "eagle_aux_hidden_state_layer_ids", "draft_vocab_size",
-            "target_hidden_size", "_name_or_path", "id2label", "label2id", "dtype", "torch_dtype", "transformers_version"}
+            "target_hidden_size", "_name_or_path", "id2label", "label2id", "dtype", "torch_dtype", "transformers_version",
+            "norm_before_residual", "speculators_model_type"}
     cfg = {k: v for k, v in head.config.items() if k not in drop}
     cfg["model_type"] = "llama"
     rope = cfg.get("rope_parameters")

@@ -74,6 +74,11 @@ def write(head: HeadFiles, target: TargetInfo, out: Path, dtype: torch.dtype | N
 
             raise ConfigError(f"EAGLE-3 head {head.name!r} reads hidden_states {list(head.layers or ())}: SGLang can only "
                               "capture the output of a decoder layer (index ≥ 1); retrain with --layers of 1 or more")
+        if head.config.get("norm_before_residual"):
+            from treespec.errors import ConfigError
+
+            raise ConfigError(f"EAGLE-3 head {head.name!r} normalises before its residual (a speculators variant): "
+                              "SGLang's LlamaForCausalLMEagle3 takes the residual before hidden_norm; serve it with vLLM")
         config = eagle3_config(head, target)
     else:
         if "fc.bias" not in state:

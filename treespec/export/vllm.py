@@ -84,7 +84,7 @@ def speculators_config(head: HeadFiles, target: TargetInfo, tokens: int) -> dict
         "transformer_layer_config": layer,
         "draft_vocab_size": int(head.state["lm_head.weight"].shape[0]),
         "target_hidden_size": int(head.state["fc.weight"].shape[1] // 3),
-        "norm_before_residual": False,
+        "norm_before_residual": bool(head.config.get("norm_before_residual", False)),  # treespec's heads: False
         "norm_before_fc": False,
         "eagle_aux_hidden_state_layer_ids": [int(i) for i in head.layers or ()],
         "speculators_config": {
