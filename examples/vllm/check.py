@@ -13,7 +13,8 @@ over ``--rounds`` rounds of the prompts so that the machine's load falls on all 
     vllm            vLLM, no speculation (the reference for "greedy text identical")
     vllm-ngram      vLLM's n-gram proposer (prompt lookup), k tokens
     vllm-eagle      vLLM with the exported head (method from its config), a chain of k tokens
-    treespec-chain  treespec, the same head as a chain of k (vocab=0: the full vocabulary, as vLLM drafts)
+    treespec-chain  treespec, the same head as a chain of k (EAGLE-1: the shipped head with vocab=0, the full
+                    vocabulary, as vLLM drafts it; EAGLE-3: the export folder itself, loaded as it is)
     treespec        treespec's default (`treespec run`: the shipped head, opt-tree nodes=auto)
 
 Prompts: MT-Bench first turns in the target's chat template (treespec's ``format_turns``), the same
@@ -58,7 +59,11 @@ def worker_treespec(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     job = json.loads(Path(args.job).read_text())
-    if args.config == "treespec-chain":
+    eagle3 = "speculators_model_type" in json.loads((Path(args.head_dir) / "config.json").read_text())
+    if args.config == "treespec-chain" and eagle3:  # the export itself, loaded as vLLM loads it
+        dec = treespec.Decoder(args.target, drafter="eagle3", drafter_options={"head": str(args.head_dir)}, builder="chain",
+                               builder_options={"k": args.k})
+    elif args.config == "treespec-chain":
         dec = treespec.Decoder(args.target, drafter="eagle", drafter_options={"vocab": 0}, builder="chain",
                                builder_options={"k": args.k})
     else:  # `treespec run`'s default for the target
