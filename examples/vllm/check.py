@@ -121,11 +121,14 @@ def worker_vllm(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------ driver
-def run(cmd: list[str], log: Path) -> None:
+def run(cmd: list[str], log: Path, preload: str = "") -> None:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if preload:  # vLLM CPU's advice (vllm/v1/worker/cpu_worker.py warns without them): its workers only
+        env["LD_PRELOAD"] = preload
     with log.open("a") as f:
-        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.write(f"\n$ {'LD_PRELOAD=' + preload + ' ' if preload else ''}{' '.join(cmd)}\n")
         f.flush()
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if r.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd[:4])} ... failed (exit {r.returncode}); see {log}")
 
@@ -167,6 +170,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--memory", type=float, default=0.12, help="vLLM CPU: the share of RAM for its KV cache")
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--vllm-preload", default="", help="LD_PRELOAD for the vLLM workers only, e.g. "
+                    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:VENV/lib/libiomp5.so (vLLM CPU asks for both)")
     ap.add_argument("--out", default="check.json")
     args = ap.parse_args()
     if args.worker == "prompts":
@@ -198,7 +203,8 @@ def main() -> None:
             py = args.treespec_python if c.startswith("treespec") else sys.executable
             kind = "treespec" if c.startswith("treespec") else "vllm"
             run([py, str(HERE), "--worker", kind, "--config", c, "--job", str(job), "--out", str(res),
-                 "--head-dir", args.head_dir, "--memory", str(args.memory)] + common, log)
+                 "--head-dir", args.head_dir, "--memory", str(args.memory)] + common, log,
+                args.vllm_preload if kind == "vllm" else "")
             rows[c] += json.loads(res.read_text())
             load.append(os.getloadavg())
             print(f"round {r + 1}/{args.rounds}: {c} done (load {load[-1][0]:.1f})", file=sys.stderr, flush=True)
