@@ -9,6 +9,7 @@
     calibrate       cli/calibrate.py  a draft model's temperature
     datastore       cli/datastore.py  corpora indexed for the datastore drafter
     train           cli/train.py      train eagle (cli/train.py), train pair (cli/train_pair.py)
+    export          cli/export.py     export measure | vllm | sglang: a head and its tree for a serving engine
 
 Shared helpers live in cli/common.py. torch is imported only inside commands that decode or train:
 `treespec --help` and `treespec plugins` stay light.
@@ -23,6 +24,7 @@ import typer
 from treespec.cli.bench import EPILOG as BENCH_EPILOG, bench, bench_report
 from treespec.cli.calibrate import EPILOG as CALIBRATE_EPILOG, calibrate
 from treespec.cli.datastore import datastore_app
+from treespec.cli.export import export_app
 from treespec.cli.plugins import plugins
 from treespec.cli.profile import EPILOG as PROFILE_EPILOG, profile
 from treespec.cli.run import EPILOG as RUN_EPILOG, run
@@ -68,6 +70,7 @@ app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate)
 app.add_typer(tree_app, name="tree")
 app.add_typer(datastore_app, name="datastore")
 app.add_typer(train_app, name="train")
+app.add_typer(export_app, name="export")
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ d + d2t[d] (``d2t`` holds offsets). Item j sits at position j.
 Checkpoints use the published layout (SafeAILab's EAGLE-3 release, e.g.
 ``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``; the same keys load in vLLM and SGLang): ``config.json`` (a
 Llama config with ``draft_vocab_size``; ``architectures`` LlamaForCausalLM or
-LlamaForCausalLMEagle3; optional ``target_hidden_size`` and
-``eagle_config.eagle_aux_hidden_state_layer_ids``) and ``model.safetensors`` or ``pytorch_model.bin``
+LlamaForCausalLMEagle3; optional ``target_hidden_size`` and the feature layers, see ``config_layers``;
+or vLLM's speculators layout: ``transformer_layer_config`` + top-level fields, weights ``layers.0.*``) and ``model.safetensors`` or ``pytorch_model.bin``
 (fp16 as published; cast to the target's dtype) with ``fc.weight``, ``midlayer.{self_attn,mlp}.*``,
 ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``, ``norm.weight``,
 ``lm_head.weight`` [Vd, H], ``d2t`` [Vd] int64 and ``t2d`` [V] bool. No embedding table: the
@@ -43,7 +43,8 @@ from treespec.files import save_safetensors_atomic, write_text_atomic, writing
 from treespec.lean import RopeTable, _rope, rms_norm
 
 #: config keys that are not LlamaConfig's
-EXTRA_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_config", "eagle_aux_hidden_state_layer_ids", "treespec", "bias")
+EXTRA_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_config", "eagle_aux_hidden_state_layer_ids", "treespec", "bias",
+              "norm_before_residual")
 
 
 def default_layers(target_layers: int) -> tuple[int, ...]:
@@ -55,11 +56,47 @@ def default_layers(target_layers: int) -> tuple[int, ...]:
 
 
 def config_layers(raw: dict[str, Any]) -> tuple[int, ...] | None:
-    """Feature layers named by a head's config (``eagle_aux_hidden_state_layer_ids`` at the top level or
-    in ``eagle_config``): ids of the layers whose OUTPUT is taken, as SpecForge/SGLang write them, so
-    hidden_states index = id + 1. None if the config names none."""
-    ids = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return tuple(int(i) + 1 for i in ids) if ids else None
+    """Feature layers named by a head's config, as hidden_states indices (i = the input of decoder
+    layer i); None if the config names none. The two engines number them differently:
+
+    * top level ``eagle_aux_hidden_state_layer_ids`` (vLLM's key, and the speculators layout's):
+      vLLM captures id i as the residual stream entering layer i (``vllm/model_executor/models/
+      interfaces.py`` ``_maybe_add_hidden_state``) = hidden_states[i]: read as it is;
+    * ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SpecForge's and SGLang's key): SGLang takes the
+      OUTPUT of layer id (``python/sglang/srt/models/llama.py`` ``set_eagle3_layers_to_capture``: id + 1)
+      = hidden_states[id + 1]."""
+    top = raw.get("eagle_aux_hidden_state_layer_ids")
+    if top:
+        return tuple(int(i) for i in top)
+    nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return tuple(int(i) + 1 for i in nested) if nested else None
+
+
+def flatten_speculators(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """A head config in the speculators layout (``speculators_model_type``, as vLLM serves EAGLE-3:
+    ``vllm/transformers_utils/configs/speculators/``) as the flat Llama config the rest reads: the
+    ``transformer_layer_config`` plus the top-level EAGLE-3 fields. Variants treespec does not compute
+    (a norm before fc, per-layer fc norms, a normed output) are refused in one line."""
+    if "speculators_model_type" not in raw:
+        return raw
+    if raw.get("speculators_model_type") != "eagle3":
+        raise ConfigError(f"head {name!r} is a speculators {raw.get('speculators_model_type')!r} model: treespec loads "
+                          "eagle3 speculators only")
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ConfigError(f"head {name!r}: its speculators config has no transformer_layer_config object")
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        if raw.get(flag):
+            raise ConfigError(f"EAGLE-3 head {name!r} sets {flag}: treespec computes the published EAGLE-3 layer only "
+                              f"(export it without {flag})")
+    flat = {k: v for k, v in layer.items() if k != "architectures"}
+    flat["architectures"] = ["LlamaForCausalLMEagle3"]
+    for key in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "treespec"):
+        if raw.get(key) is not None:
+            flat[key] = raw[key]
+    # vLLM's reading: absent = True (transformers_utils/configs/speculators/algos.py, update_eagle3)
+    flat["norm_before_residual"] = bool(raw.get("norm_before_residual", True))
+    return flat
 
 
 class Eagle3Head(nn.Module):
@@ -93,6 +130,7 @@ class Eagle3Head(nn.Module):
         self.register_buffer("t2d", torch.ones(target_vocab, dtype=torch.bool))  # target ids in the draft vocab
         self.rotary = LlamaRotaryEmbedding(config)
         self._rope: RopeTable | None = None
+        self.norm_before_residual = False  # speculators' variant: the residual is hidden_norm(g), not g
 
     @property
     def hidden_size(self) -> int:
@@ -140,6 +178,8 @@ class Eagle3Head(nn.Module):
         nq, nkv = self.shape[0], self.shape[1]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
                                            enable_gqa=nq != nkv)  # [B, Hq, T, D]
+        if self.norm_before_residual:
+            g = rms_norm(g, self.midlayer.hidden_norm.weight, self.shape[3])
         return self.finish(g, o)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -183,7 +223,10 @@ def load_head3(name: str, hidden: int, vocab: int, target_name: str = "the targe
     from treespec.plugins.eagle_head import fit_weights, read_config, read_weights
 
     raw, folder = read_config(name)
+    raw = flatten_speculators(raw, name)
     state = read_weights(folder, name)
+    if is_eagle3(raw) and any(k.startswith("layers.0.") for k in state) and not any(k.startswith("midlayer.") for k in state):
+        state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
     if not is_eagle3(raw, state):
         raise ConfigError(f"EAGLE head {name!r} is an EAGLE-1/2 head (no midlayer.* weights): use --drafter eagle")
     if any(k.startswith("midlayers.") for k in state) or int(raw.get("num_hidden_layers", 1)) != 1:
@@ -210,6 +253,7 @@ def load_head3(name: str, hidden: int, vocab: int, target_name: str = "the targe
     state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in EXTRA_KEYS})
     head = Eagle3Head(config, target_hidden=int(th), draft_vocab=draft_vocab, target_vocab=vocab)
+    head.norm_before_residual = bool(raw.get("norm_before_residual", False))
     fit_weights(head, state, f"EAGLE-3 head {name!r}", "the EAGLE-3 layout")
     ids = head.target_ids(torch.arange(draft_vocab))
     if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft_vocab:

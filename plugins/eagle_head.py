@@ -175,7 +175,9 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
         raise ModelLoadError(f"EAGLE head {name!r}: config.json says num_hidden_layers {layers:,} but its weights hold "
                              f"{stored}: fix num_hidden_layers in its config.json (EAGLE-1/2 heads have 1)")
     config = LlamaConfig(**{k: val for k, val in raw.items() if k not in ("bias", "treespec")})
-    head = EagleHead(config, bias=bool(raw.get("bias", True)))
+    # fc's bias: the config's ``bias`` (absent = on, as EAGLE publishes), or the weights' own: SGLang's
+    # EAGLE-1 fc always has one and its config's ``bias`` means attention biases there
+    head = EagleHead(config, bias=bool(raw.get("bias", True)) or "fc.bias" in state)
     fit_weights(head, state, f"EAGLE head {name!r}", "the EAGLE layout", "; is this an EAGLE-1/2 head?")
     return head.eval(), raw.get("treespec", {})
 

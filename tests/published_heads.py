@@ -233,3 +233,80 @@ def eagle3_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor, e
     ids = torch.arange(cfg["draft_vocab_size"]) + s["d2t"]
     logits[:, ids] = draft_logits
     return out, logits
+
+
+# ------------------------------------------------------------------------------ vLLM's speculators layout
+# neuralmagic/speculators ``src/speculators/convert/eagle/eagle3_converter.py`` (Eagle3Converter, behind
+# RedHatAI's ``*-speculator.eagle3`` heads): the EAGLE-3 weights renamed ``midlayer.*`` -> ``layers.0.*``,
+# the verifier's ``embed_tokens.weight`` added, saved by ``Eagle3Speculator.save_pretrained``
+# (model.safetensors); config.json: ``architectures: ["Eagle3Speculator"]``, ``speculators_model_type:
+# "eagle3"``, ``transformer_layer_config`` (a LlamaConfig: vocab_size = the target's, num_hidden_layers 1,
+# tie_word_embeddings false), top-level ``draft_vocab_size``, ``norm_before_residual``,
+# ``target_hidden_size``, ``speculators_config`` (``algorithm``, ``proposal_methods: [{"proposal_type":
+# "greedy", "speculative_tokens": 5}]``, ``default_proposal_method``, ``verifier: {name_or_path,
+# architectures}``); later releases add the top-level ``eagle_aux_hidden_state_layer_ids`` that vLLM
+# reads as they are (vllm/transformers_utils/configs/speculators/algos.py, ``update_eagle3``;
+# id i = the input of decoder layer i, vllm/model_executor/models/interfaces.py).
+# ``norm_before_residual`` (vLLM: absent = true): the layer's residual is hidden_norm(g) instead of g
+# (vllm/model_executor/models/llama_eagle3.py ``_norm_before_residual``).
+
+def speculators_head(folder: Path, hidden: int, vocab: int, draft_vocab: int, embedding: torch.Tensor,
+                     layer_ids: list[int] | None, norm_before_residual: bool | None, **kwargs) -> Path:
+    """An EAGLE-3 head in the speculators layout: the published EAGLE-3 weights (``eagle3_head``), renamed
+    and re-configured as Eagle3Converter does (the comment above)."""
+    eagle3_head(folder, hidden, vocab, draft_vocab, fmt="safetensors", **kwargs)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    state["embed_tokens.weight"] = embedding.to(torch.float16).clone()
+    (folder / "model.safetensors").unlink()
+    save_file(state, str(folder / "model.safetensors"))
+    flat = json.loads((folder / "config.json").read_text())
+    layer = {k: v for k, v in flat.items() if k != "draft_vocab_size"}
+    layer.update(num_hidden_layers=1, tie_word_embeddings=False, rope_theta=10000.0)
+    config = {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.1.0",
+        "transformer_layer_config": layer, "draft_vocab_size": draft_vocab, "target_hidden_size": None,
+        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+                               "verifier": {"name_or_path": "the-target", "architectures": ["LlamaForCausalLM"]}},
+    }
+    if norm_before_residual is not None:
+        config["norm_before_residual"] = norm_before_residual
+    if layer_ids is not None:
+        config["eagle_aux_hidden_state_layer_ids"] = layer_ids
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def speculators_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+    """vLLM's Eagle3LlamaForCausalLM forward from the files alone (float64), norm_before_residual as
+    vLLM reads it (absent = true); positions 0..T-1, causal. Returns the draft logits over the target
+    vocabulary (-inf outside the draft vocabulary) [T, V]."""
+    cfg = json.loads((folder / "config.json").read_text())
+    layer = cfg["transformer_layer_config"]
+    from safetensors.torch import load_file
+
+    s = {k: (v.double() if v.is_floating_point() else v) for k, v in load_file(str(folder / "model.safetensors")).items()}
+    heads, kv, eps, h = layer["num_attention_heads"], layer["num_key_value_heads"], layer["rms_norm_eps"], layer["hidden_size"]
+    theta = layer.get("rope_theta", 10000.0)
+    t, d = features.shape[0], h // heads
+    g = features.double() @ s["fc.weight"].T if features.shape[-1] != h else features.double()
+    normed = _rms(g, s["layers.0.hidden_norm.weight"], eps)
+    residual = normed if cfg.get("norm_before_residual", True) else g
+    x = torch.cat([_rms(embedding.double()[tokens], s["layers.0.input_layernorm.weight"], eps), normed], -1)
+    pos = torch.arange(t)
+    q = _rope((x @ s["layers.0.self_attn.q_proj.weight"].T).view(t, heads, d).transpose(0, 1), pos, theta)
+    k = _rope((x @ s["layers.0.self_attn.k_proj.weight"].T).view(t, kv, d).transpose(0, 1), pos, theta)
+    v = (x @ s["layers.0.self_attn.v_proj.weight"].T).view(t, kv, d).transpose(0, 1)
+    k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
+    scores = q @ k.transpose(1, 2) / math.sqrt(d) + torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)
+    hid = residual + (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(t, heads * d) @ s["layers.0.self_attn.o_proj.weight"].T
+    m = _rms(hid, s["layers.0.post_attention_layernorm.weight"], eps)
+    out = hid + (torch.nn.functional.silu(m @ s["layers.0.mlp.gate_proj.weight"].T) * (m @ s["layers.0.mlp.up_proj.weight"].T)) \
+        @ s["layers.0.mlp.down_proj.weight"].T
+    draft = _rms(out, s["norm.weight"], eps) @ s["lm_head.weight"].T
+    logits = torch.full((t, layer["vocab_size"]), float("-inf"), dtype=torch.float64)
+    logits[:, torch.arange(cfg["draft_vocab_size"]) + s["d2t"]] = draft
+    return logits

@@ -83,6 +83,17 @@ def test_config_layer_ids_and_the_layers_option(target64, tmp_path):
         drafter(target64, folder, layers=[1, 2, 9])
 
 
+def test_top_level_layer_ids_are_vllms_and_read_as_they_are(target64, tmp_path):
+    """Issue 29: the top-level ``eagle_aux_hidden_state_layer_ids`` is vLLM's key, and vLLM captures
+    id i as the input of decoder layer i (vllm/model_executor/models/interfaces.py,
+    ``_maybe_add_hidden_state``) = hidden_states[i]: no +1 (SGLang's +1 belongs to ``eagle_config``)."""
+    folder = eagle3_head(tmp_path / "head", hidden=64, vocab=512, draft_vocab=512)
+    config = json.loads((folder / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 3, 4]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert drafter(target64, folder).target_hidden_layers == (1, 3, 4)
+
+
 @pytest.mark.parametrize("builder, options", [("opt-tree", {"nodes": 12}), ("chain", {"k": 4}), ("eagle2", {})])
 def test_lossless_with_a_reduced_vocabulary(target64, greedy_reference, tmp_path, builder, options):
     """A head whose draft vocabulary is the 200 most frequent target ids of real stories (as EAGLE-3's

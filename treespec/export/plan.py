@@ -1,0 +1,96 @@
+"""The trees an export recommends, from a depth-by-rank measurement and (optionally) a cost profile.
+
+Without a profile the budget is ``nodes`` drafted nodes and each engine gets its best tree of at most
+that many (a chain stops where one more node adds less than ``MIN_GAIN`` expected tokens). With a
+profile (``treespec profile --out FILE``: treespec's measured seconds for verifying n nodes and
+expanding m nodes at once on this machine) every size up to the budget is priced as
+
+    T(tree) = verify(n) + bookkeeping(n) + first + Σ_{levels ≥ 2} expand(nodes expanded at that level)
+
+and the one with the most expected tokens per second, (1 + E(A)) / T, is kept; plain decoding
+(1 / T(0)) is reported beside it. These are treespec's costs: an engine's kernels differ, so the
+figure ranks shapes, it does not predict the engine's throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from treespec.export import tree as trees
+
+MIN_GAIN = 0.05  # a chain's next node must add this many expected tokens (no profile)
+
+
+@dataclass
+class Plan:
+    chain: trees.Tree  # vLLM 0.32 (no trees) and SGLang topk = 1: num_speculative_tokens = its length
+    vllm_tree: trees.Tree  # vLLM releases with tree attention: one branching factor per level
+    optimum: trees.Tree  # OPT-Tree's optimum (any shape): treespec's static builder runs it
+    sglang: trees.SGLangShape
+    rates: dict[str, float | None]  # predicted tokens/s under treespec's profile (None: no profile)
+    plain_rate: float | None
+
+    def summary(self) -> dict[str, Any]:
+        def one(t: trees.Tree) -> dict[str, Any]:
+            return {"nodes": t.nodes, "depth": t.depth, "expected_accepted": round(t.expected_accepted, 4),
+                    "tau": round(1 + t.expected_accepted, 4), "paths": [list(p) for p in t.paths]}
+
+        return {
+            "chain": one(self.chain), "vllm_tree": {**one(self.vllm_tree), "speculative_token_tree": trees.to_vllm_string(self.vllm_tree.paths)},
+            "optimum": {**one(self.optimum), "speculative_token_tree": trees.to_vllm_string(self.optimum.paths)},
+            "sglang": {"steps": self.sglang.steps, "topk": self.sglang.topk, "num_draft_tokens": self.sglang.draft_tokens,
+                       **one(self.sglang.tree)},
+            "predicted_tokens_per_second": {**self.rates, "plain": self.plain_rate},
+        }
+
+
+def _level_widths(t: trees.Tree) -> list[int]:
+    """Nodes expanded at each level: the root, then every node that has children."""
+    parents: dict[int, set[tuple[int, ...]]] = {}
+    for path in t.paths:
+        parents.setdefault(len(path), set()).add(path[:-1])
+    return [len(parents[d]) for d in sorted(parents)]
+
+
+def seconds(cost: Any, t: trees.Tree) -> float:
+    """Treespec's predicted seconds for one step verifying tree ``t`` (module docstring)."""
+    widths = _level_widths(t)
+    draft = (cost.first.predict(1) if widths else 0.0) + sum(cost.expand.predict(w) for w in widths[1:])
+    return cost.verify.predict(t.nodes) + cost.bookkeeping.predict(t.nodes) + draft
+
+
+def rate(cost: Any, t: trees.Tree) -> float:
+    return (1.0 + t.expected_accepted) / max(seconds(cost, t), 1e-9)
+
+
+def _best(candidates: Sequence[trees.Tree], cost: Any | None) -> trees.Tree:
+    if cost is None:
+        return candidates[-1]
+    return max(candidates, key=lambda t: (round(rate(cost, t), 6), -t.nodes))
+
+
+def plan(p: Sequence[Sequence[float]], nodes: int, cost: Any | None = None, max_depth: int = 12) -> Plan:
+    """The recommended trees of at most ``nodes`` drafted nodes (module docstring)."""
+    sizes = range(1, nodes + 1)
+    chains = [trees.chain(p, k) for k in range(1, min(nodes, max_depth) + 1)]
+    if cost is None:  # the longest chain whose every node still adds MIN_GAIN
+        k = 1
+        while k < len(chains) and chains[k].expected_accepted - chains[k - 1].expected_accepted >= MIN_GAIN:
+            k += 1
+        chain = chains[k - 1]
+    else:
+        chain = _best(chains, cost)
+    optimum = _best([trees.optimal_tree(p, n, max_depth) for n in sizes], cost)
+    vtree = _best([trees.vllm_tree(p, n, max_depth) for n in sizes], cost)
+    step = None
+    if cost is not None:
+        def step(n: int, steps: int, topk: int) -> float:  # noqa: E306 - SGLang drafts steps levels of topk nodes
+            draft = cost.first.predict(1) + sum(cost.expand.predict(topk) for _ in range(steps - 1))
+            return cost.verify.predict(n) + cost.bookkeeping.predict(n) + draft
+    sg = trees.sglang_shape(p, nodes, step)
+    rates = {name: (rate(cost, t) if cost is not None else None) for name, t in
+             (("chain", chain), ("vllm_tree", vtree), ("optimum", optimum), ("sglang", sg.tree))}
+    plain = 1.0 / max(cost.plain_seconds(), 1e-9) if cost is not None else None
+    return Plan(chain, vtree, optimum, sg, rates, plain)
+
