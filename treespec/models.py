@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import socket
 import urllib.parse
@@ -12,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from treespec.devices import check_device, check_dtype, device_placement, device_type
-from treespec.errors import ConfigError, ModelLoadError
+from treespec.errors import ConfigError, ModelLoadError, TreespecError
+from treespec import model_checks as checks
 
 #: Common public draft models, by short name. Facts, not code: extend freely.
 MODEL_ALIASES: dict[str, str] = {
@@ -256,6 +256,15 @@ def snapshot_dir(name: str, patterns: list[str], what: str = "model") -> Path:
         raise _download_error(name, resolved, what, exc) from None
 
 
+def _folder(name: str, what: str) -> Path | None:
+    """The local folder of a model (for the checks before loading), or None: an unresolvable name is
+    left to the loader, which says what is wrong in its words."""
+    try:
+        return Path(_locate(name, what))
+    except TreespecError:
+        return None
+
+
 def _out_of_resources(exc: BaseException) -> str:
     """"memory" or "threads" when ``exc`` says the machine ran out of it (not a damaged file), else ""."""
     text = str(exc).lower()
@@ -300,106 +309,21 @@ def load_causal_lm(
     kwargs: dict[str, Any] = {"trust_remote_code": require_bool_consent(trust_remote_code)}
     kwargs.update(device_placement(device_map, max_memory, offload_folder, device))
     if num_hidden_layers is not None:
-        _check_layers(name, num_hidden_layers, trust_remote_code)
+        from transformers import AutoConfig
+
+        checks.check_layers(name, num_hidden_layers, _load(AutoConfig, name, "model", trust_remote_code=trust_remote_code))
         kwargs["num_hidden_layers"] = num_hidden_layers
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     kwargs["dtype"] = dtype if dtype is not None else (torch.float32 if device_type(device) == "cpu" else "auto")
     if "device_map" not in kwargs:  # a device map may offload: accelerate places what fits
-        _check_size(name, what, num_hidden_layers, kwargs["dtype"])
+        checks.check_size(name, what, num_hidden_layers, kwargs["dtype"], _folder(name, what))
     with quiet_transformers():  # transformers' load report is hidden, so its verdict is checked here
         model, info = _load(AutoModelForCausalLM, name, what, output_loading_info=True, **kwargs)
-    _check_loaded(name, what, info)
+    checks.check_loaded(name, what, info)
     if device is not None and "device_map" not in kwargs:
         model = model.to(device)
     return model.eval()
-
-
-def _check_size(name: str, what: str, layers: int | None, dtype: Any) -> None:
-    """Before allocating a local model: its config.json may not describe more decoder layers than its
-    weights hold (``num_hidden_layers: 100000`` on a 5-layer checkpoint allocated gigabytes of random
-    layers before ``_check_loaded`` could refuse it), and the model it describes must fit the memory
-    available. Anything unreadable is left to the loader, which says what is wrong in its words."""
-    from treespec.errors import TreespecError
-    from treespec.memory import check_fits, decoder_parameters
-
-    try:
-        folder = Path(_locate(name, what))
-        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (TreespecError, OSError, ValueError):
-        return
-    if not isinstance(raw, dict):
-        return
-    text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
-    have = text.get("num_hidden_layers")
-    if layers is None and isinstance(have, int):
-        stored = _stored_layers(folder)
-        if stored is not None and have > stored:
-            raise ModelLoadError(
-                f"{what} {name!r}: config.json says num_hidden_layers {have:,} but the weights in {folder} hold {stored} "
-                f"layers: the weights of {have - stored:,} layers are missing from the checkpoint, so they would be random: "
-                "fix config.json (num_hidden_layers) to match its weights, or point at the folder the model was saved in"
-            )
-    if "quantization_config" in raw or "quantization_config" in text:
-        return  # stored in fewer bits than any dtype: the estimate below would be too high
-    params = decoder_parameters(text, layers if layers is not None else have)
-    item = getattr(dtype, "itemsize", 2)  # "auto": the checkpoint's own dtype, 2 bytes at least
-    check_fits(params * item, f"{what} {name!r} ({params:,} parameters by its config.json)",
-               "fix its config.json, load it in a smaller --dtype, or free memory")
-
-
-def _stored_layers(folder: Path) -> int | None:
-    """Decoder layers the safetensors weights in ``folder`` hold (the highest ``layers.N.`` + 1), read
-    from the headers only; None if there are none to read."""
-    import re
-
-    index = folder / "model.safetensors.index.json"
-    try:
-        if index.is_file():
-            names = list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
-        elif (folder / "model.safetensors").is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(folder / "model.safetensors"), "pt") as fh:
-                names = list(fh.keys())
-        else:
-            return None
-    except Exception:  # noqa: BLE001 - a damaged file: loading it says so
-        return None
-    found = [int(m.group(1)) for n in names if (m := re.search(r"(?:^|\.)layers\.(\d+)\.", n))]
-    return max(found) + 1 if found else None
-
-
-def _check_loaded(name: str, what: str, info: dict[str, Any]) -> None:
-    """Refuse a checkpoint whose weights do not fill its config: transformers initialises what is
-    missing (or of the wrong shape) at random, reports it in a log treespec keeps quiet, and the model
-    then decodes garbage. Weights the config does not use (layers a self-draft skips) are fine."""
-    missing = sorted(info.get("missing_keys") or ())
-    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ())
-    bad = missing or mismatched
-    if not bad:
-        return
-    kind = "missing from" if missing else "of the wrong shape in"
-    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-    raise ModelLoadError(
-        f"{what} {name!r}: {len(bad)} weights its config needs are {kind} the checkpoint ({bad[0]!r}{more}), so "
-        "they would be random: point at the folder the model was saved in, or fix config.json to match its weights"
-    )
-
-
-def _check_layers(name: str, layers: int, trust_remote_code: bool) -> None:
-    """Refuse asking for more decoder layers than the checkpoint has: transformers would silently
-    build the missing ones with random weights."""
-    from transformers import AutoConfig
-
-    config = _load(AutoConfig, name, "model", trust_remote_code=trust_remote_code)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    have = getattr(config, "num_hidden_layers", None)
-    if isinstance(have, int) and layers > have:
-        raise ModelLoadError(
-            f"model {name!r} has {have} decoder layers, so layers={layers} would add {layers - have} "
-            f"randomly initialised ones: use layers between 1 and {have}"
-        )
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False, what: str = "tokenizer") -> Any:
