@@ -175,7 +175,11 @@ def command_line(ctx: Any, resolved: dict[str, Any] | None = None) -> list[str]:
     of the command, in declaration order, with its value (``resolved`` replaces values the command
     filled in itself, e.g. default drafters). Options left at None or off are omitted."""
     resolved = resolved or {}
-    argv = ["treespec", *_command_path(ctx)]
+    from treespec.threads import enabled
+
+    # the environment switch that changes what a run measures comes first, as a shell would take it
+    argv = [] if enabled() or not os.path.exists("/proc/stat") else ["TREESPEC_FOLLOW_LOAD=0"]
+    argv += ["treespec", *_command_path(ctx)]
     for param in ctx.command.params:
         if getattr(param, "param_type_name", "") != "option" or param.name is None:
             continue

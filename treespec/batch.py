@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from treespec import inputs, lockstep, step
+from treespec import inputs, lockstep, step, threads
 from treespec.batch_target import BatchTarget
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.interfaces import Commit, DraftRows, PrefillContext
@@ -186,6 +186,7 @@ class _Batch:
                 r.builder.observe(r.out.stats.steps[-1])
             if ended:
                 self._leave(ended, ["eos"] * len(ended))
+            threads.follow()  # treespec/threads.py
             last = time.perf_counter()
 
 

@@ -14,7 +14,7 @@ from treespec.devices import InexactDtypeWarning, dtype_note
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
 from treespec.memory import check_fits
-from treespec import inputs, step
+from treespec import inputs, step, threads
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.output import Output, StreamCallback, emit, step_stats  # noqa: F401 - step_stats: public here before
 from treespec.stats import RunStats
@@ -277,6 +277,7 @@ class Decoder:
                 new, ended = emit(out, committed, done, eos, wall=now - last, note=builder.plan_note())
                 last = now
                 builder.observe(stats.steps[-1])
+                threads.follow()  # another process took a core, or gave it back (treespec/threads.py)
                 if stream is not None:
                     stream(new)
                 if ended:

@@ -29,6 +29,7 @@ from treespec.kv import (
     max_positions,
     tree_refusal,
 )
+from treespec import threads
 from treespec.slack_cache import slack_cache
 from treespec.tree import TreeTensors
 
@@ -70,7 +71,7 @@ class TargetModel:
         if self.decoding_thread == threading.get_ident():
             raise ConfigError("this target is already decoding on this thread (generate() called from a stream "
                               "callback?): use a Decoder with a target of its own")
-        with self.lock:
+        with self.lock, threads.following():  # torch's threads follow the machine's load meanwhile
             self.decoding_thread = threading.get_ident()
             try:
                 yield

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from treespec import threads
+from treespec.bench.runner import count_and_follow
 from treespec.factory import make_drafter, resolve_drafter_name
 from treespec.files import savefig_atomic
 from treespec.options import parse_spec
@@ -101,10 +103,10 @@ class BatchBench:
         pad = next(iter(eos), 0)
         ids, att = left_pad(prompts, pad)
         calls = [0]
-        hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        hook = model.register_forward_pre_hook(lambda *_: count_and_follow(calls))
         try:
             t = time.perf_counter()
-            with torch.inference_mode():
+            with torch.inference_mode(), threads.following():  # as treespec's rows do
                 gen = model.generate(ids.to(dev), attention_mask=att.to(dev), do_sample=False, max_new_tokens=max_new,
                                      pad_token_id=pad)[:, ids.shape[1]:].cpu()
             seconds = time.perf_counter() - t

@@ -20,6 +20,7 @@ def environment() -> dict[str, Any]:
     import transformers
 
     import treespec
+    from treespec import threads
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -39,6 +40,7 @@ def environment() -> dict[str, Any]:
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
+        "threads_follow_load": threads.enabled(),  # every row's, baselines' too (treespec/threads.py)
     }
 
 
@@ -243,13 +245,16 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path, out: Pat
             f"{res['max_new_tokens']} new tokens, target {res['target']}"
             + (" (PARTIAL: the run stopped before its last prompt)" if res.get("partial") else "")
             + (f", temperature {res['temperature']}" if res.get("temperature") else "")
+            + (f", {res['background_load']} busy process(es) beside it" if res.get("background_load") else "")
             + f" (`{rel}`)",
             "",
             "```bash",
             res["command"],
             "```",
             "",
-            f"{env['date']} · {env['cpu']} · {env['threads']} torch thread(s) · Python {env['python']} · "
+            f"{env['date']} · {env['cpu']} · {env['threads']} torch thread(s)"
+            + (", following the load" if env.get("threads_follow_load") else "")
+            + f" · Python {env['python']} · "
             f"torch {env['torch']} · transformers {env['transformers']} · treespec {env['treespec']}"
             + (f" · {res['truncated']} prompt(s) left-truncated to fit the context" if res.get("truncated") else ""),
             "",

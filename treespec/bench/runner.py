@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from treespec import threads
 from treespec.bench import planning
 from treespec.bench.datasets import PromptItem, format_turns
 from treespec.errors import ConfigError
@@ -201,12 +202,12 @@ class Bench:
                 for key, value in (settings or {}).items():
                     setattr(assistant.generation_config, key, value)
             calls = [0]
-            hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+            hook = model.register_forward_pre_hook(lambda *_: count_and_follow(calls))
             try:
                 x = torch.tensor([ids], device=self.target.device)
                 torch.manual_seed(seed)  # Hugging Face samples from torch's global RNG
                 t = time.perf_counter()
-                with torch.inference_mode():
+                with torch.inference_mode(), threads.following():  # as treespec's rows do
                     out = model.generate(x, attention_mask=torch.ones_like(x), **sampling,
                                          max_new_tokens=max_new, pad_token_id=pad, **kwargs)
                 seconds = time.perf_counter() - t
@@ -344,3 +345,10 @@ def _pearson(xs: list[float], ys: list[float]) -> float | None:
         return statistics.correlation(xs, ys)
     except statistics.StatisticsError:  # a constant series
         return None
+
+
+def count_and_follow(calls: list[int]) -> None:
+    """A Hugging Face forward: count it, and let torch's threads follow the machine's load, as every
+    treespec row's do at its step boundaries (treespec/threads.py): the same rule for every row."""
+    calls[0] += 1
+    threads.follow()
