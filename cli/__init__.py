@@ -37,9 +37,14 @@ class TrainingProgress:
     def __enter__(self):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                            TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
-                            TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+        )
         self.tasks: dict[str, int] = {}
         self.bar.__enter__()
         return self.progress, self.bar.console.print

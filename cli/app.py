@@ -21,14 +21,19 @@ import os
 
 import typer
 
-from treespec.cli.bench import EPILOG as BENCH_EPILOG, bench, bench_report
-from treespec.cli.calibrate import EPILOG as CALIBRATE_EPILOG, calibrate
+from treespec.cli.bench import EPILOG as BENCH_EPILOG
+from treespec.cli.bench import bench, bench_report
+from treespec.cli.calibrate import EPILOG as CALIBRATE_EPILOG
+from treespec.cli.calibrate import calibrate
 from treespec.cli.datastore import datastore_app
 from treespec.cli.export import export_app
 from treespec.cli.plugins import plugins
-from treespec.cli.profile import EPILOG as PROFILE_EPILOG, profile
-from treespec.cli.run import EPILOG as RUN_EPILOG, run
-from treespec.cli.sequoia import EPILOG as SEQUOIA_EPILOG, sequoia_measure
+from treespec.cli.profile import EPILOG as PROFILE_EPILOG
+from treespec.cli.profile import profile
+from treespec.cli.run import EPILOG as RUN_EPILOG
+from treespec.cli.run import run
+from treespec.cli.sequoia import EPILOG as SEQUOIA_EPILOG
+from treespec.cli.sequoia import sequoia_measure
 from treespec.cli.train import train_app
 from treespec.cli.tree import tree_app
 

@@ -13,8 +13,19 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import (DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP, MAX_MEMORY_HELP, OFFLOAD_HELP, command_line,
-                                 check_seed, check_threads, set_threads, writable_dir, writable_file)
+from treespec.cli.common import (
+    DEVICE_HELP,
+    DEVICE_MAP_HELP,
+    DTYPE_HELP,
+    MAX_MEMORY_HELP,
+    OFFLOAD_HELP,
+    check_seed,
+    check_threads,
+    command_line,
+    set_threads,
+    writable_dir,
+    writable_file,
+)
 from treespec.errors import Interrupted, TreespecError
 
 EPILOG = """\
@@ -30,39 +41,57 @@ Examples:
 """
 DATASET_HELP = "mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file"
 DATA_DIR_HELP = "folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]"
-DRAFTER_HELP = ('drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep) '
-                "[default with the default target: treespec-py-draft, eagle]")
-BUILDER_HELP = ('builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4; '
-                "with the default target: opt-tree nodes=auto,6, chain k=8]")
+DRAFTER_HELP = (
+    'drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep) '
+    "[default with the default target: treespec-py-draft, eagle]"
+)
+BUILDER_HELP = (
+    'builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4; '
+    "with the default target: opt-tree nodes=auto,6, chain k=8]"
+)
 BASELINE_HELP = (
     'Hugging Face baselines besides hf-greedy: "hf-assisted [num_assistant_tokens=..] '
     '[num_assistant_tokens_schedule=..] [assistant_confidence_threshold=..]", "hf-lookup '
     '[prompt_lookup_num_tokens=..]"; "none" for none [default: hf-assisted with its defaults, hf-assisted at '
     "each chain k (constant, no confidence stop), hf-lookup]"
 )
-RULES_HELP = ("under sampling, run every treespec configuration once per verification rule, e.g. "
-              "specinfer,traversal,auto (docs/sampling.md): same prompts, same seeds")
-TEMPERATURE_HELP = ("0 = greedy; > 0 = sampling in every row (treespec exact speculative sampling, Hugging Face "
-                    "generate(do_sample=True)); outputs are then not compared token for token")
-BATCH_HELP = ("throughput mode: decode the prompts in batches of these sizes (e.g. 1,4,8,16) against Hugging Face's "
-              "batched greedy generate; every row checked against its prompt's own greedy output")
-CONFIG_HELP = ('one configuration, repeatable: "BUILDER-SPEC | DRAFTER-SPEC" (a row label, e.g. "opt-tree nodes=auto | eagle"), '
-               "besides every --drafter x --builder")
-CHAT_HELP = ("completion prompts (humaneval, tinystories, .txt) become user requests in the target's chat template, "
-             "e.g. HumanEval's as 'Complete the following Python function ...'")
-REPORT_HELP = ("then regenerate this Markdown file (e.g. docs/benchmarks.md) from every results.json in "
-               "--out's parent folder")
+RULES_HELP = (
+    "under sampling, run every treespec configuration once per verification rule, e.g. "
+    "specinfer,traversal,auto (docs/sampling.md): same prompts, same seeds"
+)
+TEMPERATURE_HELP = (
+    "0 = greedy; > 0 = sampling in every row (treespec exact speculative sampling, Hugging Face "
+    "generate(do_sample=True)); outputs are then not compared token for token"
+)
+BATCH_HELP = (
+    "throughput mode: decode the prompts in batches of these sizes (e.g. 1,4,8,16) against Hugging Face's "
+    "batched greedy generate; every row checked against its prompt's own greedy output"
+)
+CONFIG_HELP = (
+    'one configuration, repeatable: "BUILDER-SPEC | DRAFTER-SPEC" (a row label, e.g. "opt-tree nodes=auto | eagle"), '
+    "besides every --drafter x --builder"
+)
+CHAT_HELP = (
+    "completion prompts (humaneval, tinystories, .txt) become user requests in the target's chat template, "
+    "e.g. HumanEval's as 'Complete the following Python function ...'"
+)
+REPORT_HELP = (
+    "then regenerate this Markdown file (e.g. docs/benchmarks.md) from every results.json in --out's parent folder"
+)
 
 
 def bench(
     ctx: typer.Context,
     dataset: Annotated[str, typer.Option(help=DATASET_HELP)] = "humaneval",
     limit: Annotated[Optional[int], typer.Option(help="use the first N prompts (conversations for mt-bench)")] = 10,
-    category: Annotated[Optional[str], typer.Option(help="only this category, or several separated by commas (mt-bench, spec-bench)")] = None,
+    category: Annotated[
+        Optional[str], typer.Option(help="only this category, or several separated by commas (mt-bench, spec-bench)")
+    ] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help=DATA_DIR_HELP, show_default=False)] = None,
     max_new_tokens: Annotated[int, typer.Option(help="new tokens per prompt")] = 128,
-    target: Annotated[Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]",
-                                                  show_default=False)] = None,
+    target: Annotated[
+        Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]", show_default=False)
+    ] = None,
     drafter: Annotated[Optional[list[str]], typer.Option(help=DRAFTER_HELP, show_default=False)] = None,
     builder: Annotated[Optional[list[str]], typer.Option(help=BUILDER_HELP, show_default=False)] = None,
     baseline: Annotated[Optional[list[str]], typer.Option(help=BASELINE_HELP, show_default=False)] = None,
@@ -70,8 +99,9 @@ def bench(
     top_p: Annotated[float, typer.Option(help="nucleus sampling threshold when --temperature > 0 (1 = off)")] = 1.0,
     top_k: Annotated[int, typer.Option(help="top-k filter when --temperature > 0 (0 = off)")] = 0,
     seed: Annotated[int, typer.Option(help="random seed; prompt n is sampled with seed + n in every row")] = 0,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch [default: torch's]",
-                                                   show_default=False)] = None,
+    threads: Annotated[
+        Optional[int], typer.Option(help="CPU threads for torch [default: torch's]", show_default=False)
+    ] = None,
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
     device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
@@ -81,19 +111,34 @@ def bench(
     report_to: Annotated[Optional[Path], typer.Option("--report", help=REPORT_HELP)] = None,
     batch_size: Annotated[Optional[str], typer.Option(help=BATCH_HELP, show_default=False)] = None,
     sampling_rule: Annotated[Optional[str], typer.Option(help=RULES_HELP, show_default=False)] = None,
-    turns: Annotated[Optional[int], typer.Option(help="keep each conversation's first N turns (mt-bench: 1 = first turns only)",
-                                                 show_default=False)] = None,
+    turns: Annotated[
+        Optional[int],
+        typer.Option(
+            help="keep each conversation's first N turns (mt-bench: 1 = first turns only)", show_default=False
+        ),
+    ] = None,
     chat: Annotated[bool, typer.Option("--chat", help=CHAT_HELP)] = False,
     config: Annotated[Optional[list[str]], typer.Option(help=CONFIG_HELP, show_default=False)] = None,
-    per_category: Annotated[Optional[int], typer.Option(help="the first N prompts of every category (instead of --limit), "
-                                                        "e.g. 3 per MT-Bench category",
-                                                        show_default=False)] = None,
-    background_load: Annotated[Optional[int], typer.Option(help="N busy processes (one core's work each) run beside "
-                                                           "the measurement, started and stopped by the bench: "
-                                                           "speed on a busy machine", show_default=False)] = None,
+    per_category: Annotated[
+        Optional[int],
+        typer.Option(
+            help="the first N prompts of every category (instead of --limit), e.g. 3 per MT-Bench category",
+            show_default=False,
+        ),
+    ] = None,
+    background_load: Annotated[
+        Optional[int],
+        typer.Option(
+            help="N busy processes (one core's work each) run beside "
+            "the measurement, started and stopped by the bench: "
+            "speed on a busy machine",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
-    from treespec.bench.load import background_load as busy, check_load
+    from treespec.bench.load import background_load as busy
+    from treespec.bench.load import check_load
 
     load = _checked(check_load, background_load)
     check_seed(seed)
@@ -128,34 +173,89 @@ def bench(
         from treespec.cli.bench_batch import bench_batches
 
         if rules:
-            fail("--sampling-rule compares rules under sampling; --batch-size measures greedy throughput: use one or the other")
+            fail(
+                "--sampling-rule compares rules under sampling; --batch-size measures greedy throughput: use one or the other"
+            )
         if pairs:
             fail("--config rows are not measured in batches yet: with --batch-size give --drafter and --builder")
 
         with busy(load):
-            bench_batches(ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
-                          placement, dataset, out, report_to, sampling)
+            bench_batches(
+                ctx,
+                batch_size,
+                items,
+                target,
+                drafter,
+                builder,
+                max_new_tokens,
+                device,
+                dtype,
+                seed,
+                threads,
+                placement,
+                dataset,
+                out,
+                report_to,
+                sampling,
+            )
         if report_to is not None:
             _write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
         return
     given = baseline
     baseline = _baselines(baseline, builder)
-    runner = _runner(target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads,
-                     placement, rules, pairs)
-    if any(b.split()[:1] == ["hf-assisted"] for b in given or []) and not any(c.kind == "hf-assisted" for c in runner.configs):
-        fail("--baseline hf-assisted runs Hugging Face's assisted generation with a draft MODEL, and no --drafter names "
-             "one: add a draft model (e.g. --drafter llama-68m, or the target's folder with layers=K), or drop the baseline")
+    runner = _runner(
+        target,
+        drafter,
+        builder,
+        baseline,
+        max_new_tokens,
+        device,
+        dtype,
+        sampling,
+        seed,
+        threads,
+        placement,
+        rules,
+        pairs,
+    )
+    if any(b.split()[:1] == ["hf-assisted"] for b in given or []) and not any(
+        c.kind == "hf-assisted" for c in runner.configs
+    ):
+        fail(
+            "--baseline hf-assisted runs Hugging Face's assisted generation with a draft MODEL, and no --drafter names "
+            "one: add a draft model (e.g. --drafter llama-68m, or the target's folder with layers=K), or drop the baseline"
+        )
     context = runner.target.max_positions
     if context is not None and max_new_tokens >= context:  # no room left for any prompt
-        fail(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in {target!r}'s context of {context} "
-             f"tokens: use at most {context - 1}")
+        fail(
+            f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in {target!r}'s context of {context} "
+            f"tokens: use at most {context - 1}"
+        )
     result = {
-        "command": shlex.join(command_line(ctx, {"target": target, "drafter": drafter, "limit": limit,
-                                                 "builder": builder, "baseline": baseline or ["none"]})),
-        "dataset": dataset, "category": category, "prompts": 0, "truncated": 0, "max_new_tokens": max_new_tokens,
-        "target": target, "seed": seed, "temperature": temperature,
-        "top_p": top_p if sampling else None, "top_k": top_k if sampling else None,
-        "sampling_rules": rules, "background_load": load,
+        "command": shlex.join(
+            command_line(
+                ctx,
+                {
+                    "target": target,
+                    "drafter": drafter,
+                    "limit": limit,
+                    "builder": builder,
+                    "baseline": baseline or ["none"],
+                },
+            )
+        ),
+        "dataset": dataset,
+        "category": category,
+        "prompts": 0,
+        "truncated": 0,
+        "max_new_tokens": max_new_tokens,
+        "target": target,
+        "seed": seed,
+        "temperature": temperature,
+        "top_p": top_p if sampling else None,
+        "top_k": top_k if sampling else None,
+        "sampling_rules": rules,
+        "background_load": load,
     }
     with busy(load):
         _measure(runner, items, result, out)
@@ -190,8 +290,15 @@ def _sampling(temperature: float, top_p: float, top_k: int) -> dict[str, Any] | 
     return {"temperature": temperature, "top_p": top_p, "top_k": top_k} if params is not None else None
 
 
-def _prompts(dataset: str, data_dir: Path | None, limit: int | None, category: str | None,
-             turns: int | None = None, chat: bool = False, per_category: int | None = None) -> list:
+def _prompts(
+    dataset: str,
+    data_dir: Path | None,
+    limit: int | None,
+    category: str | None,
+    turns: int | None = None,
+    chat: bool = False,
+    per_category: int | None = None,
+) -> list:
     from treespec.bench.datasets import as_chat, load_prompts
 
     try:
@@ -234,9 +341,21 @@ def _pairs(config: list[str] | None) -> list[tuple[str, str]]:
     return pairs
 
 
-def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[str], max_new_tokens: int,
-            device: str | None, dtype: str | None, sampling: dict | None, seed: int, threads: int | None,
-            placement: dict[str, Any], rules: list[str] | None = None, pairs: list | None = None) -> Any:
+def _runner(
+    target: str,
+    drafter: list[str],
+    builder: list[str],
+    baseline: list[str],
+    max_new_tokens: int,
+    device: str | None,
+    dtype: str | None,
+    sampling: dict | None,
+    seed: int,
+    threads: int | None,
+    placement: dict[str, Any],
+    rules: list[str] | None = None,
+    pairs: list | None = None,
+) -> Any:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -246,8 +365,20 @@ def _runner(target: str, drafter: list[str], builder: list[str], baseline: list[
     torch.manual_seed(seed)
     set_threads(threads)
     try:
-        return Bench(target, drafter, builder, baseline, max_new_tokens, device=device, dtype=dtype,
-                     sampling=sampling, seed=seed, placement=placement, rules=rules, pairs=pairs)
+        return Bench(
+            target,
+            drafter,
+            builder,
+            baseline,
+            max_new_tokens,
+            device=device,
+            dtype=dtype,
+            sampling=sampling,
+            seed=seed,
+            placement=placement,
+            rules=rules,
+            pairs=pairs,
+        )
     except TreespecError as exc:
         fail(str(exc))
 
@@ -256,15 +387,28 @@ def _measure(runner: Any, items: list, result: dict[str, Any], out: Path) -> Non
     """Run every configuration on every prompt with a progress bar. results.json and steps.jsonl are
     rewritten (atomically) after every prompt, so an interrupt or a failure keeps the finished
     prompts; the file says ``"partial": true`` until the run completes."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from treespec.bench import report
 
     result["environment"] = report.environment()
     n_runs = sum(len(i.turns) for i in items) * len(runner.configs)
     steps: list[dict] = []
-    columns = (TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn(), TextColumn("{task.description}"))
+    columns = (
+        TextColumn("[bold]bench"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.description}"),
+    )
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task("warm-up", total=n_runs)
 
@@ -300,7 +444,9 @@ def _with_rows(result: dict[str, Any], runner: Any, samples: dict, partial: bool
 
 def _stopped(out: Path, why: str, code: int) -> None:
     saved = (out / "results.json").is_file()
-    kept = f"the prompts finished so far are in {out / 'results.json'} (marked partial)" if saved else "no prompt finished"
+    kept = (
+        f"the prompts finished so far are in {out / 'results.json'} (marked partial)" if saved else "no prompt finished"
+    )
     fail(f"bench stopped ({why}); {kept}", code=code)
 
 
@@ -328,7 +474,9 @@ def _write_report(paths: list[Path], out: Path, flag: str = "--out") -> None:
 
 
 def bench_report(
-    runs: Annotated[list[Path], typer.Argument(help="bench output folders (or results.json files), in the order to show")],
+    runs: Annotated[
+        list[Path], typer.Argument(help="bench output folders (or results.json files), in the order to show")
+    ],
     out: Annotated[Path, typer.Option(help="the Markdown file to write")] = Path("docs/benchmarks.md"),
 ) -> None:
     """Regenerate docs/benchmarks.md from the results.json of bench runs."""

@@ -25,9 +25,24 @@ def _sizes(value: str) -> list[int]:
     return sizes
 
 
-def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: list[str], builder: list[str],
-                  max_new_tokens: int, device: str | None, dtype: str | None, seed: int, threads: int | None,
-                  placement: dict[str, Any], dataset: str, out: Path, report_to: Path | None, sampling: Any) -> None:
+def bench_batches(
+    ctx: Any,
+    batch_size: str,
+    items: list,
+    target: str,
+    drafter: list[str],
+    builder: list[str],
+    max_new_tokens: int,
+    device: str | None,
+    dtype: str | None,
+    seed: int,
+    threads: int | None,
+    placement: dict[str, Any],
+    dataset: str,
+    out: Path,
+    report_to: Path | None,
+    sampling: Any,
+) -> None:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -37,44 +52,70 @@ def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: 
 
     sizes = _sizes(batch_size)
     if sampling is not None:
-        fail("--batch-size measures greedy throughput: drop --temperature (sampled rows: Decoder.generate([...], temperature=...))")
+        fail(
+            "--batch-size measures greedy throughput: drop --temperature (sampled rows: Decoder.generate([...], temperature=...))"
+        )
     if not drafter:
         fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]"')
     builder = builder or ["opt-tree"]
     torch.manual_seed(seed)
     set_threads(threads)
     try:
-        runner = BatchBench(target, drafter, builder, sizes, max_new_tokens, device=device, dtype=dtype, placement=placement)
+        runner = BatchBench(
+            target, drafter, builder, sizes, max_new_tokens, device=device, dtype=dtype, placement=placement
+        )
         tok = runner.target.tokenizer
         limit = runner.target.max_positions
         if limit is not None and max_new_tokens >= limit:  # p[-0:] would keep the whole prompt, p[-(-k):] cut it wrong
-            fail(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in {target!r}'s context of {limit} "
-                 f"tokens: use at most {limit - 1}")
+            fail(
+                f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in {target!r}'s context of {limit} "
+                f"tokens: use at most {limit - 1}"
+            )
         prompts = [format_turns(tok, it, []) for it in items]
     except TreespecError as exc:
         fail(str(exc))
     if limit:
-        prompts = [p[-(limit - max_new_tokens):] for p in prompts]
+        prompts = [p[-(limit - max_new_tokens) :] for p in prompts]
     line = command_line(ctx, {"target": target, "drafter": drafter, "builder": builder})
-    result = {"mode": "batch", "command": shlex.join(line),
-              "dataset": dataset, "category": None, "prompts": len(prompts), "truncated": 0, "max_new_tokens": max_new_tokens,
-              "target": target, "seed": seed, "temperature": 0.0, "environment": report.environment(), "rows": [],
-              "partial": True}
+    result = {
+        "mode": "batch",
+        "command": shlex.join(line),
+        "dataset": dataset,
+        "category": None,
+        "prompts": len(prompts),
+        "truncated": 0,
+        "max_new_tokens": max_new_tokens,
+        "target": target,
+        "seed": seed,
+        "temperature": 0.0,
+        "environment": report.environment(),
+        "rows": [],
+        "partial": True,
+    }
 
     saved: list[int] = []  # the batch sizes whose rows are in results.json
 
     def save(rows: list[dict[str, Any]], partial: bool = True) -> None:  # after every batch size, atomically
-        write_text_atomic(out / "results.json", json.dumps({**result, "rows": rows, "partial": partial}, indent=1,
-                                                           default=str) + "\n", "--out")
+        write_text_atomic(
+            out / "results.json",
+            json.dumps({**result, "rows": rows, "partial": partial}, indent=1, default=str) + "\n",
+            "--out",
+        )
         saved[:] = sorted({r["batch_size"] for r in rows})
 
     runs = len(runner.configs) * sum(-(-len(prompts) // b) for b in sizes)
     try:
-        with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.description}")) as progress:
+        with Progress(
+            TextColumn("[bold]bench"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+        ) as progress:
             task = progress.add_task("warm-up", total=runs + 1)
-            rows = runner.run(prompts, progress=lambda what: progress.update(task, advance=1, description=what),
-                              on_rows=save)
+            rows = runner.run(
+                prompts, progress=lambda what: progress.update(task, advance=1, description=what), on_rows=save
+            )
         save(rows, partial=False)
     except (KeyboardInterrupt, Interrupted):
         _stopped(out, "interrupted", 130, saved)
@@ -86,12 +127,17 @@ def bench_batches(ctx: Any, batch_size: str, items: list, target: str, drafter: 
         fail(f"{exc}; the results are complete in {out / 'results.json'}", code=1)
     for r in rows:
         same = "lossless" if r["lossless"] else f"{r['mismatches']} rows differ"
-        typer.echo(f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  {r['vs_hf']:.2f}x HF  {same}")
+        typer.echo(
+            f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  {r['vs_hf']:.2f}x HF  {same}"
+        )
     typer.echo(f"wrote {out / 'results.json'}, {png}")
 
 
 def _stopped(out: Path, why: str, code: int, saved: list[int]) -> None:
     """One line: why the run stopped, and what of it is on disk (the rows of every finished batch size)."""
-    kept = (f"the rows of batch sizes {','.join(map(str, saved))} are in {out / 'results.json'} (marked partial)"
-            if saved else "no batch size finished")
+    kept = (
+        f"the rows of batch sizes {','.join(map(str, saved))} are in {out / 'results.json'} (marked partial)"
+        if saved
+        else "no batch size finished"
+    )
     fail(f"bench stopped ({why}); {kept}", code=code)

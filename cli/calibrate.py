@@ -35,22 +35,34 @@ def calibrate(
     layers: measure.Layers = None,
     dataset: measure.Dataset = "humaneval",
     limit: measure.Limit = 124,
-    skip: Annotated[int, typer.Option(help="skip the first S prompts (the 40 that `treespec bench --limit 40` uses, by default)")] = 40,
+    skip: Annotated[
+        int, typer.Option(help="skip the first S prompts (the 40 that `treespec bench --limit 40` uses, by default)")
+    ] = 40,
     category: measure.Category = None,
     data_dir: measure.DataDir = None,
     max_new_tokens: measure.MaxNewTokens = 128,
-    max_positions: Annotated[Optional[int], typer.Option(help="stop after this many generated positions [default: 16384, fewer for vocabularies over 4096: the logits kept stay under 256 MB]", show_default=False)] = None,
+    max_positions: Annotated[
+        Optional[int],
+        typer.Option(
+            help="stop after this many generated positions [default: 16384, fewer for vocabularies over 4096: the logits kept stay under 256 MB]",
+            show_default=False,
+        ),
+    ] = None,
     device: measure.Device = None,
     dtype: measure.Dtype = None,
     threads: measure.Threads = None,
-    out: Annotated[Optional[Path], typer.Option(help="also write the measurements as JSON here", show_default=False)] = None,
+    out: Annotated[
+        Optional[Path], typer.Option(help="also write the measurements as JSON here", show_default=False)
+    ] = None,
 ) -> None:
     """Fit the draft model's temperature T so that its q predicts greedy acceptance (for `-D temperature=T`)."""
     measure.check_positive(max_positions=max_positions)
     if out is not None:
         writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
     measure.refuse_plugin_names(drafter, "calibrate")
-    run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
+    run = measure.load(
+        target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads
+    )
 
     from rich.progress import Progress
 
@@ -58,8 +70,14 @@ def calibrate(
 
     with Progress(transient=True) as bar:
         task = bar.add_task("the target's greedy continuations", total=len(run.prompts))
-        cal = calibrate_draft(run.target, run.draft, run.prompts, max_new_tokens, max_positions,
-                              progress=lambda done, total: bar.update(task, completed=done))
+        cal = calibrate_draft(
+            run.target,
+            run.draft,
+            run.prompts,
+            max_new_tokens,
+            max_positions,
+            progress=lambda done, total: bar.update(task, completed=done),
+        )
     t = f"{cal.temperature:.3g}"
     typer.echo(
         f"T = {t} for {run.drafter_name} drafting for {run.target_name}: NLL of the target's greedy token "
@@ -67,9 +85,17 @@ def calibrate(
         f"{cal.mean_q_top1_t1:.3f} → {cal.mean_q_top1:.3f} ({cal.positions} positions of {cal.prompts} prompts)"
     )
     if out is not None:
-        record = {"target": run.target_name, "drafter": run.drafter_name, "dataset": dataset, "skip": skip,
-                  "limit": limit, "max_new_tokens": max_new_tokens, "skipped_too_long": run.skipped,
-                  "dtype": str(run.target.dtype).replace("torch.", ""), **vars(cal)}
+        record = {
+            "target": run.target_name,
+            "drafter": run.drafter_name,
+            "dataset": dataset,
+            "skip": skip,
+            "limit": limit,
+            "max_new_tokens": max_new_tokens,
+            "skipped_too_long": run.skipped,
+            "dtype": str(run.target.dtype).replace("torch.", ""),
+            **vars(cal),
+        }
         try:
             write_text_atomic(out, json.dumps(record, indent=2) + "\n", "--out")
         except TreespecError as exc:  # the measurement is not lost: it goes to stdout instead
@@ -78,5 +104,7 @@ def calibrate(
         typer.echo(f"wrote {out}")
     model = run.drafter_name.split()[0]
     opts = (f" -D layers={layers}" if layers else "") + f" -D temperature={t}"
-    typer.echo(f"use it: treespec run --target {run.target_name} --drafter {model}{opts} "
-               f"(in treespec bench: --drafter '{run.drafter_name} temperature={t}')")
+    typer.echo(
+        f"use it: treespec run --target {run.target_name} --drafter {model}{opts} "
+        f"(in treespec bench: --drafter '{run.drafter_name} temperature={t}')"
+    )

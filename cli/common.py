@@ -24,15 +24,23 @@ D_OPTION_HELP = (
     "-D ngram.max_ngram=4 for a part of a+b). `treespec plugins` lists every option."
 )
 DEVICE_HELP = "cpu, cuda, cuda:1, mps ... (default: cpu)"
-DEVICE_MAP_HELP = ("split the target across devices or offload it (accelerate): auto, balanced, sequential, or a "
-                   "JSON file of module -> device (\"cpu\", 0, \"disk\")")
+DEVICE_MAP_HELP = (
+    "split the target across devices or offload it (accelerate): auto, balanced, sequential, or a "
+    'JSON file of module -> device ("cpu", 0, "disk")'
+)
 MAX_MEMORY_HELP = "with --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB"
 OFFLOAD_HELP = "with --device-map: the folder for weights offloaded to disk"
 DTYPE_HELP = "float32, bfloat16, float16, float64 (default: float32 on CPU)"
 
 
-def pair_options(target: str | None, drafter: str | None, builder: str, builder_option: list[str] | None,
-                 drafter_option: list[str] | None, main: bool = True) -> tuple[str, str, dict[str, str], dict[str, str]]:
+def pair_options(
+    target: str | None,
+    drafter: str | None,
+    builder: str,
+    builder_option: list[str] | None,
+    drafter_option: list[str] | None,
+    main: bool = True,
+) -> tuple[str, str, dict[str, str], dict[str, str]]:
     """(target, drafter, builder options, drafter options) from the command line, the defaults (the
     main job's, or with ``main=False`` the small pair's) filling in what is missing; raises
     ``TreespecError`` on bad options, exits when no drafter is named."""
@@ -41,7 +49,9 @@ def pair_options(target: str | None, drafter: str | None, builder: str, builder_
 
     for flag, name in (("--target", target), ("--drafter", drafter)):
         if name is not None and not name.strip():  # "" read as the current folder
-            fail(f"{flag} is empty: give a name, e.g. {flag} {'treespec-py' if flag == '--target' else 'ngram'} (or leave it out)")
+            fail(
+                f"{flag} is empty: give a name, e.g. {flag} {'treespec-py' if flag == '--target' else 'ngram'} (or leave it out)"
+            )
     b_opts = parse_pairs(builder_option, "builder")
     d_opts = parse_pairs(drafter_option, "drafter")
     target, drafter = defaults.apply(target, drafter, builder, b_opts, main=main)

@@ -13,7 +13,6 @@ import typer
 
 from treespec.cli import fail as _fail
 from treespec.cli.common import writable_file
-
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -24,22 +23,41 @@ Examples:
   treespec run --target ../shared/models/stories260K --drafter datastore -D corpus=../shared/prompts/tinystories_val.txt --builder opt-tree -B nodes=25
 """
 
-datastore_app = typer.Typer(help="Corpora indexed for the `datastore` drafter.", no_args_is_help=True, rich_markup_mode=None)
-
-
+datastore_app = typer.Typer(
+    help="Corpora indexed for the `datastore` drafter.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 @datastore_app.command("build", epilog=EPILOG)
 def build(
-    corpus: Annotated[Path, typer.Argument(help=".txt (documents separated by blank lines), .jsonl or .jsonl.gz (a 'text' field or a 'turns' list)")],
-    target: Annotated[Optional[str], typer.Option(help="the target model whose tokenizer the index uses [default: treespec-py]", show_default=False)] = None,
-    out: Annotated[Optional[Path], typer.Option(help="write the index here (use it with -D corpus=PATH) [default: the cache, where -D corpus=CORPUS finds it]", show_default=False)] = None,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="the cache folder [default: $XDG_CACHE_HOME/treespec/datastore or ~/.cache/treespec/datastore]", show_default=False)] = None,
+    corpus: Annotated[
+        Path,
+        typer.Argument(
+            help=".txt (documents separated by blank lines), .jsonl or .jsonl.gz (a 'text' field or a 'turns' list)"
+        ),
+    ],
+    target: Annotated[
+        Optional[str],
+        typer.Option(help="the target model whose tokenizer the index uses [default: treespec-py]", show_default=False),
+    ] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="write the index here (use it with -D corpus=PATH) [default: the cache, where -D corpus=CORPUS finds it]",
+            show_default=False,
+        ),
+    ] = None,
+    cache_dir: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="the cache folder [default: $XDG_CACHE_HOME/treespec/datastore or ~/.cache/treespec/datastore]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Tokenise and index a corpus (a suffix array), then print: tokens, documents, seconds, path."""
     from treespec.files import check_writable_dir, check_writable_file
-    from treespec.models import DEFAULT_TARGET
-    from treespec.models import load_tokenizer
+    from treespec.models import DEFAULT_TARGET, load_tokenizer
     from treespec.plugins.datastore_index import Index, cache_path
 
     if corpus.exists() and not corpus.is_file():

@@ -16,8 +16,11 @@ from treespec.cli import fail
 from treespec.cli.common import D_OPTION_HELP
 from treespec.errors import TreespecError
 
-export_app = typer.Typer(help="Export a trained head and its best tree to a serving engine (vLLM, SGLang).",
-                         no_args_is_help=True, rich_markup_mode=None)
+export_app = typer.Typer(
+    help="Export a trained head and its best tree to a serving engine (vLLM, SGLang).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 
 EPILOG = """\
 Examples:
@@ -32,16 +35,36 @@ The export folder holds the head (config.json, model.safetensors), plan.json (th
 expected acceptance) and launch.txt (the command that serves it), which is also printed.
 """
 
-Target = Annotated[Optional[str], typer.Option(help="target model: alias, folder or hub id [default: smollm2]", show_default=False)]
-Head = Annotated[Optional[str], typer.Option(help="the EAGLE-1 or EAGLE-3 head: folder, alias or hub id "
-                                             "[default: the head shipped for the target]", show_default=False)]
+Target = Annotated[
+    Optional[str], typer.Option(help="target model: alias, folder or hub id [default: smollm2]", show_default=False)
+]
+Head = Annotated[
+    Optional[str],
+    typer.Option(
+        help="the EAGLE-1 or EAGLE-3 head: folder, alias or hub id [default: the head shipped for the target]",
+        show_default=False,
+    ),
+]
 Out = Annotated[Path, typer.Option(help="the folder to write (new or empty; --force replaces its files)")]
-Acceptance = Annotated[Optional[Path], typer.Option(help="`treespec export measure`'s JSON: plan the trees from it "
-                                                    "[default: no tree, a chain of --tokens]", show_default=False)]
+Acceptance = Annotated[
+    Optional[Path],
+    typer.Option(
+        help="`treespec export measure`'s JSON: plan the trees from it [default: no tree, a chain of --tokens]",
+        show_default=False,
+    ),
+]
 Nodes = Annotated[int, typer.Option(help="node budget: drafted nodes per step at most")]
-Profile = Annotated[Optional[Path], typer.Option(help="a `treespec profile --out FILE` cost profile: pick the size with "
-                                                 "the most expected tokens per second within --nodes", show_default=False)]
-Tokens = Annotated[Optional[int], typer.Option(help="chain length without --acceptance [default: 3]", show_default=False)]
+Profile = Annotated[
+    Optional[Path],
+    typer.Option(
+        help="a `treespec profile --out FILE` cost profile: pick the size with "
+        "the most expected tokens per second within --nodes",
+        show_default=False,
+    ),
+]
+Tokens = Annotated[
+    Optional[int], typer.Option(help="chain length without --acceptance [default: 3]", show_default=False)
+]
 Dtype = Annotated[str, typer.Option(help="weights' dtype: keep, float16, bfloat16, float32")]
 Force = Annotated[bool, typer.Option("--force", help="write into a non-empty --out")]
 
@@ -49,18 +72,25 @@ Force = Annotated[bool, typer.Option("--force", help="write into a non-empty --o
 @export_app.command("measure", epilog=EPILOG)
 def measure(
     target: Target = None,
-    drafter: Annotated[Optional[str], typer.Option(help="drafter [default: eagle, with the target's shipped head]",
-                                                   show_default=False)] = None,
+    drafter: Annotated[
+        Optional[str], typer.Option(help="drafter [default: eagle, with the target's shipped head]", show_default=False)
+    ] = None,
     drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
-    dataset: Annotated[str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a file")] = "mt-bench",
-    limit: Annotated[int, typer.Option(help="prompts (first turns, chat-formatted when the target has a template)")] = 20,
+    dataset: Annotated[
+        str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a file")
+    ] = "mt-bench",
+    limit: Annotated[
+        int, typer.Option(help="prompts (first turns, chat-formatted when the target has a template)")
+    ] = 20,
     skip: Annotated[int, typer.Option(help="skip the first S prompts")] = 0,
     data_dir: Annotated[Optional[Path], typer.Option(help="folder of the dataset files", show_default=False)] = None,
     max_new_tokens: Annotated[int, typer.Option(help="greedy tokens per prompt")] = 128,
     depth: Annotated[int, typer.Option(help="chain depth drafted per step (depths measured: 1 .. depth + 1)")] = 8,
     ranks: Annotated[int, typer.Option(help="ranks counted per depth")] = 8,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch", show_default=False)] = None,
-    out: Annotated[Optional[Path], typer.Option(help="write the JSON here [default: print it]", show_default=False)] = None,
+    out: Annotated[
+        Optional[Path], typer.Option(help="write the JSON here [default: print it]", show_default=False)
+    ] = None,
 ) -> None:
     """Measure the drafter's acceptance by depth and rank on the target's greedy output (for the exports' trees)."""
     for name, value in (("limit", limit), ("max-new-tokens", max_new_tokens), ("depth", depth), ("ranks", ranks)):
@@ -85,15 +115,23 @@ def measure(
 
         with Progress(transient=True) as bar:
             task = bar.add_task("measuring", total=len(prompts))
-            result = measure_depth_rank(dec, prompts, max_new_tokens, depth, ranks,
-                                        progress=lambda done, total: bar.update(task, completed=done))
+            result = measure_depth_rank(
+                dec,
+                prompts,
+                max_new_tokens,
+                depth,
+                ranks,
+                progress=lambda done, total: bar.update(task, completed=done),
+            )
     except TreespecError as exc:
         fail(str(exc))
     result.update({"target": target, "drafter": drafter, "drafter_options": d_opts, "dataset": dataset, "skip": skip})
     text = json.dumps(result, indent=1) + "\n"
     p0 = ", ".join(f"{row[0]:.2f}" for row in result["acceptance"][:6])
-    summary = (f"rank-0 acceptance by depth [{p0}, ...]; chain of {depth}: τ = {result['chain_tau']:.2f} over "
-               f"{result['steps']} steps, {result['tokens']} tokens, {result['seconds']:.0f} s")
+    summary = (
+        f"rank-0 acceptance by depth [{p0}, ...]; chain of {depth}: τ = {result['chain_tau']:.2f} over "
+        f"{result['steps']} steps, {result['tokens']} tokens, {result['seconds']:.0f} s"
+    )
     if out is None:
         typer.echo(text, nl=False)
     else:
@@ -103,8 +141,18 @@ def measure(
     typer.secho(summary, fg=typer.colors.CYAN, err=True)
 
 
-def _export(engine: str, target: str | None, head: str | None, out: Path, acceptance: Path | None, nodes: int,
-            profile: Path | None, tokens: int | None, dtype: str, force: bool) -> None:
+def _export(
+    engine: str,
+    target: str | None,
+    head: str | None,
+    out: Path,
+    acceptance: Path | None,
+    nodes: int,
+    profile: Path | None,
+    tokens: int | None,
+    dtype: str,
+    force: bool,
+) -> None:
     if nodes <= 0:
         fail(f"--nodes must be > 0, got {nodes}")
     if tokens is not None and tokens <= 0:
@@ -136,8 +184,10 @@ def _export(engine: str, target: str | None, head: str | None, out: Path, accept
                 try:
                     cost = CostModel.from_json(profile.read_text(encoding="utf-8"))
                 except (OSError, ValueError, KeyError, TypeError) as exc:
-                    fail(f"--profile {profile} is not a `treespec profile` file ({type(exc).__name__}): make one with "
-                         "`treespec profile --target T --drafter D --out FILE`")
+                    fail(
+                        f"--profile {profile} is not a `treespec profile` file ({type(exc).__name__}): make one with "
+                        "`treespec profile --target T --drafter D --out FILE`"
+                    )
             planned = plan(load(str(acceptance))["acceptance"], nodes, cost)
         heads.prepare_out(out, force)
         if engine == "vllm":
@@ -147,25 +197,47 @@ def _export(engine: str, target: str | None, head: str | None, out: Path, accept
             written = vllm.write(files, info, out, k, dt)
             tree = trees.to_vllm_string(planned.vllm_tree.paths) if planned else None
             python, serve = vllm.launch(info, out, files.version, k, None)
-            lines = ["# vLLM 0.32 (no tree attention): a chain of num_speculative_tokens", serve, "", python,
-                     "# vLLM CPU: add gpu_memory_utilization=0.1 (there: the share of RAM for the KV cache) and run it "
-                     "under if __name__ == '__main__':"]
+            lines = [
+                "# vLLM 0.32 (no tree attention): a chain of num_speculative_tokens",
+                serve,
+                "",
+                python,
+                "# vLLM CPU: add gpu_memory_utilization=0.1 (there: the share of RAM for the KV cache) and run it "
+                "under if __name__ == '__main__':",
+            ]
             if tree is not None:
                 _, serve_tree = vllm.launch(info, out, files.version, planned.vllm_tree.nodes, tree)
-                lines += ["# vLLM releases with tree attention (speculative_token_tree; one branching factor per level):",
-                          serve_tree]
+                lines += [
+                    "# vLLM releases with tree attention (speculative_token_tree; one branching factor per level):",
+                    serve_tree,
+                ]
         else:
             from treespec.export import sglang
 
             written = sglang.write(files, info, out, dt)
-            steps, topk, n = (planned.sglang.steps, planned.sglang.topk, planned.sglang.draft_tokens) if planned \
+            steps, topk, n = (
+                (planned.sglang.steps, planned.sglang.topk, planned.sglang.draft_tokens)
+                if planned
                 else ((tokens or 3), 1, (tokens or 3) + 1)
-            lines = [sglang.launch(info, out, files.version, steps, topk, n, files.version == 1 and files.draft_vocab is not None)]
+            )
+            lines = [
+                sglang.launch(
+                    info, out, files.version, steps, topk, n, files.version == 1 and files.draft_vocab is not None
+                )
+            ]
     except TreespecError as exc:
         fail(str(exc))
-    record = {"engine": engine, "target": target, "target_folder": info.folder, "head": head, "version": files.version,
-              "files": written, "acceptance": str(acceptance) if acceptance else None,
-              "profile": str(profile) if profile else None, "nodes": nodes}
+    record = {
+        "engine": engine,
+        "target": target,
+        "target_folder": info.folder,
+        "head": head,
+        "version": files.version,
+        "files": written,
+        "acceptance": str(acceptance) if acceptance else None,
+        "profile": str(profile) if profile else None,
+        "nodes": nodes,
+    }
     if files.version == 3:
         record["feature_layers_hidden_states"] = list(files.layers or ())
     if planned:
@@ -173,37 +245,64 @@ def _export(engine: str, target: str | None, head: str | None, out: Path, accept
     heads.write_json(out / "plan.json", record)
     if planned:  # treespec runs the OPT-Tree optimum too: --builder static -B shape=FILE
         (out / "treespec-tree.json").write_text(json.dumps([list(p) for p in planned.optimum.paths]) + "\n")
-        lines += ["", f"# treespec, the same head with the OPT-Tree optimum: --builder static -B shape={out / 'treespec-tree.json'}"]
+        lines += [
+            "",
+            f"# treespec, the same head with the OPT-Tree optimum: --builder static -B shape={out / 'treespec-tree.json'}",
+        ]
     (out / "launch.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     typer.echo("\n".join(lines))
     if planned:
         s = planned.summary()
-        typer.secho(f"E(A): chain {s['chain']['expected_accepted']:.2f} ({s['chain']['nodes']} nodes), vLLM tree "
-                    f"{s['vllm_tree']['expected_accepted']:.2f} ({s['vllm_tree']['nodes']}), OPT-Tree optimum "
-                    f"{s['optimum']['expected_accepted']:.2f} ({s['optimum']['nodes']}), SGLang "
-                    f"{s['sglang']['expected_accepted']:.2f} (steps {s['sglang']['steps']}, topk {s['sglang']['topk']}, "
-                    f"{s['sglang']['num_draft_tokens']} draft tokens)", fg=typer.colors.CYAN, err=True)
+        typer.secho(
+            f"E(A): chain {s['chain']['expected_accepted']:.2f} ({s['chain']['nodes']} nodes), vLLM tree "
+            f"{s['vllm_tree']['expected_accepted']:.2f} ({s['vllm_tree']['nodes']}), OPT-Tree optimum "
+            f"{s['optimum']['expected_accepted']:.2f} ({s['optimum']['nodes']}), SGLang "
+            f"{s['sglang']['expected_accepted']:.2f} (steps {s['sglang']['steps']}, topk {s['sglang']['topk']}, "
+            f"{s['sglang']['num_draft_tokens']} draft tokens)",
+            fg=typer.colors.CYAN,
+            err=True,
+        )
         rates = {k: v for k, v in s["predicted_tokens_per_second"].items() if v is not None and k != "plain"}
         plain = s["predicted_tokens_per_second"].get("plain")
         if rates and plain is not None and plain >= max(rates.values()):
-            typer.secho(f"note: under this profile plain decoding ({plain:.2f} tokens/s) beats every speculative shape "
-                        f"(best {max(rates.values()):.2f}): on this machine the head does not pay; serve without it, or "
-                        "train it further", fg=typer.colors.YELLOW, err=True)
+            typer.secho(
+                f"note: under this profile plain decoding ({plain:.2f} tokens/s) beats every speculative shape "
+                f"(best {max(rates.values()):.2f}): on this machine the head does not pay; serve without it, or "
+                "train it further",
+                fg=typer.colors.YELLOW,
+                err=True,
+            )
     extra = ["plan.json", "launch.txt"] + (["treespec-tree.json"] if planned else [])
     typer.secho(f"wrote {out}: {', '.join(written + extra)}", fg=typer.colors.CYAN, err=True)
 
 
 @export_app.command("vllm", epilog=EPILOG)
-def export_vllm(target: Target = None, head: Head = None, out: Out = Path("export-vllm"), acceptance: Acceptance = None,
-                nodes: Nodes = 16, profile: Profile = None, tokens: Tokens = None, dtype: Dtype = "keep",
-                force: Force = False) -> None:
+def export_vllm(
+    target: Target = None,
+    head: Head = None,
+    out: Out = Path("export-vllm"),
+    acceptance: Acceptance = None,
+    nodes: Nodes = 16,
+    profile: Profile = None,
+    tokens: Tokens = None,
+    dtype: Dtype = "keep",
+    force: Force = False,
+) -> None:
     """Write the head as vLLM loads it (speculators EAGLE-3, or EAGLE-1) and the command that serves it."""
     _export("vllm", target, head, out, acceptance, nodes, profile, tokens, dtype, force)
 
 
 @export_app.command("sglang", epilog=EPILOG)
-def export_sglang(target: Target = None, head: Head = None, out: Out = Path("export-sglang"), acceptance: Acceptance = None,
-                  nodes: Nodes = 16, profile: Profile = None, tokens: Tokens = None, dtype: Dtype = "keep",
-                  force: Force = False) -> None:
+def export_sglang(
+    target: Target = None,
+    head: Head = None,
+    out: Out = Path("export-sglang"),
+    acceptance: Acceptance = None,
+    nodes: Nodes = 16,
+    profile: Profile = None,
+    tokens: Tokens = None,
+    dtype: Dtype = "keep",
+    force: Force = False,
+) -> None:
     """Write the head as SGLang loads it (LlamaForCausalLMEagle3 / LlamaForCausalLMEagle) and the command that serves it."""
     _export("sglang", target, head, out, acceptance, nodes, profile, tokens, dtype, force)

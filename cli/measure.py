@@ -14,18 +14,32 @@ from treespec.cli import fail as _fail
 from treespec.cli.common import check_threads, set_threads
 from treespec.errors import TreespecError
 
-TargetOption = Annotated[Optional[str], typer.Option(
-    help="target model: hub id, alias or local directory [default: treespec-py]", show_default=False)]
-DraftModelOption = Annotated[Optional[str], typer.Option(
-    help="draft model: alias, hub id or local directory [default with the default target: treespec-py-draft]",
-    show_default=False)]
-Layers = Annotated[Optional[int], typer.Option(help="keep only the draft model's first k decoder layers (as the drafter's layers=k)")]
-Dataset = Annotated[str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")]
+TargetOption = Annotated[
+    Optional[str],
+    typer.Option(help="target model: hub id, alias or local directory [default: treespec-py]", show_default=False),
+]
+DraftModelOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="draft model: alias, hub id or local directory [default with the default target: treespec-py-draft]",
+        show_default=False,
+    ),
+]
+Layers = Annotated[
+    Optional[int], typer.Option(help="keep only the draft model's first k decoder layers (as the drafter's layers=k)")
+]
+Dataset = Annotated[
+    str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")
+]
 Limit = Annotated[Optional[int], typer.Option(help="use N prompts (first turns only)")]
 Skip = Annotated[int, typer.Option(help="skip the first S prompts (measure on prompts a benchmark does not use)")]
 Category = Annotated[Optional[str], typer.Option(help="only this category (mt-bench, spec-bench)")]
-DataDir = Annotated[Optional[Path], typer.Option(
-    help="folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]", show_default=False)]
+DataDir = Annotated[
+    Optional[Path],
+    typer.Option(
+        help="folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]", show_default=False
+    ),
+]
 MaxNewTokens = Annotated[int, typer.Option(help="greedy tokens the target generates per prompt")]
 Device = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ... (default: cpu)")]
 Dtype = Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 (default: float32 on CPU)")]
@@ -60,13 +74,26 @@ def refuse_plugin_names(drafter: str | None, command: str) -> None:
     except TreespecError:
         return  # neither a drafter nor a model name: loading it says why
     if "model" not in options:  # a drafter plugin or a+b, not a model for drafter `model`
-        _fail(f"`treespec {command}` takes a draft model (alias, hub id or directory), not the drafter {drafter!r}: "
-              "an EAGLE head is calibrated by `treespec train eagle`; for `self` pass --drafter TARGET --layers K")
+        _fail(
+            f"`treespec {command}` takes a draft model (alias, hub id or directory), not the drafter {drafter!r}: "
+            "an EAGLE head is calibrated by `treespec train eagle`; for `self` pass --drafter TARGET --layers K"
+        )
 
 
-def load(target: str | None, drafter: str | None, layers: int | None, dataset: str, limit: int | None, skip: int,
-         category: str | None, data_dir: Path | None, max_new_tokens: int, device: str | None, dtype: str | None,
-         threads: int | None) -> Loaded:
+def load(
+    target: str | None,
+    drafter: str | None,
+    layers: int | None,
+    dataset: str,
+    limit: int | None,
+    skip: int,
+    category: str | None,
+    data_dir: Path | None,
+    max_new_tokens: int,
+    device: str | None,
+    dtype: str | None,
+    threads: int | None,
+) -> Loaded:
     """Target, draft model and tokenised prompts, or one line of error (exit 2)."""
     check_positive(limit=limit, max_new_tokens=max_new_tokens, layers=layers, threads=threads)
     if skip < 0:
@@ -78,7 +105,9 @@ def load(target: str | None, drafter: str | None, layers: int | None, dataset: s
         target = DEFAULT_TARGET
         drafter = drafter or DEFAULT_DRAFT
     if drafter is None:
-        _fail("no draft model: pass --drafter MODEL (alias, hub id or directory), and --layers K for its first K layers")
+        _fail(
+            "no draft model: pass --drafter MODEL (alias, hub id or directory), and --layers K for its first K layers"
+        )
 
     from treespec.bench.datasets import format_turns, load_prompts
 

@@ -26,8 +26,18 @@ def plugins(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] 
     failures = [{"entry_point": n, "package": p, "error": err} for n, p, err in reg.failures]
     conflicts = [reg.conflict_message(*key.split(":", 1)) for key in sorted(reg.conflicts)]
     if as_json:
-        print(json.dumps({"plugins": rows, "failed": failures, "skipped": reg.skipped, "unmatched": reg.unmatched,
-                          "conflicts": conflicts}, default=str))
+        print(
+            json.dumps(
+                {
+                    "plugins": rows,
+                    "failed": failures,
+                    "skipped": reg.skipped,
+                    "unmatched": reg.unmatched,
+                    "conflicts": conflicts,
+                },
+                default=str,
+            )
+        )
         return
     _print(rows, failures, conflicts, reg)
 
@@ -39,11 +49,18 @@ def _rows(reg: Any) -> list[dict[str, Any]]:
     for kind, table in (("builder", reg.builders), ("drafter", reg.drafters)):
         for name in sorted(table):
             e = table[name]
-            rows.append({
-                "kind": kind, "name": name, "aliases": list(e.spec.aliases), "summary": e.spec.summary,
-                "package": e.package, "version": e.version, "entry_point": e.source,
-                "options": describe_options(e.spec.config),
-            })
+            rows.append(
+                {
+                    "kind": kind,
+                    "name": name,
+                    "aliases": list(e.spec.aliases),
+                    "summary": e.spec.summary,
+                    "package": e.package,
+                    "version": e.version,
+                    "entry_point": e.source,
+                    "options": describe_options(e.spec.config),
+                }
+            )
     return rows
 
 
@@ -56,7 +73,9 @@ def _print(rows: list[dict[str, Any]], failures: list[dict[str, str]], conflicts
     for col in ("kind", "name", "package", "options", "summary"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        opts = ", ".join(f"{o['name']}" + (" (required)" if o["required"] else f"={o['default']}") for o in r["options"])
+        opts = ", ".join(
+            f"{o['name']}" + (" (required)" if o["required"] else f"={o['default']}") for o in r["options"]
+        )
         name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
         table.add_row(r["kind"], name, f"{r['package']} {r['version']}", opts, r["summary"])
     console.print(table)
@@ -65,7 +84,8 @@ def _print(rows: list[dict[str, Any]], failures: list[dict[str, str]], conflicts
     for message in conflicts:
         console.print(f"[red]conflict[/red] {message}", markup=True, highlight=False)
     if reg.unmatched:
-        console.print(f"[yellow]no entry point is named[/yellow] {', '.join(reg.unmatched)} ({SWITCHES} take "
-                      "entry-point names)")
+        console.print(
+            f"[yellow]no entry point is named[/yellow] {', '.join(reg.unmatched)} ({SWITCHES} take entry-point names)"
+        )
     if reg.skipped:
         console.print(f"skipped by {SWITCHES}: {', '.join(reg.skipped)}")

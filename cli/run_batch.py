@@ -27,22 +27,36 @@ from treespec.errors import DecodingError, Interrupted, TreespecError
 CHUNK = 4  # prompts per generate call, in batch sizes: outputs appear chunk by chunk, rows refill within one
 
 
-def run_batches(dec: Any, prompt_file: Path | None, batch_size: int, max_new_tokens: int, sampling: dict[str, Any],
-                chat: bool, system: str | None, as_json: bool) -> None:
+def run_batches(
+    dec: Any,
+    prompt_file: Path | None,
+    batch_size: int,
+    max_new_tokens: int,
+    sampling: dict[str, Any],
+    chat: bool,
+    system: str | None,
+    as_json: bool,
+) -> None:
     from treespec.bench.datasets import format_turns, load_prompts
     from treespec.inputs import chat_ids
 
     if batch_size <= 0:
         fail(f"--batch-size must be > 0, got {batch_size}")
     if prompt_file is None:
-        fail("--batch-size decodes a file of prompts: give --prompt-file F (.jsonl records or blank-line separated .txt)")
+        fail(
+            "--batch-size decodes a file of prompts: give --prompt-file F (.jsonl records or blank-line separated .txt)"
+        )
     try:
         items = load_prompts(str(prompt_file))
         tok = dec.target.tokenizer
         if chat or system is not None:
             sys_turn = [{"role": "system", "content": system}] if system is not None else []
-            prompts = [dec.encode(chat_ids(tok, sys_turn + [{"role": "user", "content": it.turns[0]}], f"target {dec.target.name!r}"))
-                       for it in items]
+            prompts = [
+                dec.encode(
+                    chat_ids(tok, sys_turn + [{"role": "user", "content": it.turns[0]}], f"target {dec.target.name!r}")
+                )
+                for it in items
+            ]
         else:
             prompts = [format_turns(tok, it, []) for it in items]
     except TreespecError as exc:
@@ -65,11 +79,18 @@ def run_batches(dec: Any, prompt_file: Path | None, batch_size: int, max_new_tok
             seconds = time.perf_counter() - began
             steps = sum(len(o.stats.steps) for o in outs)
             tau = tokens / steps if steps else 0.0
-            typer.secho(f"prompts {start + 1}-{start + len(chunk)} ({batch_size} rows): {tokens} tokens in {seconds:.2f} s "
-                        f"({tokens / max(seconds, 1e-9):.1f} tokens/s), τ {tau:.2f}", fg=typer.colors.CYAN, err=True)
+            typer.secho(
+                f"prompts {start + 1}-{start + len(chunk)} ({batch_size} rows): {tokens} tokens in {seconds:.2f} s "
+                f"({tokens / max(seconds, 1e-9):.1f} tokens/s), τ {tau:.2f}",
+                fg=typer.colors.CYAN,
+                err=True,
+            )
             if error:
-                fail(f"{error} in prompts {start + 1}-{start + len(chunk)} of {len(prompts)}; every prompt that "
-                     "started is printed", code=code)
+                fail(
+                    f"{error} in prompts {start + 1}-{start + len(chunk)} of {len(prompts)}; every prompt that "
+                    "started is printed",
+                    code=code,
+                )
 
 
 def _print_chunk(outs: list[Any], start: int, as_json: bool) -> None:
@@ -81,8 +102,13 @@ def _print_chunk(outs: list[Any], start: int, as_json: bool) -> None:
                 continue
             n = start + i + 1
             if as_json:
-                print(json.dumps({"prompt": n, "text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()},
-                                 ensure_ascii=False), flush=True)
+                print(
+                    json.dumps(
+                        {"prompt": n, "text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()},
+                        ensure_ascii=False,
+                    ),
+                    flush=True,
+                )
             else:
                 print(f"### prompt {n}\n{out.text}", flush=True)
     except OSError as exc:

@@ -40,26 +40,49 @@ def sequoia_measure(
     device: measure.Device = None,
     dtype: measure.Dtype = None,
     threads: measure.Threads = None,
-    out: Annotated[Optional[Path], typer.Option(help="write the JSON here (for `--builder sequoia -B acceptance=FILE`) [default: print it]", show_default=False)] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="write the JSON here (for `--builder sequoia -B acceptance=FILE`) [default: print it]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Measure the draft's per-rank acceptance vector on the target's greedy outputs (for `--builder sequoia`)."""
     measure.check_positive(ranks=ranks)
     if out is not None:
         writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
-    run = measure.load(target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads)
+    run = measure.load(
+        target, drafter, layers, dataset, limit, skip, category, data_dir, max_new_tokens, device, dtype, threads
+    )
     prompts, tgt = run.prompts, run.target
     if ranks > tgt.vocab_size:  # a rank is a place among the vocabulary: 10⁹ ranks allocated gigabytes of counts
-        fail(f"--ranks {ranks} is more ranks than the vocabulary has tokens ({tgt.vocab_size}): use at most "
-                      f"{tgt.vocab_size} (the default 16 covers what trees use)")
+        fail(
+            f"--ranks {ranks} is more ranks than the vocabulary has tokens ({tgt.vocab_size}): use at most "
+            f"{tgt.vocab_size} (the default 16 covers what trees use)"
+        )
 
     from treespec.train.acceptance import measure_acceptance
 
     result = measure_acceptance(
-        tgt, run.draft, prompts, max_new_tokens, ranks, target_name=run.target_name, drafter_name=run.drafter_name,
+        tgt,
+        run.draft,
+        prompts,
+        max_new_tokens,
+        ranks,
+        target_name=run.target_name,
+        drafter_name=run.drafter_name,
         dataset=dataset,
     )
-    result.update({"limit": limit, "skip": skip, "category": category, "skipped_too_long": run.skipped,
-                   "dtype": str(tgt.dtype).replace("torch.", "")})
+    result.update(
+        {
+            "limit": limit,
+            "skip": skip,
+            "category": category,
+            "skipped_too_long": run.skipped,
+            "dtype": str(tgt.dtype).replace("torch.", ""),
+        }
+    )
     text = json.dumps(result, indent=2)
     p = result["acceptance"]
     summary = (

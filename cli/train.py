@@ -12,7 +12,6 @@ import typer
 
 from treespec.cli import fail as _fail
 from treespec.cli.common import check_seed, set_threads
-
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -33,13 +32,21 @@ generations are kept in OUT/data.pt and reused.
 train_app = typer.Typer(help="train drafters for a target", no_args_is_help=True, rich_markup_mode=None)
 
 
-
-
 @train_app.command(epilog=EPILOG)
 def eagle(
-    out: Annotated[str, typer.Option(help="directory for the head (config.json + model.safetensors), checkpoints and data")],
-    data: Annotated[str, typer.Option(help="prompts from the target's own domain: mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file")],
-    target: Annotated[Optional[str], typer.Option(help="target model: local directory, alias or hub id [default: treespec-py]", show_default=False)] = None,
+    out: Annotated[
+        str, typer.Option(help="directory for the head (config.json + model.safetensors), checkpoints and data")
+    ],
+    data: Annotated[
+        str,
+        typer.Option(
+            help="prompts from the target's own domain: mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file"
+        ),
+    ],
+    target: Annotated[
+        Optional[str],
+        typer.Option(help="target model: local directory, alias or hub id [default: treespec-py]", show_default=False),
+    ] = None,
     offset: Annotated[int, typer.Option(help="skip the first N prompts (keep benchmark prompts out of training)")] = 0,
     limit: Annotated[int, typer.Option(help="prompts used, held-out ones included")] = 2000,
     holdout: Annotated[float, typer.Option(help="fraction of the prompts held out for the agreement summary")] = 0.1,
@@ -47,15 +54,43 @@ def eagle(
     layers: Annotated[int, typer.Option(help="decoder layers in the head (EAGLE-1/2: 1)")] = 1,
     epochs: Annotated[int, typer.Option()] = 10,
     batch_size: Annotated[int, typer.Option()] = 32,
-    lr: Annotated[Optional[float], typer.Option(help="peak learning rate (AdamW, warm-up then linear decay) [default: 3e-3; EAGLE-3: 1e-3]", show_default=False)] = None,
+    lr: Annotated[
+        Optional[float],
+        typer.Option(
+            help="peak learning rate (AdamW, warm-up then linear decay) [default: 3e-3; EAGLE-3: 1e-3]",
+            show_default=False,
+        ),
+    ] = None,
     noise: Annotated[float, typer.Option(help="uniform noise on input features, relative to their std")] = 0.2,
     seed: Annotated[int, typer.Option()] = 0,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads")] = None,
-    version: Annotated[int, typer.Option(help="1: an EAGLE-1/2 head (--drafter eagle); 3: an EAGLE-3 head with training-time test (--drafter eagle3)")] = 1,
+    version: Annotated[
+        int,
+        typer.Option(
+            help="1: an EAGLE-1/2 head (--drafter eagle); 3: an EAGLE-3 head with training-time test (--drafter eagle3)"
+        ),
+    ] = 1,
     ttt_steps: Annotated[int, typer.Option(help="EAGLE-3: steps the head is unrolled on its own outputs")] = 7,
-    draft_vocab: Annotated[Optional[int], typer.Option(help="draft over the N target tokens generated most often (a cheaper output layer) [default: EAGLE-1: the whole vocabulary; EAGLE-3: the target's, up to 32000]", show_default=False)] = None,
-    save_dtype: Annotated[str, typer.Option(help="EAGLE-1: dtype of the saved head's weights (float16 halves it; loading casts to the target's dtype)")] = "float32",
-    gen_batch_size: Annotated[Optional[int], typer.Option(help="prompts per batch while the target generates the training data [default: --batch-size]", show_default=False)] = None,
+    draft_vocab: Annotated[
+        Optional[int],
+        typer.Option(
+            help="draft over the N target tokens generated most often (a cheaper output layer) [default: EAGLE-1: the whole vocabulary; EAGLE-3: the target's, up to 32000]",
+            show_default=False,
+        ),
+    ] = None,
+    save_dtype: Annotated[
+        str,
+        typer.Option(
+            help="EAGLE-1: dtype of the saved head's weights (float16 halves it; loading casts to the target's dtype)"
+        ),
+    ] = "float32",
+    gen_batch_size: Annotated[
+        Optional[int],
+        typer.Option(
+            help="prompts per batch while the target generates the training data [default: --batch-size]",
+            show_default=False,
+        ),
+    ] = None,
     max_len: Annotated[int, typer.Option(help="EAGLE-3: train on each sequence's last N tokens")] = 2048,
 ) -> None:
     """Train an EAGLE head on the target's own greedy generations: EAGLE-1/2 (feature regression +
@@ -66,8 +101,15 @@ def eagle(
 
     set_threads(threads)
     check_seed(seed)
-    for name, value in (("--limit", limit), ("--epochs", epochs), ("--batch-size", batch_size), ("--layers", layers),
-                        ("--ttt-steps", ttt_steps), ("--max-new-tokens", max_new_tokens), ("--gen-batch-size", gen_batch_size)):
+    for name, value in (
+        ("--limit", limit),
+        ("--epochs", epochs),
+        ("--batch-size", batch_size),
+        ("--layers", layers),
+        ("--ttt-steps", ttt_steps),
+        ("--max-new-tokens", max_new_tokens),
+        ("--gen-batch-size", gen_batch_size),
+    ):
         if value is not None and value <= 0:
             _fail(f"{name} must be > 0, got {value}")
     if offset < 0:
@@ -79,12 +121,40 @@ def eagle(
     if version not in (1, 3):
         _fail(f"--version {version}: use 1 (EAGLE-1/2) or 3 (EAGLE-3)")
     if version == 3:
-        return _eagle3(out, data, target or DEFAULT_TARGET, offset, limit, holdout, max_new_tokens, layers, epochs,
-                       batch_size, lr if lr is not None else 1e-3, seed, ttt_steps, draft_vocab, max_len)
+        return _eagle3(
+            out,
+            data,
+            target or DEFAULT_TARGET,
+            offset,
+            limit,
+            holdout,
+            max_new_tokens,
+            layers,
+            epochs,
+            batch_size,
+            lr if lr is not None else 1e-3,
+            seed,
+            ttt_steps,
+            draft_vocab,
+            max_len,
+        )
     settings = TrainSettings(
-        target=target or DEFAULT_TARGET, data=data, out=out, offset=offset, limit=limit, holdout=holdout,
-        max_new_tokens=max_new_tokens, layers=layers, epochs=epochs, batch_size=batch_size, lr=lr if lr is not None else 3e-3, noise=noise, seed=seed,
-        draft_vocab=draft_vocab, gen_batch_size=gen_batch_size, save_dtype=save_dtype,
+        target=target or DEFAULT_TARGET,
+        data=data,
+        out=out,
+        offset=offset,
+        limit=limit,
+        holdout=holdout,
+        max_new_tokens=max_new_tokens,
+        layers=layers,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr if lr is not None else 3e-3,
+        noise=noise,
+        seed=seed,
+        draft_vocab=draft_vocab,
+        gen_batch_size=gen_batch_size,
+        save_dtype=save_dtype,
     )
     with TrainingProgress() as (progress, log):
         try:
@@ -99,29 +169,59 @@ def eagle(
     typer.echo(f"use it: treespec run --target {settings.target} --drafter eagle -D head={out}")
 
 
-def _eagle3(out: str, data: str, target: str, offset: int, limit: int, holdout: float, max_new_tokens: int,
-            layers: int, epochs: int, batch_size: int, lr: float, seed: int, ttt_steps: int, draft_vocab: int | None,
-            max_len: int) -> None:
+def _eagle3(
+    out: str,
+    data: str,
+    target: str,
+    offset: int,
+    limit: int,
+    holdout: float,
+    max_new_tokens: int,
+    layers: int,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    ttt_steps: int,
+    draft_vocab: int | None,
+    max_len: int,
+) -> None:
     from treespec.cli import TrainingProgress
     from treespec.plugins.eagle3_train import Train3Settings, train3
 
     if layers != 1:
         _fail("--layers: EAGLE-3 heads have one decoder layer (the published layout); drop --layers")
-    settings = Train3Settings(target=target, data=data, out=out, offset=offset, limit=limit, holdout=holdout,
-                              max_new_tokens=max_new_tokens, epochs=epochs, batch_size=batch_size, lr=lr,
-                              ttt_steps=ttt_steps, draft_vocab=draft_vocab, max_len=max_len, seed=seed)
+    settings = Train3Settings(
+        target=target,
+        data=data,
+        out=out,
+        offset=offset,
+        limit=limit,
+        holdout=holdout,
+        max_new_tokens=max_new_tokens,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        ttt_steps=ttt_steps,
+        draft_vocab=draft_vocab,
+        max_len=max_len,
+        seed=seed,
+    )
     with TrainingProgress() as (progress, log):
         try:
             summary = train3(settings, progress=progress, log=log)
         except TreespecError as exc:
             _fail(str(exc))
     steps = " ".join(f"{a:.3f}" for a in summary["top1_per_step"])
-    typer.echo(f"EAGLE-3 head ({summary['parameters']:,} parameters, draft vocabulary {summary['draft_vocab']}, "
-               f"target layers {summary['layers']}) → {out}: held-out top-1 agreement per unrolled step {steps} "
-               f"on {summary['held_out_positions']} generated positions")
+    typer.echo(
+        f"EAGLE-3 head ({summary['parameters']:,} parameters, draft vocabulary {summary['draft_vocab']}, "
+        f"target layers {summary['layers']}) → {out}: held-out top-1 agreement per unrolled step {steps} "
+        f"on {summary['held_out_positions']} generated positions"
+    )
     typer.echo(f"use it: treespec run --target {target} --drafter eagle3 -D head={out}")
 
 
-from treespec.cli.train_pair import EPILOG as PAIR_EPILOG, pair  # noqa: E402  (the sub-command lives in its own module)
+from treespec.cli.train_pair import EPILOG as PAIR_EPILOG  # noqa: E402  (the sub-command lives in its own module)
+from treespec.cli.train_pair import pair  # noqa: E402
 
 train_app.command("pair", epilog=PAIR_EPILOG)(pair)

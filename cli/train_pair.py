@@ -33,19 +33,32 @@ D = PairSettings(out="")
 
 
 def pair(
-    out: Annotated[str, typer.Option(help="directory for target/, draft/, training.json, log.jsonl, checkpoints and data/")],
+    out: Annotated[
+        str, typer.Option(help="directory for target/, draft/, training.json, log.jsonl, checkpoints and data/")
+    ],
     which: Annotated[str, typer.Option(help="target, draft or both")] = "both",
     steps: Annotated[int, typer.Option(help="target optimiser steps")] = D.steps,
     draft_steps: Annotated[int, typer.Option(help="draft optimiser steps")] = D.draft_steps,
-    minutes: Annotated[Optional[float], typer.Option(help="stop after this many minutes (checkpointed); the same command continues [default: no limit]", show_default=False)] = None,
+    minutes: Annotated[
+        Optional[float],
+        typer.Option(
+            help="stop after this many minutes (checkpointed); the same command continues [default: no limit]",
+            show_default=False,
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option()] = D.seed,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = D.threads,
     batch_size: Annotated[int, typer.Option(help="windows of --context tokens per step")] = D.batch_size,
     lr: Annotated[float, typer.Option(help="peak learning rate (AdamW, warm-up then cosine decay)")] = D.lr,
     context: Annotated[int, typer.Option(help="training window and the models' max_position_embeddings")] = D.context,
     vocab_size: Annotated[int, typer.Option(help="byte-level BPE vocabulary, special tokens included")] = D.vocab_size,
-    held_out: Annotated[float, typer.Option(help="fraction of the corpus files held out (by a hash of the path)")] = D.held_out,
-    max_files: Annotated[Optional[int], typer.Option(help="use only the first N corpus files (quick trials) [default: all]", show_default=False)] = None,
+    held_out: Annotated[
+        float, typer.Option(help="fraction of the corpus files held out (by a hash of the path)")
+    ] = D.held_out,
+    max_files: Annotated[
+        Optional[int],
+        typer.Option(help="use only the first N corpus files (quick trials) [default: all]", show_default=False),
+    ] = None,
     target_hidden: Annotated[int, typer.Option()] = D.target.hidden,
     target_layers: Annotated[int, typer.Option()] = D.target.layers,
     target_heads: Annotated[int, typer.Option()] = D.target.heads,
@@ -60,17 +73,29 @@ def pair(
     checkpoint_every: Annotated[int, typer.Option(help="steps between checkpoints")] = D.checkpoint_every,
 ) -> None:
     """Train treespec's own Llama target and draft (one BPE tokenizer) on the Python standard library's source."""
-    from treespec.cli import TrainingProgress, fail as _fail
+    from treespec.cli import TrainingProgress
+    from treespec.cli import fail as _fail
     from treespec.train.pair import train_pair
 
     if minutes is not None and minutes <= 0:
         _fail(f"--minutes must be > 0, got {minutes}")
     settings = PairSettings(
-        out=out, seed=seed, held_out=held_out, max_files=max_files, vocab_size=vocab_size, context=context,
+        out=out,
+        seed=seed,
+        held_out=held_out,
+        max_files=max_files,
+        vocab_size=vocab_size,
+        context=context,
         target=ModelSize(target_hidden, target_layers, target_heads, target_kv_heads, target_intermediate),
         draft=ModelSize(draft_hidden, draft_layers, draft_heads, draft_kv_heads, draft_intermediate),
-        steps=steps, draft_steps=draft_steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
-        checkpoint_every=checkpoint_every, threads=threads, minutes=minutes,
+        steps=steps,
+        draft_steps=draft_steps,
+        batch_size=batch_size,
+        lr=lr,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        threads=threads,
+        minutes=minutes,
     )
     with TrainingProgress() as (progress, log):
         try:
@@ -80,7 +105,11 @@ def pair(
     for name, m in summary["models"].items():
         if name not in (("target", "draft") if which == "both" else (which,)):
             continue
-        state = "" if m["finished"] else f" — stopped at step {m['steps']}/{m['steps_planned']}, run the same command to continue"
+        state = (
+            ""
+            if m["finished"]
+            else f" — stopped at step {m['steps']}/{m['steps_planned']}, run the same command to continue"
+        )
         held = "n/a" if m["held_out_loss"] is None else f"{m['held_out_loss']:.4f}"
         typer.echo(
             f"{name}: {m['parameters']:,} parameters, {m['steps']} steps, {m['tokens_seen']:,} tokens, held-out loss "

@@ -24,22 +24,30 @@ def tree_presets() -> None:
     for name in preset_names():
         paths = load_shape(name)
         typer.echo(f"{name:24s} {len(paths):3d} nodes, depth {max(map(len, paths))}  {preset_source(name)}")
-    typer.echo("also: chain-K (a chain of K), kary-K-D (K children per node, depth D), a JSON list of rank paths, "
-               "or a JSON file")
+    typer.echo(
+        "also: chain-K (a chain of K), kary-K-D (K children per node, depth D), a JSON list of rank paths, "
+        "or a JSON file"
+    )
 
 
 @tree_app.command("show", epilog=SHOW_EPILOG)
 def tree_show(
     builder: Annotated[str, typer.Option(help="tree builder name")] = "opt-tree",
     builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=B_OPTION_HELP)] = None,
-    target: Annotated[Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]",
-                                                  show_default=False)] = None,
-    drafter: Annotated[Optional[str], typer.Option(
-        help=f"drafter name or draft model [default with the default target: {defaults.DRAFTER}]",
-        show_default=False)] = None,
+    target: Annotated[
+        Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]", show_default=False)
+    ] = None,
+    drafter: Annotated[
+        Optional[str],
+        typer.Option(
+            help=f"drafter name or draft model [default with the default target: {defaults.DRAFTER}]",
+            show_default=False,
+        ),
+    ] = None,
     drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
-    prompt: Annotated[str, typer.Option(help="prompt text [default: a Python class opening]",
-                                        show_default=False)] = defaults.PROMPT,
+    prompt: Annotated[
+        str, typer.Option(help="prompt text [default: a Python class opening]", show_default=False)
+    ] = defaults.PROMPT,
     dot: Annotated[Optional[Path], typer.Option(help="also write the tree as Graphviz DOT")] = None,
     png: Annotated[Optional[Path], typer.Option(help="also draw the tree to a PNG (matplotlib)")] = None,
     max_nodes: Annotated[int, typer.Option(help="show at most this many nodes in the terminal")] = 200,
@@ -52,7 +60,9 @@ def tree_show(
         if path is not None:
             writable_file(path, flag)
     try:
-        target, drafter, b_opts, d_opts = pair_options(target, drafter, builder, builder_option, drafter_option, main=False)
+        target, drafter, b_opts, d_opts = pair_options(
+            target, drafter, builder, builder_option, drafter_option, main=False
+        )
         from treespec.decoder import Decoder
 
         dec = Decoder(target, drafter, builder, d_opts, b_opts, device=device)

@@ -28,8 +28,10 @@ assert out2.token_ids == out.token_ids  # both equal the target's own greedy dec
 
 # 3. Per-step statistics: tree size, depth, E(A) = Σ p̂, accepted tokens, time per phase.
 for i, step in enumerate(out.stats.steps[:5]):
-    print(f"step {i}: {step.tree_size} nodes, depth {step.depth}, E(A) {step.expected_accepted:.2f}, "
-          f"accepted {step.accepted} (+1 bonus), draft {step.t_draft * 1e3:.1f} ms, verify {step.t_verify * 1e3:.1f} ms")
+    print(
+        f"step {i}: {step.tree_size} nodes, depth {step.depth}, E(A) {step.expected_accepted:.2f}, "
+        f"accepted {step.accepted} (+1 bonus), draft {step.t_draft * 1e3:.1f} ms, verify {step.t_verify * 1e3:.1f} ms"
+    )
 
 # 4. Streaming: the callback receives each step's new token ids.
 dec.generate("import os\n\n\ndef walk(root):\n", max_new_tokens=32, stream=lambda ids: print(ids, flush=True))
@@ -43,4 +45,3 @@ print(f"model+ngram: {out5.stats.mean_accepted:.2f} tokens/step (model alone: {o
 treespec.Decoder(target, drafter="self+ngram", drafter_options={"self.layers": 3, "ngram.max_ngram": 4})
 # the target's EAGLE head (for treespec-py its packaged head is the default: -D head=... otherwise)
 print(treespec.Decoder(target, drafter="eagle", builder="opt-tree").generate(PROMPT, max_new_tokens=64).stats.summary())
-

@@ -93,8 +93,10 @@ def main() -> None:
 
     per_row(), left_padded()  # warm up
     a, c = per_row(), left_padded()
-    print(f"target {args.target}: {layers} layers x {heads} KV heads x {dim}, batch {b}, prompt {args.prompt}, "
-          f"tree {n}, {args.steps} steps")
+    print(
+        f"target {args.target}: {layers} layers x {heads} KV heads x {dim}, batch {b}, prompt {args.prompt}, "
+        f"tree {n}, {args.steps} steps"
+    )
     print(f"per-row lengths: {a * 1e3:.2f} ms per step; left padding: {c * 1e3:.2f} ms per step ({c / a:.1f}x)")
 
 

@@ -44,7 +44,7 @@ def main() -> None:
 
     target = TargetModel.load(args.target)
     texts = [item.turns[0] for item in load_prompts("humaneval", limit=args.prompts)]
-    (b_name, b_opts), = parse_spec(args.builder)
+    ((b_name, b_opts),) = parse_spec(args.builder)
     dec = Decoder(target, drafter=make_drafter(args.drafter, {}, target), builder=b_name, builder_options=b_opts)
     ids = [dec.encode(t) for t in texts]
     model, pad = target.model, next(iter(target.eos_token_ids), 0)
@@ -64,13 +64,15 @@ def main() -> None:
         outs = dec.generate(batch, max_new_tokens=128)
         steps = outs[0].stats.steps[1:]  # row 0's steps are the batch's (the first one feeds the prompts)
 
-        def med(field: str) -> float:
+        def med(field: str, steps: list = steps) -> float:
             return statistics.median(getattr(s, field) for s in steps) * 1e3
 
         gained = statistics.mean(s.emitted for o in outs for s in o.stats.steps)
-        print(f"B={b:>2}  HF step {hf * 1e3:5.1f} | treespec step {med('t_wall'):5.1f} = draft {med('t_draft'):4.1f}"
-              f" + verify {med('t_verify'):4.1f} + bookkeeping {med('t_bookkeeping'):4.1f} (+ rest) | tokens per row-step"
-              f" {gained:.2f} | rate HF {1 / (hf * 1e3):.3f}, treespec {gained / med('t_wall'):.3f}")
+        print(
+            f"B={b:>2}  HF step {hf * 1e3:5.1f} | treespec step {med('t_wall'):5.1f} = draft {med('t_draft'):4.1f}"
+            f" + verify {med('t_verify'):4.1f} + bookkeeping {med('t_bookkeeping'):4.1f} (+ rest) | tokens per row-step"
+            f" {gained:.2f} | rate HF {1 / (hf * 1e3):.3f}, treespec {gained / med('t_wall'):.3f}"
+        )
 
 
 if __name__ == "__main__":

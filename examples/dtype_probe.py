@@ -15,7 +15,9 @@ from treespec.bench.datasets import load_prompts
 dtype, n = sys.argv[1], int(sys.argv[2])
 items = load_prompts("humaneval")[:n]
 for builder, opts in [("opt-tree", {"nodes": 25}), ("chain", {}), ("static", {})]:
-    dec = treespec.Decoder("treespec-py", drafter="treespec-py-draft", builder=builder, builder_options=opts, dtype=dtype)
+    dec = treespec.Decoder(
+        "treespec-py", drafter="treespec-py-draft", builder=builder, builder_options=opts, dtype=dtype
+    )
     model, tok = dec.target.model, dec.target.tokenizer
     first = []
     for item in items:
@@ -25,4 +27,7 @@ for builder, opts in [("opt-tree", {"nodes": 25}), ("chain", {}), ("static", {})
         m = min(len(want), len(got))
         if want[:m] != got[:m]:
             first.append(next(i for i in range(m) if want[i] != got[i]))
-    print(f"{dtype:9s} {builder:9s} {len(first)}/{len(items)} prompts differ; first difference at new token {first}", flush=True)
+    print(
+        f"{dtype:9s} {builder:9s} {len(first)}/{len(items)} prompts differ; first difference at new token {first}",
+        flush=True,
+    )

@@ -20,8 +20,10 @@ def main(path: str) -> None:
         for line in fh:
             s = json.loads(line)
             rows[s["config"]].append(s)
-    print("| configuration | steps | nodes | τ | draft ms | verify ms | bookkeeping ms | speculative steps "
-          "| P(acc≥1) | P(acc≥2) | P(acc≥3) | P(acc≥4) |")
+    print(
+        "| configuration | steps | nodes | τ | draft ms | verify ms | bookkeeping ms | speculative steps "
+        "| P(acc≥1) | P(acc≥2) | P(acc≥3) | P(acc≥4) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for config, steps in rows.items():
         n = len(steps)
@@ -29,9 +31,12 @@ def main(path: str) -> None:
         mean = lambda key, xs=steps: 1000 * sum(x[key] for x in xs) / max(1, len(xs))  # noqa: E731
         tau = sum(s["emitted"] for s in steps) / n
         p = [sum(s["accepted"] >= d for s in spec) / max(1, len(spec)) for d in (1, 2, 3, 4)]
-        print(f"| {config} | {n} | {sum(s['tree_size'] for s in steps) / n:.1f} | {tau:.2f} | {mean('t_draft'):.1f} "
-              f"| {mean('t_verify'):.1f} | {mean('t_bookkeeping'):.1f} | {len(spec) / n:.0%} | "
-              + " | ".join(f"{x:.2f}" for x in p) + " |")
+        print(
+            f"| {config} | {n} | {sum(s['tree_size'] for s in steps) / n:.1f} | {tau:.2f} | {mean('t_draft'):.1f} "
+            f"| {mean('t_verify'):.1f} | {mean('t_bookkeeping'):.1f} | {len(spec) / n:.0%} | "
+            + " | ".join(f"{x:.2f}" for x in p)
+            + " |"
+        )
 
 
 if __name__ == "__main__":

@@ -133,11 +133,13 @@ class StepCost:
         self.prior_plain = float(t[0])
         self.coef = None
 
-    def add(self, shape: "Shape", wall: float) -> None:
+    def add(self, shape: Shape, wall: float) -> None:
         if shape.nodes == 0:
             self.plain_walls = (self.plain_walls + [wall])[-self.WINDOW :]
         else:
-            self.rows = (self.rows + [(shape.nodes, shape.rounds, (shape.rounds - 1) * shape.width, wall)])[-self.WINDOW :]
+            self.rows = (self.rows + [(shape.nodes, shape.rounds, (shape.rounds - 1) * shape.width, wall)])[
+                -self.WINDOW :
+            ]
         self.coef = None
 
     @property
@@ -179,7 +181,7 @@ class BatchPlan:
         self.rates: dict[Shape, list[float]] = {}
 
     # ------------------------------------------------------------------ rows' calls
-    def shape(self, planner: "AutoPlanner") -> tuple[Shape, Shape]:
+    def shape(self, planner: AutoPlanner) -> tuple[Shape, Shape]:
         """(the step's shape, what to draft this step: the shape, or one round deeper / another width).
         Every row asks before it drafts and is observed after the step's verification, so the first
         ask after an observation starts a new step (rows drafting side by side or one after another)."""
@@ -208,7 +210,7 @@ class BatchPlan:
             rate[2] += 1
 
     # ------------------------------------------------------------------ the choice
-    def _new_step(self, planner: "AutoPlanner") -> None:
+    def _new_step(self, planner: AutoPlanner) -> None:
         self.steps += 1
         self.catch_up = False
         if self.step_tables:
@@ -221,7 +223,7 @@ class BatchPlan:
         else:
             self._choose(planner)
 
-    def _choose(self, planner: "AutoPlanner") -> None:
+    def _choose(self, planner: AutoPlanner) -> None:
         """argmax over (N, D, W) of (1 + Ē_W[D, N]) / C(N, D, W), against the root alone; then explore."""
         t, x, first = planner._t, planner._x, planner._first  # T(n) [cap + 2], T_expand(m) [cap + 2], T_first
         if not planner._known:
@@ -240,7 +242,12 @@ class BatchPlan:
             seconds = self.cost.predict(n[None, :], d[:, None], width)  # [D, N] C(n, d, W)
             rate = (1.0 + mean[1:, 1 : n_top + 1]) / seconds  # [D, N] tokens per second per row
             for shape, (tokens, secs, count) in self.rates.items():  # measured shapes: their own rate
-                if shape.width == width and count >= MEASURED_MIN and shape.nodes <= n_top and shape.rounds < mean.shape[0]:
+                if (
+                    shape.width == width
+                    and count >= MEASURED_MIN
+                    and shape.nodes <= n_top
+                    and shape.rounds < mean.shape[0]
+                ):
                     rate[shape.rounds - 1, shape.nodes - 1] = tokens / secs
             di, ni = np.unravel_index(int(np.argmax(rate)), rate.shape)
             if rate[di, ni] > best_rate:
@@ -265,8 +272,9 @@ class BatchPlan:
             self.draft = Shape(best.nodes, best.rounds + 1, width)
 
 
-def grow_row(planner: "AutoPlanner", drafter: "Drafter", root: int, shape: Shape, draft: Shape, max_depth: int,
-             began: float) -> DraftTree:
+def grow_row(
+    planner: AutoPlanner, drafter: Drafter, root: int, shape: Shape, draft: Shape, max_depth: int, began: float
+) -> DraftTree:
     """A batch row's step in the shape the batch chose: ``draft.rounds`` layers, each the ``draft.width``
     best candidates by p̂, all of them expanded next; then the top ``shape.nodes`` by p̂ verified (every
     row fills the shape: the batch pays for the largest tree anyway). ``draft`` is the shape itself, or
@@ -278,8 +286,14 @@ def grow_row(planner: "AutoPlanner", drafter: "Drafter", root: int, shape: Shape
     catching_up = planner._fresh or (bool(planner.decisions) and planner.decisions[-1]["off"])
     planner._fresh = False
     if shape.nodes <= 0 or max_depth <= 0:
-        planner._decide(n=0, depth=0, off=True, predicted=float(planner._t[0]) if planner._known else 0.0,
-                        expected=0.0, own=time.perf_counter() - began)
+        planner._decide(
+            n=0,
+            depth=0,
+            off=True,
+            predicted=float(planner._t[0]) if planner._known else 0.0,
+            expected=0.0,
+            own=time.perf_counter() - began,
+        )
         return DraftTree(root, capacity=1)
     width, rounds = draft.width, min(max_depth, planner.max_depth, draft.rounds)
     cost, tree, drafted = planner.cost, DraftTree(root), Drafted(width * rounds)
@@ -307,6 +321,12 @@ def grow_row(planner: "AutoPlanner", drafter: "Drafter", root: int, shape: Shape
     n = min(shape.nodes, drafted.size)
     expected = float(np.sort(phat)[::-1][:n].sum())
     chosen = drafted.top(tree, n)
-    planner._decide(n=n, depth=chosen.depth, off=n == 0, predicted=planner.plan.predicted, expected=expected,
-                    own=time.perf_counter() - began - drafting)
+    planner._decide(
+        n=n,
+        depth=chosen.depth,
+        off=n == 0,
+        predicted=planner.plan.predicted,
+        expected=expected,
+        own=time.perf_counter() - began - drafting,
+    )
     return chosen

@@ -24,7 +24,8 @@ probabilities (the max over parts is not a distribution).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -89,11 +90,15 @@ class ComposedDrafter(Drafter):
         if not all(isinstance(p, Drafter) for p in parts):
             raise ConfigError("ComposedDrafter takes Drafter instances; to compose by name use treespec.compose(...)")
         if len(parts) < 2:
-            raise ConfigError("compose needs two or more drafters; e.g. --drafter model+ngram or treespec.compose(a, b)")
+            raise ConfigError(
+                "compose needs two or more drafters; e.g. --drafter model+ngram or treespec.compose(a, b)"
+            )
         if config.weights is not None and config.merge != "mix":
             raise ConfigError("compose: weights apply to merge=mix only; add merge=mix or drop weights")
         if config.weights is not None and len(config.weights) != len(parts):
-            raise ConfigError(f"compose: {len(config.weights)} weights for {len(parts)} parts; give one weight per part")
+            raise ConfigError(
+                f"compose: {len(config.weights)} weights for {len(parts)} parts; give one weight per part"
+            )
         if target is None:
             target = next((p.target for p in parts if p.target is not None), None)
         super().__init__(config, target)
@@ -102,14 +107,16 @@ class ComposedDrafter(Drafter):
         self.needs_target_hidden = any(p.needs_target_hidden for p in parts)  # type: ignore[misc]
         wanted = {p.target_hidden_layers for p in parts if p.needs_target_hidden}
         if len(wanted) > 1:
-            raise ConfigError("compose: its parts need different hidden states of the target (e.g. eagle and eagle3); "
-                              "compose at most one kind of EAGLE head")
+            raise ConfigError(
+                "compose: its parts need different hidden states of the target (e.g. eagle and eagle3); "
+                "compose at most one kind of EAGLE head"
+            )
         self.target_hidden_layers = next(iter(wanted), None)  # type: ignore[misc]
         self.provides_probabilities = (  # type: ignore[misc]
             config.merge == "mix" and all(p.provides_probabilities for p in parts)
         )
 
-    def fork(self) -> "ComposedDrafter":
+    def fork(self) -> ComposedDrafter:
         import copy
 
         twin = copy.copy(self)
@@ -121,7 +128,7 @@ class ComposedDrafter(Drafter):
             part.prefill(context)
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], target: Any, owner: str) -> "ComposedDrafter":
+    def from_options(cls, options: dict[str, Any], target: Any, owner: str) -> ComposedDrafter:
         """``--drafter a+b`` (options ``parts=[a, b]``): each part is built by name with the options
         routed to it (``PART.option``, PART being the part's drafter name or its 1-based position, or
         in Python ``{PART: {option: value}}``); the other options are ``ComposeConfig``'s."""
@@ -132,7 +139,9 @@ class ComposedDrafter(Drafter):
         config = build_config(ComposeConfig, {k: v for k, v in own.items() if k not in unknown}, owner)
         raw = config.parts
         if len(raw) < 2:
-            raise ConfigError(f"{owner} needs two or more parts; write e.g. --drafter model+ngram or -D parts=model,ngram")
+            raise ConfigError(
+                f"{owner} needs two or more parts; write e.g. --drafter model+ngram or -D parts=model,ngram"
+            )
         names = [resolve_drafter_name(part, None)[0] for part in raw]  # unknown names: "did you mean"
         if COMPOSE in names:
             raise ConfigError(f"{owner}: a part cannot be {COMPOSE!r}; list all parts in one a+b+c")

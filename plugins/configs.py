@@ -9,7 +9,6 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from treespec.config import PluginConfig
 from treespec.errors import ConfigError
 
-
 LEAN_HELP = (
     "run Llama/Mistral/Qwen2 drafts through treespec.lean (same weights, without the framework's per-call "
     "overhead); false, or another architecture: the model's own forward"
@@ -20,7 +19,8 @@ def sample_field() -> Any:
     """The ``sample`` option of the builders that can draw children at random (chain, static, sequoia,
     opt-tree and eagle2 with fixed budgets)."""
     return Field(
-        False, description="with temperature > 0: draw children at random from the draft's distribution "
+        False,
+        description="with temperature > 0: draw children at random from the draft's distribution "
         "(without replacement, at the draft temperature) instead of its top-k, verified by the matching exact rule "
         "(auto: block on chains, traversal on trees); "
         "needs a drafter with full distributions (model, self, eagle)",
@@ -29,26 +29,43 @@ def sample_field() -> Any:
 
 class OptTreeConfig(PluginConfig):
     nodes: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
-        "auto", description="node budget n: drafted nodes per tree (root excluded), or auto: each step's budget "
-        "and depth maximise expected tokens per second under the measured cost model (docs/cost-aware.md)")
-    threshold: float = Field(0.5, ge=0.0, description="δ (fixed nodes): keep adding layers while E(A) grows by more than "
-                             "this (sample=true, when sampling: while a later layer could still add more than δ, "
-                             "n × the newest layer's best p̂; docs/sampling.md)")
-    max_depth: int | None = Field(None, gt=0, description="deepest layer of the tree (default: 10 with a fixed "
-                                  "budget, as in the paper; 32 with auto, whose layers stop when they no longer pay)")
+        "auto",
+        description="node budget n: drafted nodes per tree (root excluded), or auto: each step's budget "
+        "and depth maximise expected tokens per second under the measured cost model (docs/cost-aware.md)",
+    )
+    threshold: float = Field(
+        0.5,
+        ge=0.0,
+        description="δ (fixed nodes): keep adding layers while E(A) grows by more than "
+        "this (sample=true, when sampling: while a later layer could still add more than δ, "
+        "n × the newest layer's best p̂; docs/sampling.md)",
+    )
+    max_depth: int | None = Field(
+        None,
+        gt=0,
+        description="deepest layer of the tree (default: 10 with a fixed "
+        "budget, as in the paper; 32 with auto, whose layers stop when they no longer pay)",
+    )
     cap: int = Field(64, gt=0, description="auto: the most drafted nodes one tree may have")
     calibrate: bool | None = Field(
-        None, description="rank by calibrated p̂ (an online map from draft confidence to observed acceptance); "
-        "default: on with nodes=auto, off with a fixed budget")
+        None,
+        description="rank by calibrated p̂ (an online map from draft confidence to observed acceptance); "
+        "default: on with nodes=auto, off with a fixed budget",
+    )
     profile: str | None = Field(
-        None, description="auto: a cost profile JSON (`treespec profile`) to start from; default: the saved "
-        "profile of this target, drafter, device, dtype and thread count if there is one; none: start empty")
-    refine: bool = Field(True, description="auto: refine the cost model from every step's timings (off + a "
-                         "profile: the same decisions on every run)")
+        None,
+        description="auto: a cost profile JSON (`treespec profile`) to start from; default: the saved "
+        "profile of this target, drafter, device, dtype and thread count if there is one; none: start empty",
+    )
+    refine: bool = Field(
+        True,
+        description="auto: refine the cost model from every step's timings (off + a "
+        "profile: the same decisions on every run)",
+    )
     sample: bool = sample_field()
 
     @model_validator(mode="after")
-    def _sample_needs_a_fixed_budget(self) -> "OptTreeConfig":
+    def _sample_needs_a_fixed_budget(self) -> OptTreeConfig:
         if self.sample and self.nodes == "auto":
             raise ConfigError(
                 "opt-tree: sample=true needs a fixed budget (the nodes=auto planner ranks children only): "
@@ -62,8 +79,10 @@ class OptTreeConfig(PluginConfig):
         if self.profile is None or self.profile == "none":
             return self
         if self.nodes != "auto":
-            raise ConfigError(f"opt-tree: profile= plans nodes=auto only, and nodes={self.nodes} is a fixed budget: "
-                              "drop profile, or use nodes=auto")
+            raise ConfigError(
+                f"opt-tree: profile= plans nodes=auto only, and nodes={self.nodes} is a fixed budget: "
+                "drop profile, or use nodes=auto"
+            )
         from treespec.cost import user_profile
 
         user_profile(self.profile)
@@ -117,8 +136,11 @@ class Eagle2Config(PluginConfig):
     top_k: int = Field(10, gt=0, description="frontier nodes expanded per step, and children proposed per node")
     depth: int = Field(6, gt=0, description="expansion steps (the tree's maximum depth)")
     total_tokens: int = Field(60, gt=0, description="drafted nodes kept after reranking by p̂ (root excluded)")
-    calibrate: bool = Field(False, description="rank by calibrated p̂ (an online map from draft confidence to "
-                            "observed acceptance, docs/cost-aware.md) instead of the draft's raw p̂")
+    calibrate: bool = Field(
+        False,
+        description="rank by calibrated p̂ (an online map from draft confidence to "
+        "observed acceptance, docs/cost-aware.md) instead of the draft's raw p̂",
+    )
     sample: bool = sample_field()
 
 
@@ -139,7 +161,8 @@ class DatastoreConfig(PluginConfig):
         512, gt=0, description="occurrences read per lookup to count followers (evenly spread over all of them)"
     )
     cache_dir: str | None = Field(
-        None, description="folder of cached indexes [default: $XDG_CACHE_HOME/treespec/datastore or ~/.cache/treespec/datastore]"
+        None,
+        description="folder of cached indexes [default: $XDG_CACHE_HOME/treespec/datastore or ~/.cache/treespec/datastore]",
     )
 
 
@@ -168,7 +191,8 @@ class ComposeConfig(PluginConfig):
         "a part's own options: PART.option=value, or 1.option=value for the first part",
     )
     merge: Literal["max", "mix"] = Field(
-        "max", description="q of a token proposed by several parts: max = the most confident part's q; "
+        "max",
+        description="q of a token proposed by several parts: max = the most confident part's q; "
         "mix = Σ w_i q_i, weights renormalised over the parts that proposed anything at that node",
     )
     weights: list[float] | None = Field(
@@ -216,6 +240,7 @@ class EagleConfig(PluginConfig):
         "if it has one, else every token; 0: every token]",
     )
 
+
 class Eagle3Config(PluginConfig):
     head: str | None = Field(
         None,
@@ -234,4 +259,3 @@ class Eagle3Config(PluginConfig):
         description="the head's q = softmax(logits / T), which shapes trees (never what is accepted) "
         "[default: the calibration temperature stored with the head by `treespec train eagle`, else 1]",
     )
-

@@ -50,9 +50,9 @@ import torch
 
 from treespec.acceptance_map import AcceptanceMap
 from treespec.cost import CostModel, load_profile, user_profile
+from treespec.interfaces import PlanNote
 from treespec.plugins.batch_budget import BatchPlan, grow_row
 from treespec.plugins.drafted import Drafted
-from treespec.interfaces import PlanNote
 from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class AutoPlanner:
         self._fresh = False  # a new prompt: the next step's drafter also feeds it (a batch row's catch-up)
 
     # ------------------------------------------------------------------ setup
-    def attach(self, target: "TargetModel", drafter: "Drafter", batch: int = 1) -> None:
+    def attach(self, target: TargetModel, drafter: Drafter, batch: int = 1) -> None:
         """Cap trees at what the target verifies; start from a saved profile when there is one, else
         from a quick measurement of a few sizes (``treespec.cost_measure.quick``: a fraction of a
         second, once per Decoder). ``profile=none``: start empty and learn online only. A row of a
@@ -179,7 +179,7 @@ class AutoPlanner:
         return max(rate, floor) if rate is not None else floor
 
     # ------------------------------------------------------------------ one step
-    def build(self, drafter: "Drafter", root: int, max_depth: int) -> DraftTree:
+    def build(self, drafter: Drafter, root: int, max_depth: int) -> DraftTree:
         began = time.perf_counter()
         self._tables()
         if self.plan is not None:  # a row of a batch: the batch chose the step's shape
@@ -205,7 +205,7 @@ class AutoPlanner:
         """The most nodes this step may verify."""
         return self.cap
 
-    def _grow(self, drafter: "Drafter", tree: DraftTree, depth_cap: int, began: float) -> DraftTree:
+    def _grow(self, drafter: Drafter, tree: DraftTree, depth_cap: int, began: float) -> DraftTree:
         lam, cap, calib, slope = self.price, self.step_cap, self.calibration, self._slope
         floor = lam * slope  # the p̂ a node needs to pay for its verification
         # what expanding the j best frontier nodes costs, in tokens: λ · (T_expand(j) + j · ΔT), j = 1..cap
@@ -246,8 +246,14 @@ class AutoPlanner:
                 break
         n, expected, seconds = self._cut(drafted.phat[: drafted.size + 1], spent, lam, typical)
         chosen = drafted.top(tree, n)
-        self._decide(n=n, depth=chosen.depth, off=False, predicted=seconds, expected=expected,
-                     own=time.perf_counter() - began - drafting)
+        self._decide(
+            n=n,
+            depth=chosen.depth,
+            off=False,
+            predicted=seconds,
+            expected=expected,
+            own=time.perf_counter() - began - drafting,
+        )
         return chosen
 
     @staticmethod
@@ -293,8 +299,17 @@ class AutoPlanner:
         return n
 
     def _decide(self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float) -> None:
-        self.decisions.append({"n": n, "depth": depth, "off": off, "probe": self.probing,
-                               "predicted_seconds": predicted, "expected": expected, "own_seconds": own})
+        self.decisions.append(
+            {
+                "n": n,
+                "depth": depth,
+                "off": off,
+                "probe": self.probing,
+                "predicted_seconds": predicted,
+                "expected": expected,
+                "own_seconds": own,
+            }
+        )
         self.note = PlanNote(predicted_seconds=predicted, expected=expected, own_seconds=own)
 
     # ------------------------------------------------------------------ feedback
@@ -302,7 +317,7 @@ class AutoPlanner:
         """A new generate (nothing to reset: prices and curves carry over between prompts)."""
         self._fresh = True  # the next step's first round also feeds the new prompt to the drafter
 
-    def observe(self, stats: "StepStats") -> None:
+    def observe(self, stats: StepStats) -> None:
         """Refine the cost curves with the step's measured times, update λ, then judge speculation.
 
         A step's real cost is its wall time (``StepStats.t_wall``): it includes the Decoder's own
@@ -327,7 +342,11 @@ class AutoPlanner:
         if last["probe"]:
             self._after_probe()
             return
-        plain = self.plain.rate if self.plain.rate is not None else (1.0 / self._t[0] if self._known and self._t[0] > 0 else 0.0)
+        plain = (
+            self.plain.rate
+            if self.plain.rate is not None
+            else (1.0 / self._t[0] if self._known and self._t[0] > 0 else 0.0)
+        )
         self.spec_steps += 1
         if self.spec_steps > TRIAL_STEPS:  # the trial steps (forced trees, a catch-up) are not the policy
             self.spec.add(stats.emitted, wall)
@@ -352,7 +371,7 @@ class AutoPlanner:
             self.gap = min(2 * self.gap, GAP_MAX)
 
 
-def profile_key(target: "TargetModel", drafter: "Drafter") -> dict[str, Any]:
+def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
     """What a cost profile was measured for: target, drafter and its options, device, dtype, threads."""
     options = {k: v for k, v in dict(getattr(drafter, "config", {}) or {}).items() if v is not None}
     return {
@@ -363,4 +382,3 @@ def profile_key(target: "TargetModel", drafter: "Drafter") -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
-

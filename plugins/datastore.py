@@ -52,7 +52,9 @@ class DatastoreDrafter(Drafter):
         if index is None:
             tokenizer = getattr(target, "tokenizer", None)
             if tokenizer is None:
-                raise ConfigError("drafter 'datastore' needs the target's tokenizer; load the target by name or give TargetModel a tokenizer")
+                raise ConfigError(
+                    "drafter 'datastore' needs the target's tokenizer; load the target by name or give TargetModel a tokenizer"
+                )
             index, self.index_path = open_index(config.corpus, tokenizer, config.cache_dir)
         vocab = getattr(target, "vocab_size", None)
         if vocab is not None:

@@ -25,10 +25,11 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from pydivsufsort import divsufsort
@@ -56,7 +57,11 @@ def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
     vocab = tokenizer.get_vocab()
     pairs = sorted(((int(i), str(t)) for t, i in vocab.items()))
     digest = hashlib.sha256(json.dumps(pairs).encode()).hexdigest()
-    return {"name": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__), "vocab_size": len(vocab), "hash": digest}
+    return {
+        "name": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
+        "vocab_size": len(vocab),
+        "hash": digest,
+    }
 
 
 def file_sha256(path: Path) -> str:
@@ -108,7 +113,7 @@ class Index:
     header: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_documents(cls, docs: list[list[int]] | Iterator[list[int]], header: dict[str, Any] | None = None) -> "Index":
+    def from_documents(cls, docs: list[list[int]] | Iterator[list[int]], header: dict[str, Any] | None = None) -> Index:
         """Index token-id documents; ``header`` adds facts (tokenizer, corpus) to the counts."""
         parts, n_docs, n_tokens = [], 0, 0
         for doc in docs:
@@ -123,7 +128,7 @@ class Index:
         return cls(tokens=tokens, sa=sa, header=head)
 
     @classmethod
-    def build(cls, corpus_path: str | Path, tokenizer: Any, batch: int = 512) -> "Index":
+    def build(cls, corpus_path: str | Path, tokenizer: Any, batch: int = 512) -> Index:
         """Tokenise a corpus file with the target's tokenizer and index it."""
         path = Path(corpus_path).expanduser()
         if not path.is_file():
@@ -158,8 +163,9 @@ class Index:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"cannot write the index to {path.parent} ({exc.strerror or exc}); pass another "
-                              "cache_dir= (or --out)") from None
+            raise ConfigError(
+                f"cannot write the index to {path.parent} ({exc.strerror or exc}); pass another cache_dir= (or --out)"
+            ) from None
 
         def write(tmp: Path) -> None:
             with open(tmp, "wb") as fh:  # a file object: np.savez would add .npz to a name
@@ -173,14 +179,18 @@ class Index:
         real = self.tokens[self.tokens != SENTINEL]
         if real.size and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
             bad = int(real.max()) if int(real.max()) >= vocab_size else int(real.min())
-            raise ConfigError(f"datastore index {where} holds token id {bad}, outside the target's vocabulary "
-                              f"[0, {vocab_size}); rebuild it with `treespec datastore build`")
+            raise ConfigError(
+                f"datastore index {where} holds token id {bad}, outside the target's vocabulary "
+                f"[0, {vocab_size}); rebuild it with `treespec datastore build`"
+            )
 
     @classmethod
-    def load(cls, path: str | Path) -> "Index":
+    def load(cls, path: str | Path) -> Index:
         path = Path(path).expanduser()
         if not path.is_file():
-            raise ConfigError(f"index {str(path)!r} not found; build it with `treespec datastore build CORPUS --out {path}`")
+            raise ConfigError(
+                f"index {str(path)!r} not found; build it with `treespec datastore build CORPUS --out {path}`"
+            )
         st = path.stat()
         return _load(str(path.resolve()), st.st_mtime_ns, st.st_size)
 
@@ -263,9 +273,13 @@ def _load(path: str, _mtime_ns: int, _size: int) -> Index:
             header = json.loads(str(data["header"]))
             tokens, sa = data["tokens"], data["sa"]
     except Exception as exc:  # a truncated or foreign file
-        raise ConfigError(f"index {path}: not a datastore index ({type(exc).__name__}); rebuild it with `treespec datastore build`") from None
+        raise ConfigError(
+            f"index {path}: not a datastore index ({type(exc).__name__}); rebuild it with `treespec datastore build`"
+        ) from None
     if header.get("format") != FORMAT_VERSION:
-        raise ConfigError(f"index {path} has format {header.get('format')}, this treespec reads {FORMAT_VERSION}; rebuild it with `treespec datastore build`")
+        raise ConfigError(
+            f"index {path} has format {header.get('format')}, this treespec reads {FORMAT_VERSION}; rebuild it with `treespec datastore build`"
+        )
     return Index(tokens=tokens, sa=sa, header=header)
 
 
@@ -288,7 +302,9 @@ def open_index(corpus: str, tokenizer: Any, cache_dir: str | None = None) -> tup
     checked; a corpus file's cached index is loaded, or built and cached first."""
     path = Path(corpus).expanduser()
     if not path.is_file():
-        raise ConfigError(f"drafter 'datastore': corpus {corpus!r} not found; pass corpus=FILE ({CORPUS_FORMATS}, or an index .npz)")
+        raise ConfigError(
+            f"drafter 'datastore': corpus {corpus!r} not found; pass corpus=FILE ({CORPUS_FORMATS}, or an index .npz)"
+        )
     if path.name.lower().endswith(".npz"):
         index = Index.load(path)
         index.check_tokenizer(tokenizer, str(path))

@@ -14,8 +14,8 @@ most frequent first (ranked on the target's own generations by ``treespec train 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
@@ -53,10 +53,20 @@ def load(folder: Path, vocab: int, name: str) -> torch.Tensor | None:
     try:
         ids = load_file(str(path))["ids"]
     except Exception as exc:  # noqa: BLE001 - truncated, not safetensors, no "ids"
-        raise ConfigError(f"EAGLE head {name!r}: {path} is not a draft vocabulary ({type(exc).__name__}); "
-                          "delete it, or retrain with --draft-vocab") from None
-    if ids.dim() != 1 or ids.dtype != torch.long or ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab \
-            or ids.unique().numel() != ids.numel():
-        raise ConfigError(f"EAGLE head {name!r}: {path} must hold distinct token ids below {vocab}; "
-                          "delete it, or retrain with --draft-vocab")
+        raise ConfigError(
+            f"EAGLE head {name!r}: {path} is not a draft vocabulary ({type(exc).__name__}); "
+            "delete it, or retrain with --draft-vocab"
+        ) from None
+    if (
+        ids.dim() != 1
+        or ids.dtype != torch.long
+        or ids.numel() == 0
+        or int(ids.min()) < 0
+        or int(ids.max()) >= vocab
+        or ids.unique().numel() != ids.numel()
+    ):
+        raise ConfigError(
+            f"EAGLE head {name!r}: {path} must hold distinct token ids below {vocab}; "
+            "delete it, or retrain with --draft-vocab"
+        )
     return ids

@@ -55,8 +55,9 @@ class Drafted:
         """(p̂, depths) of the drafted nodes, the root left out: [size] each."""
         return self.phat[1 : self.size + 1], self.depths[1 : self.size + 1]
 
-    def candidates(self, frontier: np.ndarray, q: np.ndarray, depth: int,
-                   calibration: "AcceptanceMap | None") -> np.ndarray:
+    def candidates(
+        self, frontier: np.ndarray, q: np.ndarray, depth: int, calibration: AcceptanceMap | None
+    ) -> np.ndarray:
         """p̂ of every proposed child, [M·k] in row-major order of ``q`` [M, k]: the parent's p̂ times
         the child's calibrated acceptance (the raw q without a calibration map); padding (q = 0) gets
         0, whatever the map says of the lowest confidences."""
@@ -65,8 +66,15 @@ class Drafted:
             f = np.where(q > 0, calibration.lookup(q, depth), 0.0)
         return (self.phat[frontier, None] * f).ravel()  # [M*k]
 
-    def add(self, tree: "DraftTree", frontier: np.ndarray, prop: "Proposals", order: np.ndarray,
-            depth: int, values: np.ndarray) -> np.ndarray:
+    def add(
+        self,
+        tree: DraftTree,
+        frontier: np.ndarray,
+        prop: Proposals,
+        order: np.ndarray,
+        depth: int,
+        values: np.ndarray,
+    ) -> np.ndarray:
         """Append the candidates ``order`` (indices into the flattened [M, k] proposals of ``frontier``)
         with p̂ ``values`` at ``depth``; their tree ids [len(order)]."""
         k, end = prop.q.shape[1], self.size + 1 + order.size
@@ -76,7 +84,7 @@ class Drafted:
         self.size += int(order.size)
         return new
 
-    def top(self, tree: "DraftTree", n: int) -> "DraftTree":
+    def top(self, tree: DraftTree, n: int) -> DraftTree:
         """The tree of the root and the n drafted nodes of largest p̂ (the whole tree if that is all)."""
         if n == self.size:
             return tree

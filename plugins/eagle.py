@@ -29,9 +29,9 @@ import torch.nn.functional as F
 
 from treespec.errors import ConfigError
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.kv import causal_mask, crop_cache, tree_mask
 from treespec.plugins.configs import EagleConfig
 from treespec.plugins.eagle_head import load_head, target_dims
-from treespec.kv import causal_mask, crop_cache, tree_mask
 from treespec.slack_cache import slack_cache
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
@@ -91,7 +91,9 @@ class EagleDrafter(Drafter):
         if self.ids is not None:
             self.ids = self.ids.to(self.device)
             bias = self.lm_head.bias[self.ids].detach() if getattr(self.lm_head, "bias", None) is not None else None
-            weight = self.lm_head.weight[self.ids].detach() if not offloaded else None  # [N, H]: N/V of the output layer
+            weight = (
+                self.lm_head.weight[self.ids].detach() if not offloaded else None
+            )  # [N, H]: N/V of the output layer
             full = self._head
             self._head = (lambda x: full(x)[..., self.ids]) if offloaded else (lambda x: F.linear(x, weight, bias))
         # greedy acceptance calibration (eagle_train.fit_temperature): q = softmax(logits / T)
@@ -110,8 +112,10 @@ class EagleDrafter(Drafter):
         if config.vocab == 0 or config.vocab >= vocab:
             return None
         if ids is None:
-            raise ConfigError(f"drafter 'eagle': vocab={config.vocab} needs a head trained with --draft-vocab "
-                              f"(its folder holds {draft_vocab.FILE}); drop vocab= to draft over all {vocab} tokens")
+            raise ConfigError(
+                f"drafter 'eagle': vocab={config.vocab} needs a head trained with --draft-vocab "
+                f"(its folder holds {draft_vocab.FILE}); drop vocab= to draft over all {vocab} tokens"
+            )
         return ids[: config.vocab]
 
     def _new_sequence(self) -> None:
@@ -133,10 +137,10 @@ class EagleDrafter(Drafter):
             self.pending.append((context.hidden, ids[1:]))
 
     #: set on the rows of a batch (``rows``): the rows share one head cache (``eagle_rows.EagleRows``)
-    _group: "EagleRows | None" = None
+    _group: EagleRows | None = None
     _index = 0
 
-    def rows(self, n: int) -> "EagleRows":
+    def rows(self, n: int) -> EagleRows:
         """``n`` rows whose frontiers are expanded in one head forward per level (``eagle_rows.py``)."""
         from treespec.plugins.eagle_rows import EagleRows
 
@@ -150,7 +154,9 @@ class EagleDrafter(Drafter):
     def _clear_tree(self) -> None:
         # predicted features f̂ of the step's fed nodes: row 0 = the root's, then one row per tree item
         self.feats = self.root_feature[None] if self.root_feature is not None else None  # [1 + R, H]
-        self.node_row: list[int] = [0 if self.root_feature is not None else -1]  # tree node -> row of feats (-1: not fed)
+        self.node_row: list[int] = [
+            0 if self.root_feature is not None else -1
+        ]  # tree node -> row of feats (-1: not fed)
         self.row_nodes: list[int] = []  # tree node of each tree item, in cache order after the stable rows
         self.cols: list[int] = []  # a batch row's: the shared cache's column of each tree item
 
@@ -230,7 +236,9 @@ class EagleDrafter(Drafter):
         """The draft distribution [M, V] from predicted features [M, H], at the calibration temperature
         (or ``temperature``)."""
         if self.ids is not None:
-            out = torch.zeros(feats.shape[0], self.vocab, device=feats.device)  # [M, V]: zero outside the draft vocabulary
+            out = torch.zeros(
+                feats.shape[0], self.vocab, device=feats.device
+            )  # [M, V]: zero outside the draft vocabulary
             out[:, self.ids] = self._q_draft(feats, temperature)
             return out
         logits = self._head(feats)[:, : self.vocab]  # [M, V]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from treespec.errors import ConfigError
 from treespec.plugins.configs import Eagle3Config
 from treespec.plugins.eagle import EagleDrafter
@@ -57,8 +58,10 @@ class Eagle3Drafter(EagleDrafter):
         n_layers = int(cfg.num_hidden_layers)
         layers = tuple(config.layers) if config.layers else (config_layers(raw) or default_layers(n_layers))
         if len(layers) != 3 or not all(0 <= i <= n_layers for i in layers):
-            raise ConfigError(f"drafter 'eagle3': layers={list(layers)} must be three hidden-state indices in 0..{n_layers} "
-                              f"(i = the input of decoder layer i; the target has {n_layers} layers)")
+            raise ConfigError(
+                f"drafter 'eagle3': layers={list(layers)} must be three hidden-state indices in 0..{n_layers} "
+                f"(i = the input of decoder layer i; the target has {n_layers} layers)"
+            )
         self.target_hidden_layers = layers  # type: ignore[misc]  # per instance: the Decoder reads it
         self.device, self.dtype = target.device, target.dtype
         self.head.to(device=self.device, dtype=self.dtype)

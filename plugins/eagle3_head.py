@@ -43,8 +43,15 @@ from treespec.files import save_safetensors_atomic, write_text_atomic, writing
 from treespec.lean import RopeTable, _rope, rms_norm
 
 #: config keys that are not LlamaConfig's
-EXTRA_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_config", "eagle_aux_hidden_state_layer_ids", "treespec", "bias",
-              "norm_before_residual")
+EXTRA_KEYS = (
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_config",
+    "eagle_aux_hidden_state_layer_ids",
+    "treespec",
+    "bias",
+    "norm_before_residual",
+)
 
 
 def default_layers(target_layers: int) -> tuple[int, ...]:
@@ -80,15 +87,19 @@ def flatten_speculators(raw: dict[str, Any], name: str) -> dict[str, Any]:
     if "speculators_model_type" not in raw:
         return raw
     if raw.get("speculators_model_type") != "eagle3":
-        raise ConfigError(f"head {name!r} is a speculators {raw.get('speculators_model_type')!r} model: treespec loads "
-                          "eagle3 speculators only")
+        raise ConfigError(
+            f"head {name!r} is a speculators {raw.get('speculators_model_type')!r} model: treespec loads "
+            "eagle3 speculators only"
+        )
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise ConfigError(f"head {name!r}: its speculators config has no transformer_layer_config object")
     for flag in ("norm_before_fc", "fc_norm", "norm_output"):
         if raw.get(flag):
-            raise ConfigError(f"EAGLE-3 head {name!r} sets {flag}: treespec computes the published EAGLE-3 layer only "
-                              f"(export it without {flag})")
+            raise ConfigError(
+                f"EAGLE-3 head {name!r} sets {flag}: treespec computes the published EAGLE-3 layer only "
+                f"(export it without {flag})"
+            )
     flat = {k: v for k, v in layer.items() if k != "architectures"}
     flat["architectures"] = ["LlamaForCausalLMEagle3"]
     for key in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "treespec"):
@@ -140,7 +151,9 @@ class Eagle3Head(nn.Module):
         """q [B, Hq, T, D], k and v [B, Hkv, T, D] (before RoPE) from embeddings and features [B, T, H]."""
         m, (nq, nkv, d, eps) = self.midlayer, self.shape
         b, t, _ = g.shape
-        x = torch.cat([rms_norm(embeds, m.input_layernorm.weight, eps), rms_norm(g, m.hidden_norm.weight, eps)], -1)  # [B, T, 2H]
+        x = torch.cat(
+            [rms_norm(embeds, m.input_layernorm.weight, eps), rms_norm(g, m.hidden_norm.weight, eps)], -1
+        )  # [B, T, 2H]
         q = F.linear(x, m.self_attn.q_proj.weight).view(b, t, nq, d).transpose(1, 2)
         k = F.linear(x, m.self_attn.k_proj.weight).view(b, t, nkv, d).transpose(1, 2)
         v = F.linear(x, m.self_attn.v_proj.weight).view(b, t, nkv, d).transpose(1, 2)
@@ -176,8 +189,9 @@ class Eagle3Head(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, 0)  # [B, Hkv, S, D]
         nq, nkv = self.shape[0], self.shape[1]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
-                                           enable_gqa=nq != nkv)  # [B, Hq, T, D]
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if mask is None else mask.to(q.dtype), enable_gqa=nq != nkv
+        )  # [B, Hq, T, D]
         if self.norm_before_residual:
             g = rms_norm(g, self.midlayer.hidden_norm.weight, self.shape[3])
         return self.finish(g, o)
@@ -199,10 +213,17 @@ class Eagle3Head(nn.Module):
             out.mkdir(parents=True, exist_ok=True)
         cfg = self.config.to_dict()
         cfg.pop("_attn_implementation_autoset", None)
-        cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=int(self.lm_head.out_features),
-                   target_hidden_size=int(self.fc.in_features // 3), vocab_size=int(self.t2d.numel()))
+        cfg.update(
+            architectures=["LlamaForCausalLMEagle3"],
+            draft_vocab_size=int(self.lm_head.out_features),
+            target_hidden_size=int(self.fc.in_features // 3),
+            vocab_size=int(self.t2d.numel()),
+        )
         if layers is not None:
-            cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers], "use_aux_hidden_state": True}
+            cfg["eagle_config"] = {
+                "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
+                "use_aux_hidden_state": True,
+            }
         if extra:
             cfg["treespec"] = extra
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if not k.startswith("rotary.")}
@@ -217,7 +238,9 @@ def is_eagle3(raw: dict[str, Any], state: dict[str, torch.Tensor] | None = None)
     return bool(state) and any(k.startswith(("midlayer.", "midlayers.")) for k in state)
 
 
-def load_head3(name: str, hidden: int, vocab: int, target_name: str = "the target") -> tuple[Eagle3Head, dict[str, Any]]:
+def load_head3(
+    name: str, hidden: int, vocab: int, target_name: str = "the target"
+) -> tuple[Eagle3Head, dict[str, Any]]:
     """Load an EAGLE-3 head (local directory, hub id, or the Hugging Face cache); refuse one that does
     not fit a target of hidden size ``hidden`` and vocabulary ``vocab``, in one line."""
     from treespec.plugins.eagle_head import fit_weights, read_config, read_weights
@@ -225,31 +248,47 @@ def load_head3(name: str, hidden: int, vocab: int, target_name: str = "the targe
     raw, folder = read_config(name)
     raw = flatten_speculators(raw, name)
     state = read_weights(folder, name)
-    if is_eagle3(raw) and any(k.startswith("layers.0.") for k in state) and not any(k.startswith("midlayer.") for k in state):
-        state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
+    if (
+        is_eagle3(raw)
+        and any(k.startswith("layers.0.") for k in state)
+        and not any(k.startswith("midlayer.") for k in state)
+    ):
+        state = {("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in state.items()}
     if not is_eagle3(raw, state):
         raise ConfigError(f"EAGLE head {name!r} is an EAGLE-1/2 head (no midlayer.* weights): use --drafter eagle")
     if any(k.startswith("midlayers.") for k in state) or int(raw.get("num_hidden_layers", 1)) != 1:
-        raise ConfigError(f"EAGLE-3 head {name!r} has {raw.get('num_hidden_layers')} layers: treespec loads the published "
-                          "one-layer EAGLE-3 heads only")
+        raise ConfigError(
+            f"EAGLE-3 head {name!r} has {raw.get('num_hidden_layers')} layers: treespec loads the published "
+            "one-layer EAGLE-3 heads only"
+        )
     h = raw.get("hidden_size")
     th = raw.get("target_hidden_size") or h
     if th != hidden:
-        raise ConfigError(f"EAGLE-3 head {name!r} reads target features of size {th} but {target_name} has {hidden}: "
-                          "use a head trained for this target (`treespec train eagle --version 3 --target ...`)")
+        raise ConfigError(
+            f"EAGLE-3 head {name!r} reads target features of size {th} but {target_name} has {hidden}: "
+            "use a head trained for this target (`treespec train eagle --version 3 --target ...`)"
+        )
     if raw.get("vocab_size") != vocab:
-        raise ConfigError(f"EAGLE-3 head {name!r} has a vocabulary of {raw.get('vocab_size')} tokens but {target_name} has "
-                          f"{vocab}: use a head trained for this target (`treespec train eagle --version 3 --target ...`)")
+        raise ConfigError(
+            f"EAGLE-3 head {name!r} has a vocabulary of {raw.get('vocab_size')} tokens but {target_name} has "
+            f"{vocab}: use a head trained for this target (`treespec train eagle --version 3 --target ...`)"
+        )
     emb = state.pop("embed_tokens.weight", None)
     if h != hidden and emb is None:
-        raise ConfigError(f"EAGLE-3 head {name!r} has hidden size {h} ≠ the target's {hidden} and no embedding of its own")
+        raise ConfigError(
+            f"EAGLE-3 head {name!r} has hidden size {h} ≠ the target's {hidden} and no embedding of its own"
+        )
     if emb is not None and tuple(emb.shape) != (vocab, hidden):
-        raise ConfigError(f"EAGLE-3 head {name!r}: its embed_tokens is {tuple(emb.shape)}, the target's is {(vocab, hidden)}")
+        raise ConfigError(
+            f"EAGLE-3 head {name!r}: its embed_tokens is {tuple(emb.shape)}, the target's is {(vocab, hidden)}"
+        )
     draft_vocab = int(raw.get("draft_vocab_size") or vocab)
     if "d2t" not in state:  # published heads without a reduced vocabulary may omit the maps
         state["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
     if "t2d" not in state:
-        state["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, torch.arange(draft_vocab) + state["d2t"].long(), True)
+        state["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(
+            0, torch.arange(draft_vocab) + state["d2t"].long(), True
+        )
     state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in EXTRA_KEYS})
     head = Eagle3Head(config, target_hidden=int(th), draft_vocab=draft_vocab, target_vocab=vocab)
@@ -257,5 +296,7 @@ def load_head3(name: str, hidden: int, vocab: int, target_name: str = "the targe
     fit_weights(head, state, f"EAGLE-3 head {name!r}", "the EAGLE-3 layout")
     ids = head.target_ids(torch.arange(draft_vocab))
     if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft_vocab:
-        raise ModelLoadError(f"EAGLE-3 head {name!r}: its d2t does not map the draft vocabulary onto distinct target ids")
+        raise ModelLoadError(
+            f"EAGLE-3 head {name!r}: its d2t does not map the draft vocabulary onto distinct target ids"
+        )
     return head.eval(), raw

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +36,8 @@ from treespec.errors import ConfigError
 from treespec.files import write_text_atomic
 from treespec.lean import _rope
 from treespec.plugins.eagle3_head import Eagle3Head, default_layers
-from treespec.plugins.eagle_head import head_config_for
 from treespec.plugins.eagle_data import Progress, Sequence, quiet, training_data
+from treespec.plugins.eagle_head import head_config_for
 from treespec.plugins.eagle_train import _Run, frozen_target
 from treespec.train import calibration
 from treespec.train.checkpoint import prepare_out
@@ -63,8 +64,14 @@ class Train3Settings:
     seed: int = 0
 
     def data_key(self) -> dict[str, Any]:
-        return {"v": DATA_VERSION, "target": self.target, "data": self.data, "offset": self.offset,
-                "limit": self.limit, "max_new_tokens": self.max_new_tokens}
+        return {
+            "v": DATA_VERSION,
+            "target": self.target,
+            "data": self.data,
+            "offset": self.offset,
+            "limit": self.limit,
+            "max_new_tokens": self.max_new_tokens,
+        }
 
 
 def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tensor:
@@ -81,8 +88,13 @@ def crop(seqs: list[Sequence], max_len: int) -> list[Sequence]:
     out = []
     for s in seqs:
         cut = max(0, s.ids.numel() - max_len)
-        out.append(s if cut == 0 else Sequence(ids=s.ids[cut:], feats=s.feats[cut:], prompt_len=max(0, s.prompt_len - cut),
-                                               fused=s.fused[cut:]))
+        out.append(
+            s
+            if cut == 0
+            else Sequence(
+                ids=s.ids[cut:], feats=s.feats[cut:], prompt_len=max(0, s.prompt_len - cut), fused=s.fused[cut:]
+            )
+        )
     return out
 
 
@@ -103,7 +115,7 @@ def unroll(head: Eagle3Head, embed: Any, fused: torch.Tensor, ids: torch.Tensor,
     b, t, _ = fused.shape
     nq, nkv, d, _ = head.shape
     rep = nq // nkv
-    scale = d ** -0.5
+    scale = d**-0.5
     causal = torch.full((t, t), float("-inf"), device=fused.device).triu(1)  # [T, T]
     g = head.fuse(fused)  # [B, T, H]
     keys, values, outs = [], [], []
@@ -125,8 +137,9 @@ def unroll(head: Eagle3Head, embed: Any, fused: torch.Tensor, ids: torch.Tensor,
     return outs
 
 
-def head_step(head: Eagle3Head, embed: Any, lm_head: Any, used: torch.Tensor, seqs: list[Sequence],
-              s: Train3Settings) -> tuple[torch.Tensor, dict[str, Any]]:
+def head_step(
+    head: Eagle3Head, embed: Any, lm_head: Any, used: torch.Tensor, seqs: list[Sequence], s: Train3Settings
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """The TTT loss over a batch, and per step: top-1 agreement with the target's greedy token at
     generated positions (step i's agreement is what a chain's depth-(i+1) node would see)."""
     ids, fused, feats, lengths, plen = _batch(seqs)
@@ -142,12 +155,14 @@ def head_step(head: Eagle3Head, embed: Any, lm_head: Any, used: torch.Tensor, se
     loss, parts = torch.zeros((), device=dev), {"top1": [], "n": []}
     for i, out in enumerate(unroll(head, embed, fused, ids, s.ttt_steps)):
         shift = 1 + i  # row t is scored against the target's distribution at row t + 1 + i
-        valid = (rows <= (lengths.to(dev)[:, None] - 2 - i)) & F.pad(inside[:, shift:], (0, shift), value=False)  # [B, T]
+        valid = (rows <= (lengths.to(dev)[:, None] - 2 - i)) & F.pad(
+            inside[:, shift:], (0, shift), value=False
+        )  # [B, T]
         if not valid.any():
             break
         logq = torch.log_softmax(head.logits(out).float(), -1)  # [B, T, Vd]
         tgt = F.pad(p[:, shift:], (0, 0, 0, shift))  # [B, T, Vd]
-        loss = loss + DECAY ** i * -(tgt[valid] * logq[valid]).sum(-1).mean()
+        loss = loss + DECAY**i * -(tgt[valid] * logq[valid]).sum(-1).mean()
         with torch.no_grad():
             gen = valid & (rows + shift >= plen.to(dev)[:, None] - 1)  # the predicted token was generated
             hit = head.target_ids(logq.argmax(-1)) == F.pad(greedy[:, shift:], (0, shift))
@@ -157,8 +172,9 @@ def head_step(head: Eagle3Head, embed: Any, lm_head: Any, used: torch.Tensor, se
 
 
 @torch.no_grad()
-def evaluate(head: Eagle3Head, embed: Any, lm_head: Any, used: torch.Tensor, seqs: list[Sequence],
-             s: Train3Settings) -> dict[str, Any]:
+def evaluate(
+    head: Eagle3Head, embed: Any, lm_head: Any, used: torch.Tensor, seqs: list[Sequence], s: Train3Settings
+) -> dict[str, Any]:
     """Held-out loss and top-1 agreement per unrolled step (position-weighted)."""
     head.eval()
     loss, n_batches = 0.0, 0
@@ -177,7 +193,9 @@ def evaluate(head: Eagle3Head, embed: Any, lm_head: Any, used: torch.Tensor, seq
 
 
 @torch.no_grad()
-def fit_temperature(head: Eagle3Head, embed: Any, lm_head: Any, seqs: list[Sequence], max_positions: int = 8192) -> float:
+def fit_temperature(
+    head: Eagle3Head, embed: Any, lm_head: Any, seqs: list[Sequence], max_positions: int = 8192
+) -> float:
     """T calibrating step 0's q to greedy acceptance (``treespec.train.calibration``), on held-out
     generated positions whose target token is in the draft vocabulary."""
     to_draft = torch.cumsum(head.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
@@ -219,7 +237,9 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
     held, train_set = crop(seqs[:n_hold], s.max_len), crop(seqs[n_hold:], s.max_len)
     used = draft_vocabulary(train_set, vocab, size)
 
-    head = Eagle3Head(head_config_for(model.config), target_hidden=target.hidden_size, draft_vocab=size, target_vocab=vocab)
+    head = Eagle3Head(
+        head_config_for(model.config), target_hidden=target.hidden_size, draft_vocab=size, target_vocab=vocab
+    )
     with torch.no_grad():
         head.d2t.copy_(used - torch.arange(size))
         head.t2d.zero_()[used] = True
@@ -229,23 +249,46 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
     start, history = run.resume(ckpt_file, s, log)
     t0 = time.perf_counter()
     for epoch in range(start, s.epochs):
-        running = run.epoch(epoch, train_set, lambda batch: head_step(head, embed, lm_head, used, batch, s), s, progress)
+        running = run.epoch(
+            epoch, train_set, lambda batch: head_step(head, embed, lm_head, used, batch, s), s, progress
+        )
         held_out = evaluate(head, embed, lm_head, used, held, s)
         history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out})
         steps = " ".join(f"{a:.2f}" for a in held_out["top1_per_step"])
-        log(f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
-            f"top-1 agreement per unrolled step {steps}")
+        log(
+            f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
+            f"top-1 agreement per unrolled step {steps}"
+        )
         run.save(ckpt_file, s, epoch + 1, history)
     final = history[-1]["held_out"] if history else evaluate(head, embed, lm_head, used, held, s)
     head.eval()
     temperature = fit_temperature(head, embed, lm_head, held)
     log(f"calibration temperature {temperature:.3f} (the head's q for tree builders: softmax(logits / T))")
-    summary = {"settings": asdict(s), "version": 3, "layers": list(layers), "draft_vocab": size,
-               "train_sequences": len(train_set), "held_out_sequences": len(held), "held_out_positions": final["positions"],
-               "top1": final["top1"], "top1_per_step": final["top1_per_step"], "held_out_loss": final["loss"],
-               "history": history, "calibration_temperature": temperature, "train_seconds": time.perf_counter() - t0,
-               "parameters": sum(p.numel() for p in head.parameters())}
-    head.save(out, layers=layers, extra={"target": s.target, "top1_held_out": final["top1"],
-                                        "calibration_temperature": temperature, "trained_with": "treespec train eagle --version 3"})
+    summary = {
+        "settings": asdict(s),
+        "version": 3,
+        "layers": list(layers),
+        "draft_vocab": size,
+        "train_sequences": len(train_set),
+        "held_out_sequences": len(held),
+        "held_out_positions": final["positions"],
+        "top1": final["top1"],
+        "top1_per_step": final["top1_per_step"],
+        "held_out_loss": final["loss"],
+        "history": history,
+        "calibration_temperature": temperature,
+        "train_seconds": time.perf_counter() - t0,
+        "parameters": sum(p.numel() for p in head.parameters()),
+    }
+    head.save(
+        out,
+        layers=layers,
+        extra={
+            "target": s.target,
+            "top1_held_out": final["top1"],
+            "calibration_temperature": temperature,
+            "trained_with": "treespec train eagle --version 3",
+        },
+    )
     write_text_atomic(out / "training.json", json.dumps(summary, indent=2) + "\n", "--out")
     return summary

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -21,6 +22,7 @@ from treespec.target import TargetModel
 from treespec.train.checkpoint import load_data
 
 DATA_VERSION = 1
+
 
 @dataclass
 class Sequence:
@@ -32,8 +34,10 @@ class Sequence:
 
 def sequences(data: dict[str, Any]) -> list[Sequence]:
     """The sequences of a ``data.pt`` read with ``checkpoint.load_data`` (stored as plain dicts)."""
-    return [Sequence(ids=x["ids"], feats=x["feats"], prompt_len=int(x["prompt_len"]), fused=x.get("fused"))
-            for x in data["seqs"]]
+    return [
+        Sequence(ids=x["ids"], feats=x["feats"], prompt_len=int(x["prompt_len"]), fused=x.get("fused"))
+        for x in data["seqs"]
+    ]
 
 
 Progress = Callable[[str, int, int, str], None]  # (task, done, total, info)
@@ -45,8 +49,16 @@ def quiet(task: str, done: int, total: int, info: str) -> None:
 
 # ---------------------------------------------------------------------- data
 @torch.inference_mode()
-def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, batch: int, progress: Progress,
-            layers: tuple[int, ...] | None = None, journal: Path | None = None, key: Any = None) -> list[Sequence]:
+def collect(
+    target: TargetModel,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch: int,
+    progress: Progress,
+    layers: tuple[int, ...] | None = None,
+    journal: Path | None = None,
+    key: Any = None,
+) -> list[Sequence]:
     """The target's greedy continuation of every prompt, and its features along prompt + continuation
     (and, with ``layers``, the hidden states of those layers concatenated: EAGLE-3's fused input).
 
@@ -60,8 +72,11 @@ def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, 
         saved = load_data(journal)
         if saved.get("key") == key:
             for i, cont in zip(saved["index"], saved["conts"]):
-                done[int(i)] = Sequence(torch.tensor(prompts[int(i)] + cont.tolist(), dtype=torch.long), torch.empty(0),
-                                        len(prompts[int(i)]))
+                done[int(i)] = Sequence(
+                    torch.tensor(prompts[int(i)] + cont.tolist(), dtype=torch.long),
+                    torch.empty(0),
+                    len(prompts[int(i)]),
+                )
     todo = [i for i in order if i not in done]
     for b0 in range(0, len(todo), batch):
         idx = todo[b0 : b0 + batch]
@@ -72,8 +87,11 @@ def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, 
             ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
             att[r, width - len(prompts[i]) :] = 1
         gen = model.generate(
-            input_ids=ids.to(dev), attention_mask=att.to(dev), do_sample=False,
-            max_new_tokens=max_new_tokens, pad_token_id=0,
+            input_ids=ids.to(dev),
+            attention_mask=att.to(dev),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=0,
         )[:, width:].cpu()  # [B, ≤ max_new]
         for r, i in enumerate(idx):
             cont = gen[r].tolist()
@@ -83,7 +101,9 @@ def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, 
             done[i] = Sequence(seq, torch.empty(0), len(prompts[i]))
         if journal is not None:
             index = sorted(done)
-            save_torch_atomic({"key": key, "index": index, "conts": [done[i].ids[done[i].prompt_len :] for i in index]}, journal)
+            save_torch_atomic(
+                {"key": key, "index": index, "conts": [done[i].ids[done[i].prompt_len :] for i in index]}, journal
+            )
         progress("generating the target's continuations", len(done), len(order), "")
     for b0 in range(0, len(order), batch):
         idx = order[b0 : b0 + batch]
@@ -103,8 +123,14 @@ def collect(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, 
     return [done[i] for i in range(len(prompts))]
 
 
-def training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
-                   log: Callable[[str], None], layers: tuple[int, ...] | None = None) -> list:
+def training_data(
+    target: TargetModel,
+    s: Any,
+    out: Path,
+    progress: Progress,
+    log: Callable[[str], None],
+    layers: tuple[int, ...] | None = None,
+) -> list:
     """The target's own generations for the dataset's prompts, with its features: reused from
     ``OUT/data.pt`` when that was made with the same data settings, else generated and saved."""
     from treespec.bench.datasets import format_turns, load_prompts
@@ -123,21 +149,37 @@ def training_data(target: TargetModel, s: Any, out: Path, progress: Progress,
         raise ConfigError(f"dataset {s.data!r} has {len(items)} prompts after --offset {s.offset}: need at least 2")
     limit = target.max_positions
     if limit is not None and limit <= s.max_new_tokens:
-        raise ConfigError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in the target's context of {limit}")
+        raise ConfigError(
+            f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in the target's context of {limit}"
+        )
     prompts = [format_turns(target.tokenizer, it, []) for it in items[len(kept) :]]
     if limit:
         prompts = [p[-(limit - s.max_new_tokens) :] for p in prompts]  # keep the prompt's tail
     t0 = time.perf_counter()
     journal = out / "generated.pt"  # the continuations so far: an interrupted run resumes from them
-    new = collect(target, prompts, s.max_new_tokens, getattr(s, "gen_batch_size", None) or s.batch_size, progress, layers,
-                  journal=journal, key={**s.data_key(), "kept": len(kept)})  # EAGLE-3's settings have no gen_batch_size
+    new = collect(
+        target,
+        prompts,
+        s.max_new_tokens,
+        getattr(s, "gen_batch_size", None) or s.batch_size,
+        progress,
+        layers,
+        journal=journal,
+        key={**s.data_key(), "kept": len(kept)},
+    )  # EAGLE-3's settings have no gen_batch_size
     seqs = kept + new
-    rows = [{"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} | ({"fused": x.fused} if layers else {})
-            for x in seqs]
-    save_torch_atomic({"key": s.data_key(), "seqs": rows}, data_file)  # plain tensors and ints: read back with weights_only
+    rows = [
+        {"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} | ({"fused": x.fused} if layers else {})
+        for x in seqs
+    ]
+    save_torch_atomic(
+        {"key": s.data_key(), "seqs": rows}, data_file
+    )  # plain tensors and ints: read back with weights_only
     journal.unlink(missing_ok=True)
-    log(f"generated {sum(x.ids.numel() - x.prompt_len for x in new)} tokens for {len(new)} prompts "
-        f"in {time.perf_counter() - t0:.0f} s → {data_file}")
+    log(
+        f"generated {sum(x.ids.numel() - x.prompt_len for x in new)} tokens for {len(new)} prompts "
+        f"in {time.perf_counter() - t0:.0f} s → {data_file}"
+    )
     return seqs
 
 

@@ -50,8 +50,11 @@ def head_config_for(target_config: Any, layers: int = 1) -> LlamaConfig:
     """A head config for a target: its hidden size, heads, MLP width, RoPE and vocabulary."""
     cfg = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     hidden, vocab = target_dims(cfg)
-    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
-    rope = getattr(cfg, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(cfg, "rope_theta", 10000.0)}
+    heads = getattr(cfg, "num_attention_heads", None) or cfg.n_head
+    rope = getattr(cfg, "rope_parameters", None) or {
+        "rope_type": "default",
+        "rope_theta": getattr(cfg, "rope_theta", 10000.0),
+    }
     return LlamaConfig(
         hidden_size=hidden,
         intermediate_size=getattr(cfg, "intermediate_size", None) or 4 * hidden,
@@ -101,7 +104,7 @@ class EagleHead(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x
 
-    def lean(self) -> "LeanEagleHead":
+    def lean(self) -> LeanEagleHead:
         """The same forward for inference, through ``treespec.lean`` (fused weights, no module calls)."""
         return LeanEagleHead(self)
 
@@ -117,8 +120,11 @@ class EagleHead(nn.Module):
         cfg["bias"] = self.bias
         if extra:
             cfg["treespec"] = extra
-        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()
-                 if not k.startswith("rotary.")}
+        state = {
+            k: v.detach().to(dtype or v.dtype).contiguous().cpu()
+            for k, v in self.state_dict().items()
+            if not k.startswith("rotary.")
+        }
         save_safetensors_atomic(state, out / "model.safetensors")
         write_text_atomic(out / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
@@ -127,7 +133,7 @@ class LeanEagleHead:
     """``EagleHead.forward`` for inference without per-module overhead; same arguments, same result."""
 
     def __init__(self, head: EagleHead):
-        from treespec.lean import RopeTable, lean_layers, layer_shape
+        from treespec.lean import RopeTable, layer_shape, lean_layers
 
         self.head = head
         self.rotary = RopeTable(head.rotary)
@@ -164,16 +170,23 @@ def load_head(name: str, hidden: int, vocab: int, target_name: str = "the target
     state.pop("layers.0.input_layernorm.weight", None)  # never used (layer 0 has no input norm); older saves had it
     emb = state.pop("embed_tokens.weight", None)
     if emb is not None and tuple(emb.shape) != (vocab, hidden):
-        raise ConfigError(f"EAGLE head {name!r}: its embed_tokens is {tuple(emb.shape)}, the target's is {(vocab, hidden)}")
+        raise ConfigError(
+            f"EAGLE head {name!r}: its embed_tokens is {tuple(emb.shape)}, the target's is {(vocab, hidden)}"
+        )
     fc = state.get("fc.weight")
     if fc is not None and fc.dim() == 2 and fc.shape[1] == 3 * hidden:
-        raise ConfigError(f"EAGLE head {name!r} is an EAGLE-3 head (its fc fuses 3 feature layers): use --drafter eagle3")
-    stored = 1 + max((int(k.split(".")[1]) for k in state if k.split(".")[0] == "layers" and k.split(".")[1].isdigit()),
-                     default=0)
+        raise ConfigError(
+            f"EAGLE head {name!r} is an EAGLE-3 head (its fc fuses 3 feature layers): use --drafter eagle3"
+        )
+    stored = 1 + max(
+        (int(k.split(".")[1]) for k in state if k.split(".")[0] == "layers" and k.split(".")[1].isdigit()), default=0
+    )
     layers = raw.get("num_hidden_layers", 1)
     if isinstance(layers, int) and layers > stored:  # before building them: 100,000 layers are gigabytes
-        raise ModelLoadError(f"EAGLE head {name!r}: config.json says num_hidden_layers {layers:,} but its weights hold "
-                             f"{stored}: fix num_hidden_layers in its config.json (EAGLE-1/2 heads have 1)")
+        raise ModelLoadError(
+            f"EAGLE head {name!r}: config.json says num_hidden_layers {layers:,} but its weights hold "
+            f"{stored}: fix num_hidden_layers in its config.json (EAGLE-1/2 heads have 1)"
+        )
     config = LlamaConfig(**{k: val for k, val in raw.items() if k not in ("bias", "treespec")})
     # fc's bias: the config's ``bias`` (absent = on, as EAGLE publishes), or the weights' own: SGLang's
     # EAGLE-1 fc always has one and its config's ``bias`` means attention biases there
@@ -188,12 +201,15 @@ def fit_weights(head: nn.Module, state: dict[str, torch.Tensor], what: str, layo
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a shape mismatch
-        first = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc).splitlines()[0])
+        first = next(
+            (line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc).splitlines()[0]
+        )
         raise ModelLoadError(f"{what}: weights do not fit its config.json ({first}){hint}") from None
     missing = [k for k in missing if not k.startswith("rotary.")]
     if missing or unexpected:
-        raise ModelLoadError(f"{what}: weights do not match {layout} "
-                             f"(missing {missing[:3]}, unexpected {list(unexpected)[:3]}){hint}")
+        raise ModelLoadError(
+            f"{what}: weights do not match {layout} (missing {missing[:3]}, unexpected {list(unexpected)[:3]}){hint}"
+        )
 
 
 def read_config(name: str) -> tuple[dict[str, Any], Path]:
@@ -207,7 +223,9 @@ def read_config(name: str) -> tuple[dict[str, Any], Path]:
     try:
         raw = json.loads(cfg_path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"EAGLE head {name!r}: {cfg_path} is not valid JSON ({exc}); download or save the head again") from None
+        raise ModelLoadError(
+            f"EAGLE head {name!r}: {cfg_path} is not valid JSON ({exc}); download or save the head again"
+        ) from None
     if not isinstance(raw, dict):
         raise ModelLoadError(f"EAGLE head {name!r}: {cfg_path} is not a config object; download or save the head again")
     return raw, folder
@@ -227,9 +245,14 @@ def read_weights(folder: Path, name: str) -> dict[str, torch.Tensor]:
             state = torch.load(str(pt), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - damaged or unsafe files become one line
         path = st if st.is_file() else pt
-        why = "it holds more than plain tensors, which treespec never unpickles" if "weights_only" in str(exc) \
+        why = (
+            "it holds more than plain tensors, which treespec never unpickles"
+            if "weights_only" in str(exc)
             else f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-        raise ModelLoadError(f"EAGLE head {name!r}: cannot read {path.name} ({why}); download or save the head again") from None
+        )
+        raise ModelLoadError(
+            f"EAGLE head {name!r}: cannot read {path.name} ({why}); download or save the head again"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelLoadError(f"EAGLE head {name!r}: its weights file is not a mapping of names to tensors")
     # some re-uploads prefix the keys; the published layout has none

@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 
 
 class EagleRows(RowsCache):
-    drafters: "list[EagleDrafter]"
+    drafters: list[EagleDrafter]
 
-    def __init__(self, base: "EagleDrafter", n: int):
+    def __init__(self, base: EagleDrafter, n: int):
         super().__init__([base.fork() for _ in range(n)], base)
 
     @torch.inference_mode()
@@ -66,21 +66,31 @@ class EagleRows(RowsCache):
         levels = {i: rows[i].missing_levels(req.tree, req.nodes.tolist()) for i, (req, _) in live.items()}
         for depth in range(max(len(v) for v in levels.values())):
             self._feed_level({i: (live[i][0].tree, v[depth]) for i, v in levels.items() if depth < len(v)})
-        picked = [rows[i].feats[torch.tensor([rows[i].node_row[n] for n in req.nodes.tolist()])] for i, (req, _) in live.items()]
+        picked = [
+            rows[i].feats[torch.tensor([rows[i].node_row[n] for n in req.nodes.tolist()])]
+            for i, (req, _) in live.items()
+        ]
         q, tokens = rows[next(iter(live))]._top(torch.cat(picked), max(k for _, k in live.values()))  # [ΣM, k]
         start = 0
-        for (i, (req, k)), part in zip(live.items(), picked):
+        for (i, (_req, k)), part in zip(live.items(), picked):
             end = start + part.shape[0]
             answers[i] = Proposals(tokens=tokens[start:end, :k].cpu(), q=q[start:end, :k].cpu())
             start = end
         return answers
 
-    def _forward(self, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    def _forward(
+        self, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor
+    ) -> torch.Tensor:
         """The head over a [B, T] block appended to the cache; visible [B, T, W+T] bool → [B, T, H]."""
         base = self.base
         dev, dtype = base.device, base.dtype
-        return base.forward(feats.to(dev, dtype), base._embed(ids.to(dev)), pos.to(dev),
-                            self.float_mask(visible, dtype, dev), self.cache)
+        return base.forward(
+            feats.to(dev, dtype),
+            base._embed(ids.to(dev)),
+            pos.to(dev),
+            self.float_mask(visible, dtype, dev),
+            self.cache,
+        )
 
     def _inputs(self, sizes: dict[int, int], dim: int) -> tuple[torch.Tensor, ...]:
         """``RowsCache.block`` plus the features [B, T, dim] each query carries."""
@@ -106,8 +116,12 @@ class EagleRows(RowsCache):
             visible[i, :n, w : w + n] = torch.ones(n, n, dtype=torch.bool).tril()  # and its own earlier items
         out = self._forward(feats, ids, pos, visible)  # [B, T, H]
         which = torch.repeat_interleave(torch.tensor(list(sizes)), torch.tensor(list(sizes.values())))  # [K] rows
-        move_cache_rows(self.cache, which, torch.cat([torch.arange(w, w + n) for n in sizes.values()]),
-                        torch.cat([torch.arange(rows[i].stable, rows[i].stable + n) for i, n in sizes.items()]))
+        move_cache_rows(
+            self.cache,
+            which,
+            torch.cat([torch.arange(w, w + n) for n in sizes.values()]),
+            torch.cat([torch.arange(rows[i].stable, rows[i].stable + n) for i, n in sizes.items()]),
+        )
         for i, n in sizes.items():
             r = rows[i]
             r.stable += n
@@ -125,8 +139,13 @@ class EagleRows(RowsCache):
         n, s = int(t.shape[0]), r.stable
         cache = self.prefix_cache(i, s)
         dev, dtype = base.device, base.dtype
-        out = base.forward(f[None].to(dev, dtype), base._embed(t[None].to(dev)), torch.arange(s, s + n)[None].to(dev),
-                           causal_mask(s, n, dtype)[None, None].to(dev), cache)  # [1, n, H]: the prefix, then causal
+        out = base.forward(
+            f[None].to(dev, dtype),
+            base._embed(t[None].to(dev)),
+            torch.arange(s, s + n)[None].to(dev),
+            causal_mask(s, n, dtype)[None, None].to(dev),
+            cache,
+        )  # [1, n, H]: the prefix, then causal
         self.splice(i, cache, s, n)
         r.stable += n
         r.root_feature = out[0, n - 1]

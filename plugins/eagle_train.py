@@ -24,22 +24,24 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from treespec.train import calibration
-from treespec.files import save_torch_atomic, write_text_atomic
-from treespec.train.checkpoint import load_data, prepare_out
 from treespec.errors import ConfigError
+from treespec.files import save_torch_atomic, write_text_atomic
 from treespec.kv import causal_mask
 from treespec.memory import check_fits, decoder_parameters
 from treespec.plugins.eagle_data import DATA_VERSION, Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_head import EagleHead, head_config_for
 from treespec.target import TargetModel
+from treespec.train import calibration
+from treespec.train.checkpoint import load_data, prepare_out
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -60,11 +62,19 @@ class TrainSettings:
     seed: int = 0
     draft_vocab: int | None = None  # draft over the N most frequent target tokens (plugins/draft_vocab.py)
     gen_batch_size: int | None = None  # prompts per batch while the target generates [default: batch_size]
-    save_dtype: str = "float32"  # the saved head's weights (float16 halves a shipped head; loading casts to the target's)
+    save_dtype: str = (
+        "float32"  # the saved head's weights (float16 halves a shipped head; loading casts to the target's)
+    )
 
     def data_key(self) -> dict[str, Any]:
-        return {"v": DATA_VERSION, "target": self.target, "data": self.data, "offset": self.offset,
-                "limit": self.limit, "max_new_tokens": self.max_new_tokens}
+        return {
+            "v": DATA_VERSION,
+            "target": self.target,
+            "data": self.data,
+            "offset": self.offset,
+            "limit": self.limit,
+            "max_new_tokens": self.max_new_tokens,
+        }
 
 
 def _batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,7 +113,12 @@ class DraftOut(torch.nn.Module):
 
 
 def head_step(
-    head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], noise: float, s: TrainSettings,
+    head: EagleHead,
+    embed: Any,
+    lm_head: Any,
+    seqs: list[Sequence],
+    noise: float,
+    s: TrainSettings,
     full_head: Any = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss over a batch, and its parts: feature loss, token loss, top-1 agreement (generated positions).
@@ -135,20 +150,32 @@ def head_step(
             agree = (logp.argmax(-1) == target_p.argmax(-1))[keep].float()
         else:  # the draft's token (mapped to target ids) against the target's greedy token over all V
             agree = (lm_head.ids[logp[keep].argmax(-1)] == full_head(feats[:, 1:][keep]).argmax(-1)).float()
-    return loss, {"loss": loss.detach().item(), "feature_loss": vloss.detach().item(), "token_loss": ploss.detach().item(),
-                  "top1": float(agree.mean()) if agree.numel() else float("nan"), "n": int(agree.numel())}
+    return loss, {
+        "loss": loss.detach().item(),
+        "feature_loss": vloss.detach().item(),
+        "token_loss": ploss.detach().item(),
+        "top1": float(agree.mean()) if agree.numel() else float("nan"),
+        "n": int(agree.numel()),
+    }
 
 
 @torch.no_grad()
-def evaluate(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings,
-             vocab_ids: torch.Tensor | None = None) -> dict[str, float]:
+def evaluate(
+    head: EagleHead,
+    embed: Any,
+    lm_head: Any,
+    seqs: list[Sequence],
+    s: TrainSettings,
+    vocab_ids: torch.Tensor | None = None,
+) -> dict[str, float]:
     head.eval()
     total: dict[str, float] = {"loss": 0.0, "feature_loss": 0.0, "token_loss": 0.0, "top1": 0.0}
     n = 0
     out = DraftOut.of(lm_head, vocab_ids)
     for b0 in range(0, len(seqs), s.batch_size):
-        _, part = head_step(head, embed, out, seqs[b0 : b0 + s.batch_size], 0.0, s,
-                            full_head=lm_head if vocab_ids is not None else None)
+        _, part = head_step(
+            head, embed, out, seqs[b0 : b0 + s.batch_size], 0.0, s, full_head=lm_head if vocab_ids is not None else None
+        )
         for key in total:
             total[key] += part[key] * part["n"]
         n += part["n"]
@@ -156,16 +183,21 @@ def evaluate(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s:
 
 
 @torch.no_grad()
-def held_out_logits(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings,
-                    max_positions: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+def held_out_logits(
+    head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings, max_positions: int = 8192
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's logits [n, V] at generated positions and the target's greedy token there [n]."""
     head.eval()
     zs, ys, n = [], [], 0
     for b0 in range(0, len(seqs), s.batch_size):
         ids, feats, valid, gen = _batch(seqs[b0 : b0 + s.batch_size])
         t = ids.shape[1]
-        pred = head(feats[:, :-1], embed(ids[:, 1:]), torch.arange(t - 1)[None].expand(ids.shape[0], -1),
-                    causal_mask(0, t - 1, feats.dtype)[None, None])  # [B, T-1, H]
+        pred = head(
+            feats[:, :-1],
+            embed(ids[:, 1:]),
+            torch.arange(t - 1)[None].expand(ids.shape[0], -1),
+            causal_mask(0, t - 1, feats.dtype)[None, None],
+        )  # [B, T-1, H]
         keep = gen & valid
         zs.append(lm_head(pred[keep]).float())  # [n, V]
         ys.append(lm_head(feats[:, 1:][keep]).argmax(-1))  # [n] the target's greedy token
@@ -176,8 +208,9 @@ def held_out_logits(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequen
 
 
 @torch.no_grad()
-def fit_temperature(head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings,
-                    max_positions: int = 8192) -> float:
+def fit_temperature(
+    head: EagleHead, embed: Any, lm_head: Any, seqs: list[Sequence], s: TrainSettings, max_positions: int = 8192
+) -> float:
     """The temperature T that calibrates the head's confidence to greedy acceptance
     (``treespec.train.calibration``): a head that regresses features has shrunk logits, its top-1 right 90%
     of the time with q far below 0.9; T is fitted on held-out generated positions."""
@@ -212,7 +245,7 @@ class _Run:
     steps_per_epoch: int
 
     @classmethod
-    def new(cls, head: torch.nn.Module, s: Any, n_train: int) -> "_Run":
+    def new(cls, head: torch.nn.Module, s: Any, n_train: int) -> _Run:
         opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
         steps_per_epoch = math.ceil(n_train / s.batch_size)
         total = steps_per_epoch * s.epochs
@@ -237,8 +270,14 @@ class _Run:
         log(f"resuming from {ckpt_file} after epoch {ckpt['epoch']}")
         return ckpt["epoch"], ckpt["history"]
 
-    def epoch(self, epoch: int, train_set: list, loss_of: Callable[[list], tuple[torch.Tensor, dict]], s: Any,
-              progress: Progress) -> float:
+    def epoch(
+        self,
+        epoch: int,
+        train_set: list,
+        loss_of: Callable[[list], tuple[torch.Tensor, dict]],
+        s: Any,
+        progress: Progress,
+    ) -> float:
         """One pass over ``train_set`` in an order fixed by the seed and the epoch, ``loss_of(batch)``
         giving (loss, parts with "loss"); the smoothed loss."""
         self.head.train()
@@ -258,9 +297,18 @@ class _Run:
         return running
 
     def save(self, ckpt_file: Path, s: Any, epoch: int, history: list) -> None:
-        save_torch_atomic({"settings": asdict(s), "head": self.head.state_dict(), "opt": self.opt.state_dict(),
-                     "sched": self.sched.state_dict(), "rng": torch.get_rng_state(), "epoch": epoch,
-                     "history": history}, ckpt_file)
+        save_torch_atomic(
+            {
+                "settings": asdict(s),
+                "head": self.head.state_dict(),
+                "opt": self.opt.state_dict(),
+                "sched": self.sched.state_dict(),
+                "rng": torch.get_rng_state(),
+                "epoch": epoch,
+                "history": history,
+            },
+            ckpt_file,
+        )
 
 
 def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -273,8 +321,11 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
     model = target.model
     head_config = head_config_for(model.config, layers=s.layers)
     params = decoder_parameters({**head_config.to_dict(), "vocab_size": 0}, s.layers)  # its embeddings are the target's
-    check_fits(16 * params, f"an EAGLE head of {s.layers:,} layers ({params:,} parameters, with its gradients and "
-               "AdamW's state)", "lower --layers (EAGLE-1/2 heads have 1)")  # before minutes of generating data
+    check_fits(
+        16 * params,
+        f"an EAGLE head of {s.layers:,} layers ({params:,} parameters, with its gradients and AdamW's state)",
+        "lower --layers (EAGLE-1/2 heads have 1)",
+    )  # before minutes of generating data
     seqs = training_data(target, s, out, progress, log)
     n_hold = max(1, round(len(seqs) * s.holdout))
     held, train_set = seqs[:n_hold], seqs[n_hold:]
@@ -286,17 +337,22 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
     start, history = run.resume(ckpt_file, s, log)
     before = evaluate(run.head, embed, lm_head, held, s, ids) if start == 0 else history[0]["held_out_before"]
     for epoch in range(start, s.epochs):
-        running = run.epoch(epoch, train_set, lambda batch: head_step(run.head, embed, draft_out, batch, s.noise, s), s, progress)
+        running = run.epoch(
+            epoch, train_set, lambda batch: head_step(run.head, embed, draft_out, batch, s.noise, s), s, progress
+        )
         held_out = evaluate(run.head, embed, lm_head, held, s, ids)
         history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out, "held_out_before": before})
-        log(f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
-            f"top-1 agreement {held_out['top1']:.3f}")
+        log(
+            f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
+            f"top-1 agreement {held_out['top1']:.3f}"
+        )
         run.save(ckpt_file, s, epoch + 1, history)
     return _finish(run.head, embed, draft_out, held, len(train_set), history, before, s, out, log, ids)
 
 
-def _draft_vocab(train_set: list[Sequence], target: TargetModel, s: TrainSettings,
-                 log: Callable[[str], None]) -> torch.Tensor | None:
+def _draft_vocab(
+    train_set: list[Sequence], target: TargetModel, s: TrainSettings, log: Callable[[str], None]
+) -> torch.Tensor | None:
     """The draft vocabulary: the ``s.draft_vocab`` tokens the target generated most often (training
     prompts' continuations only), or None for the whole vocabulary."""
     from treespec.plugins import draft_vocab
@@ -309,13 +365,26 @@ def _draft_vocab(train_set: list[Sequence], target: TargetModel, s: TrainSetting
     ids = draft_vocab.rank_tokens((x.ids[x.prompt_len :] for x in train_set), vocab, s.draft_vocab)
     counts = torch.bincount(torch.cat([x.ids[x.prompt_len :] for x in train_set]), minlength=vocab)
     covered = float(counts[ids].sum()) / max(1, int(counts.sum()))
-    log(f"draft vocabulary: the {s.draft_vocab} most frequent of {vocab} tokens cover {covered:.1%} of the "
-        "target's generated tokens")
+    log(
+        f"draft vocabulary: the {s.draft_vocab} most frequent of {vocab} tokens cover {covered:.1%} of the "
+        "target's generated tokens"
+    )
     return ids
 
 
-def _finish(head: EagleHead, embed: Any, lm_head: Any, held: list, n_train: int, history: list, before: dict,
-            s: TrainSettings, out: Path, log: Callable[[str], None], ids: torch.Tensor | None = None) -> dict[str, Any]:
+def _finish(
+    head: EagleHead,
+    embed: Any,
+    lm_head: Any,
+    held: list,
+    n_train: int,
+    history: list,
+    before: dict,
+    s: TrainSettings,
+    out: Path,
+    log: Callable[[str], None],
+    ids: torch.Tensor | None = None,
+) -> dict[str, Any]:
     """Calibrate, save the head in the published layout (with its draft vocabulary, if any) and write
     ``training.json``."""
     from treespec.plugins import draft_vocab
@@ -323,14 +392,30 @@ def _finish(head: EagleHead, embed: Any, lm_head: Any, held: list, n_train: int,
     final = history[-1]["held_out"] if history else before
     temperature = fit_temperature(head, embed, lm_head, held, s)
     log(f"calibration temperature {temperature:.3f} (the head's q for tree builders: softmax(logits / T))")
-    summary = {"settings": asdict(s), "train_sequences": n_train, "held_out_sequences": len(held),
-               "held_out_positions": final.get("positions"), "top1_before": before["top1"],
-               "top1": final["top1"], "held_out_loss": final["loss"], "history": history,
-               "calibration_temperature": temperature, "parameters": sum(p.numel() for p in head.parameters())}
+    summary = {
+        "settings": asdict(s),
+        "train_sequences": n_train,
+        "held_out_sequences": len(held),
+        "held_out_positions": final.get("positions"),
+        "top1_before": before["top1"],
+        "top1": final["top1"],
+        "held_out_loss": final["loss"],
+        "history": history,
+        "calibration_temperature": temperature,
+        "parameters": sum(p.numel() for p in head.parameters()),
+    }
     if s.save_dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"--save-dtype {s.save_dtype!r}: use float32, float16 or bfloat16")
-    head.save(out, extra={"target": s.target, "top1_held_out": final["top1"], "calibration_temperature": temperature,
-                          "trained_with": "treespec train eagle"}, dtype=getattr(torch, s.save_dtype))
+    head.save(
+        out,
+        extra={
+            "target": s.target,
+            "top1_held_out": final["top1"],
+            "calibration_temperature": temperature,
+            "trained_with": "treespec train eagle",
+        },
+        dtype=getattr(torch, s.save_dtype),
+    )
     if ids is not None:
         draft_vocab.save(out, ids)
     write_text_atomic(out / "training.json", json.dumps(summary, indent=2) + "\n", "--out")

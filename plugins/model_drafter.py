@@ -21,7 +21,16 @@ from transformers import DynamicCache
 
 from treespec.errors import ConfigError
 from treespec.interfaces import Commit, Drafter, DraftRows, Expansion, PrefillContext, Proposals
-from treespec.kv import attention_windows, cache_keyword, causal_mask, crop_cache, keep_rows, max_positions, tree_mask, tree_refusal
+from treespec.kv import (
+    attention_windows,
+    cache_keyword,
+    causal_mask,
+    crop_cache,
+    keep_rows,
+    max_positions,
+    tree_mask,
+    tree_refusal,
+)
 from treespec.lean import LeanCausalLM, lean_reason
 from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from treespec.plugins.configs import ModelDrafterConfig
@@ -74,7 +83,10 @@ class ModelDrafter(Drafter):
         config, target = self.config, self.target
         if target.tokenizer is not None:
             check_same_tokenizer(
-                target.tokenizer, load_tokenizer(config.model, config.trust_remote_code, "draft model's tokenizer"), target.name, config.model
+                target.tokenizer,
+                load_tokenizer(config.model, config.trust_remote_code, "draft model's tokenizer"),
+                target.name,
+                config.model,
             )
         return load_causal_lm(
             config.model,
@@ -95,7 +107,7 @@ class ModelDrafter(Drafter):
         self._ready()
 
     #: set on the rows of a batch (``rows``): the rows share one draft cache (``model_rows.ModelRows``)
-    _group: "ModelRows | None" = None
+    _group: ModelRows | None = None
     _index = 0
 
     def rows(self, n: int) -> DraftRows:
@@ -182,10 +194,14 @@ class ModelDrafter(Drafter):
             mask = causal_mask(past, p + 1, self.dtype)[None, None] if p else None
         else:
             row_nodes = torch.tensor(self.row_nodes + new, dtype=torch.long)  # [R_old + F]
-            mask = torch.cat([
-                causal_mask(past, p, self.dtype, extra=f),  # pending rows (only before any tree row): causal
-                tree_mask(self.root_pos, tree.ancestors[index][:, row_nodes], self.dtype),  # tree rows: prefix + ancestors
-            ])  # [P+F, root_pos + R_old + F]
+            mask = torch.cat(
+                [
+                    causal_mask(past, p, self.dtype, extra=f),  # pending rows (only before any tree row): causal
+                    tree_mask(
+                        self.root_pos, tree.ancestors[index][:, row_nodes], self.dtype
+                    ),  # tree rows: prefix + ancestors
+                ]
+            )  # [P+F, root_pos + R_old + F]
             mask = mask[None, None].to(self.device)  # [1, 1, P+F, cols]
             if self.windows.smallest is not None:  # a tensor, or a dict of masks per layer type
                 kv_pos = torch.cat([torch.arange(self.root_pos), self.root_pos + tree.depths[row_nodes]])  # [cols]

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 
 
 class ModelRows(RowsCache):
-    drafters: "list[ModelDrafter]"
+    drafters: list[ModelDrafter]
 
-    def __init__(self, base: "ModelDrafter", n: int):
+    def __init__(self, base: ModelDrafter, n: int):
         super().__init__([base.fork() for _ in range(n)], base)
 
     @torch.inference_mode()
@@ -48,7 +48,9 @@ class ModelRows(RowsCache):
         for i, req in requests.items():
             r, k = rows[i], min(req.k, rows[i].vocab)
             wanted = req.nodes.tolist()
-            if not wanted or (r.max_positions and r.root_pos + int(req.tree.depths[req.nodes].max()) >= r.max_positions):
+            if not wanted or (
+                r.max_positions and r.root_pos + int(req.tree.depths[req.nodes].max()) >= r.max_positions
+            ):
                 answers[i] = Proposals(torch.zeros(len(wanted), k, dtype=torch.long), torch.zeros(len(wanted), k))
                 continue  # the draft's context is full: propose nothing (the target still makes progress)
             new = r._unfed(req.tree, wanted)
@@ -74,10 +76,13 @@ class ModelRows(RowsCache):
         r, base = self.drafters[i], self.base
         p, past = len(r.pending), r.cache_len
         cache = self.prefix_cache(i, past)
-        base.forward(input_ids=torch.tensor([r.pending], dtype=torch.long).to(base.device),
-                     position_ids=torch.arange(past, past + p)[None].to(base.device),
-                     attention_mask=causal_mask(past, p, base.dtype)[None, None].to(base.device),  # the prefix, then causal
-                     **{base.cache_keyword: cache}, use_cache=True)
+        base.forward(
+            input_ids=torch.tensor([r.pending], dtype=torch.long).to(base.device),
+            position_ids=torch.arange(past, past + p)[None].to(base.device),
+            attention_mask=causal_mask(past, p, base.dtype)[None, None].to(base.device),  # the prefix, then causal
+            **{base.cache_keyword: cache},
+            use_cache=True,
+        )
         self.splice(i, cache, past, p)
         r.cache_len += p
         r.pending = []
@@ -101,15 +106,21 @@ class ModelRows(RowsCache):
             items = torch.tensor(r.row_nodes + new, dtype=torch.long)  # [R + F] tree items, old then new
             cols = torch.tensor(r.cols + list(range(w + p, w + p + f)), dtype=torch.long)  # [R + F]
             visible[i, p : p + f, cols] = tree.ancestors[index][:, items]  # its ancestors (itself included)
-        out = base.forward(input_ids=ids.to(base.device), position_ids=pos.to(base.device),
-                           attention_mask=self.float_mask(visible, base.dtype, base.device),
-                           **{base.cache_keyword: self.cache}, use_cache=True)
+        out = base.forward(
+            input_ids=ids.to(base.device),
+            position_ids=pos.to(base.device),
+            attention_mask=self.float_mask(visible, base.dtype, base.device),
+            **{base.cache_keyword: self.cache},
+            use_cache=True,
+        )
         moved = [(i, len(rows[i].pending)) for i in feed if rows[i].pending]
         if moved:  # the pending tokens are committed: into place after each row's prefix
-            move_cache_rows(self.cache,
-                            torch.repeat_interleave(torch.tensor([i for i, _ in moved]), torch.tensor([p for _, p in moved])),
-                            torch.cat([torch.arange(w, w + p) for _, p in moved]),
-                            torch.cat([torch.arange(rows[i].cache_len, rows[i].cache_len + p) for i, p in moved]))
+            move_cache_rows(
+                self.cache,
+                torch.repeat_interleave(torch.tensor([i for i, _ in moved]), torch.tensor([p for _, p in moved])),
+                torch.cat([torch.arange(w, w + p) for _, p in moved]),
+                torch.cat([torch.arange(rows[i].cache_len, rows[i].cache_len + p) for i, p in moved]),
+            )
         for i, (tree, new) in feed.items():
             r = rows[i]
             p, f = len(r.pending), len(new)
@@ -119,7 +130,9 @@ class ModelRows(RowsCache):
             r.cache_len += p  # = root_pos: the prefix now holds the pending tokens
             r.pending = []
             index = torch.tensor(new)
-            for j, (node, parent, token) in enumerate(zip(new, tree.parents[index].tolist(), tree.tokens[index].tolist())):
+            for j, (node, parent, token) in enumerate(
+                zip(new, tree.parents[index].tolist(), tree.tokens[index].tolist())
+            ):
                 row = r.root_pos + len(r.row_nodes)
                 r.row_of[node] = row
                 r.row_nodes.append(node)
@@ -131,5 +144,9 @@ class ModelRows(RowsCache):
         """Row i's commit: its tree items at virtual rows ``rows`` (root first) go to root_pos, root_pos + 1, …"""
         r = self.drafters[i]
         src = torch.tensor([r.cols[v - r.root_pos] for v in rows], dtype=torch.long)
-        move_cache_rows(self.cache, torch.full((len(rows),), i, dtype=torch.long), src,
-                        torch.arange(r.root_pos, r.root_pos + len(rows)))
+        move_cache_rows(
+            self.cache,
+            torch.full((len(rows),), i, dtype=torch.long),
+            src,
+            torch.arange(r.root_pos, r.root_pos + len(rows)),
+        )

@@ -44,12 +44,11 @@ import torch
 from treespec.acceptance_map import AcceptanceMap
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.batch_budget import BatchPlan
+from treespec.plugins.configs import OptTreeConfig
 from treespec.plugins.cost_aware import AutoPlanner
 from treespec.plugins.drafted import top_by
-from treespec.plugins.configs import OptTreeConfig
 from treespec.sampling import DraftSampling, propose
 from treespec.tree import DraftTree
-
 
 FIXED_MAX_DEPTH = 10  # a fixed budget: the paper's setting
 AUTO_MAX_DEPTH = 32  # auto: layers stop when they no longer pay; this only bounds a step
@@ -80,8 +79,9 @@ class Slots:
         return int(self.q.shape[1])
 
 
-def expand_slots(drafter: Drafter, tree: DraftTree, nodes: torch.Tensor, k: int,
-                 sampling: DraftSampling | None) -> Slots:
+def expand_slots(
+    drafter: Drafter, tree: DraftTree, nodes: torch.Tensor, k: int, sampling: DraftSampling | None
+) -> Slots:
     """The k child slots of every node in ``nodes`` [M]: ranked (``sampling`` None) or drawn."""
     prop = propose(drafter, tree, nodes, k, sampling)  # tokens, q: [M, k] (sampled: in draw order)
     if sampling is None:
@@ -123,8 +123,9 @@ class OptTreeBuilder(TreeBuilder):
         calibrate = config.calibrate if config.calibrate is not None else auto  # default: on with auto only
         self.calibration = AcceptanceMap() if calibrate else None
         self.max_depth = config.max_depth or (AUTO_MAX_DEPTH if auto else FIXED_MAX_DEPTH)
-        self.planner = AutoPlanner(config.cap, self.max_depth, self.calibration, config.refine, config.profile) \
-            if auto else None
+        self.planner = (
+            AutoPlanner(config.cap, self.max_depth, self.calibration, config.refine, config.profile) if auto else None
+        )
 
     @property
     def max_nodes(self) -> int:

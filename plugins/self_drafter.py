@@ -88,6 +88,8 @@ class SelfDrafter(ModelDrafter):
     def load_model(self) -> torch.nn.Module:
         """Nothing is loaded: the draft is a view of the target's first ``layers`` layers."""
         if getattr(self.target.model, "hf_device_map", None) and "disk" in self.target.model.hf_device_map.values():
-            raise ConfigError("drafter 'self' shares the target's own layers, which a device map offloaded to disk: "
-                              "use a draft model or an EAGLE head with an offloaded target")
+            raise ConfigError(
+                "drafter 'self' shares the target's own layers, which a device map offloaded to disk: "
+                "use a draft model or an EAGLE head with an offloaded target"
+            )
         return shallow_model(self.target.model, self.config.layers)

@@ -94,9 +94,7 @@ def load_shape(spec: str) -> list[list[int]]:
         raise ConfigError(f"tree shape {spec!r} is malformed; write chain-K (e.g. chain-5) or kary-K-D (e.g. kary-2-3)")
     close = difflib.get_close_matches(spec, preset_names(), n=1, cutoff=0.5)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ConfigError(
-        f"unknown tree shape {spec!r}; {hint}presets: {', '.join(preset_names())}; or {_FORMS}"
-    )
+    raise ConfigError(f"unknown tree shape {spec!r}; {hint}presets: {', '.join(preset_names())}; or {_FORMS}")
 
 
 def _parse_json(text: str, what: str) -> object:
@@ -183,8 +181,9 @@ def shape_layers(paths: list[list[int]]) -> list[_Layer]:
     return layers
 
 
-def grow(layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int,
-         sampling: DraftSampling | None = None) -> DraftTree:
+def grow(
+    layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int, sampling: DraftSampling | None = None
+) -> DraftTree:
     """Walk a shape: ONE ``drafter.expand`` per depth, the wanted ranks added, padding (q = 0) and its
     subtree skipped, never deeper than ``max_depth``. Shared by ``static`` and ``sequoia``.
 
@@ -198,7 +197,9 @@ def grow(layers: list[_Layer], drafter: Drafter, root_token: int, max_depth: int
         present = parent_ids >= 0  # [E] nodes cut by padding above have no children either
         if not bool(present.any()):
             break
-        prop = propose(drafter, tree, parent_ids[present], layer.k, sampling)  # tokens, q: [E', k] (draw order if sampled)
+        prop = propose(
+            drafter, tree, parent_ids[present], layer.k, sampling
+        )  # tokens, q: [E', k] (draw order if sampled)
         tokens, q_all = prop.tokens.to(ids.device), prop.q.to(ids.device)
         cols = q_all.shape[1]  # k, unless a drafter returns fewer columns (missing ranks: padding)
         if cols == 0:

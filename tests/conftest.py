@@ -70,7 +70,7 @@ def tinystories_prompts(n: int, cut_words: int = 25) -> list[str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def eagle_head_dir() -> Path:
     """An EAGLE head for stories260K trained here once per session (≈ 10 s; trained heads are not
     committed): 240 TinyStories prompts the tests do not prompt with, 3 short epochs."""
@@ -83,7 +83,7 @@ def eagle_head_dir() -> Path:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def eagle3_head_dir() -> Path:
     """An EAGLE-3 head for stories260K trained here once per session (≈ 15 s; not committed): the
     prompts of ``eagle_head_dir``, 3 unrolled steps, a 300-token draft vocabulary."""
@@ -92,17 +92,38 @@ def eagle3_head_dir() -> Path:
     from treespec.plugins.eagle3_train import Train3Settings, train3
 
     out = Path(tempfile.mkdtemp(prefix="treespec-eagle3-head-"))
-    train3(Train3Settings(target=str(STORIES260K), data="tinystories", out=str(out), offset=200, limit=240,
-                          max_new_tokens=64, epochs=4, batch_size=16, lr=3e-3, ttt_steps=3, draft_vocab=300),
-           log=lambda _: None)
+    train3(
+        Train3Settings(
+            target=str(STORIES260K),
+            data="tinystories",
+            out=str(out),
+            offset=200,
+            limit=240,
+            max_new_tokens=64,
+            epochs=4,
+            batch_size=16,
+            lr=3e-3,
+            ttt_steps=3,
+            draft_vocab=300,
+        ),
+        log=lambda _: None,
+    )
     return out
 
 
 def EAGLE_TEST_SETTINGS(out: Path, **overrides):
     from treespec.plugins.eagle_train import TrainSettings
 
-    base = dict(target=str(STORIES260K), data="tinystories", out=str(out), offset=200, limit=240,
-                max_new_tokens=64, epochs=3, batch_size=16)
+    base = dict(
+        target=str(STORIES260K),
+        data="tinystories",
+        out=str(out),
+        offset=200,
+        limit=240,
+        max_new_tokens=64,
+        epochs=3,
+        batch_size=16,
+    )
     return TrainSettings(**(base | overrides))
 
 
@@ -130,14 +151,18 @@ def ship_own_code(path: Path) -> None:
     import json
 
     (path / "configuration_custom.py").write_text(
-        "from transformers import LlamaConfig\nclass CustomConfig(LlamaConfig):\n    model_type = 'custom-llama'\n")
+        "from transformers import LlamaConfig\nclass CustomConfig(LlamaConfig):\n    model_type = 'custom-llama'\n"
+    )
     (path / "modeling_custom.py").write_text(
         "from transformers import LlamaForCausalLM\nfrom .configuration_custom import CustomConfig\n"
-        "class CustomForCausalLM(LlamaForCausalLM):\n    config_class = CustomConfig\n    RAN_CUSTOM_CODE = True\n")
+        "class CustomForCausalLM(LlamaForCausalLM):\n    config_class = CustomConfig\n    RAN_CUSTOM_CODE = True\n"
+    )
     config = json.loads((path / "config.json").read_text())
     config["model_type"] = "custom-llama"
-    config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig",
-                          "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    config["auto_map"] = {
+        "AutoConfig": "configuration_custom.CustomConfig",
+        "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM",
+    }
     (path / "config.json").write_text(json.dumps(config))
 
 

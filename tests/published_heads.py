@@ -26,17 +26,38 @@ from pathlib import Path
 import torch
 
 LLAMA2_CONFIG = {  # eagle/train/llama_2_chat_7B_config.json's fields, sizes scaled to the target
-    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-    "initializer_range": 0.02, "model_type": "llama", "num_hidden_layers": 1, "pad_token_id": 0,
-    "pretraining_tp": 1, "rms_norm_eps": 1e-06, "rope_scaling": None, "tie_word_embeddings": False,
-    "torch_dtype": "float16", "transformers_version": "4.31.0.dev0", "use_cache": True,
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "model_type": "llama",
+    "num_hidden_layers": 1,
+    "pad_token_id": 0,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.31.0.dev0",
+    "use_cache": True,
 }
 LLAMA3_EXTRA = {"bias": False, "rope_theta": 500000.0, "rms_norm_eps": 1e-05}  # EAGLE-LLaMA3-Instruct-8B.json
 
 
-def eagle1_head(folder: Path, hidden: int, vocab: int, heads: int = 8, kv_heads: int = 4, intermediate: int = 172,
-                style: str = "llama2", fmt: str = "bin", dtype: torch.dtype = torch.float32, seed: int = 1,
-                max_positions: int = 512) -> Path:
+def eagle1_head(
+    folder: Path,
+    hidden: int,
+    vocab: int,
+    heads: int = 8,
+    kv_heads: int = 4,
+    intermediate: int = 172,
+    style: str = "llama2",
+    fmt: str = "bin",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 1,
+    max_positions: int = 512,
+) -> Path:
     """Write an EAGLE-1/2 head in the published layout (module docstring) with random weights."""
     gen = torch.Generator().manual_seed(seed)
     d = hidden // heads
@@ -60,8 +81,15 @@ def eagle1_head(folder: Path, hidden: int, vocab: int, heads: int = 8, kv_heads:
     if bias:
         state["fc.bias"] = (0.1 * torch.randn(hidden, generator=gen)).to(dtype)
     _write_state(folder, state, fmt)
-    config = dict(LLAMA2_CONFIG, hidden_size=hidden, vocab_size=vocab, num_attention_heads=heads,
-                  num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=max_positions)
+    config = dict(
+        LLAMA2_CONFIG,
+        hidden_size=hidden,
+        vocab_size=vocab,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=max_positions,
+    )
     if style == "llama3":
         config.update(LLAMA3_EXTRA)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
@@ -97,12 +125,13 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = pos.double()[:, None] * inv[None, :]  # [T, D/2]
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype), torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
-    rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+    rot = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
     return x * cos + rot * sin
 
 
-def eagle1_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor,
-                   embedding: torch.Tensor | None = None) -> torch.Tensor:
+def eagle1_forward(
+    folder: Path, features: torch.Tensor, tokens: torch.Tensor, embedding: torch.Tensor | None = None
+) -> torch.Tensor:
     """The published forward over one causal sequence, from the files alone: features [T, H] (f_j),
     tokens [T] (x_{j+1}), positions 0..T-1. Returns the predicted features [T, H] (float64).
     ``embedding``: the target's table in place of the head's copy (what EAGLE's own loader does)."""
@@ -126,7 +155,7 @@ def eagle1_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor,
     attn = (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(t, heads * d)
     x = x + attn @ s["layers.0.self_attn.o_proj.weight"].T
     m = _rms(x, s["layers.0.post_attention_layernorm.weight"], eps)
-    mlp = (torch.nn.functional.silu(m @ s["layers.0.mlp.gate_proj.weight"].T) * (m @ s["layers.0.mlp.up_proj.weight"].T))
+    mlp = torch.nn.functional.silu(m @ s["layers.0.mlp.gate_proj.weight"].T) * (m @ s["layers.0.mlp.up_proj.weight"].T)
     return x + mlp @ s["layers.0.mlp.down_proj.weight"].T
 
 
@@ -149,16 +178,36 @@ def eagle1_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor,
 # The three layers: the inputs of target layers (2, L//2, L-3) = Hugging Face hidden_states[i].
 
 EAGLE3_CONFIG = {  # eagle/traineagle3/config.json's fields, sizes scaled to the target
-    "architectures": ["LlamaForCausalLM"], "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu",
-    "initializer_range": 0.02, "model_type": "llama", "num_hidden_layers": 1, "pad_token_id": 0,
-    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "torch_dtype": "float16",
-    "transformers_version": "4.28.1", "use_cache": True,
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "model_type": "llama",
+    "num_hidden_layers": 1,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.28.1",
+    "use_cache": True,
 }
 
 
-def eagle3_head(folder: Path, hidden: int, vocab: int, draft_vocab: int, heads: int = 8, kv_heads: int = 4,
-                intermediate: int = 172, dtype: torch.dtype = torch.float16, seed: int = 3, fmt: str = "bin",
-                max_positions: int = 512, used: torch.Tensor | None = None) -> Path:
+def eagle3_head(
+    folder: Path,
+    hidden: int,
+    vocab: int,
+    draft_vocab: int,
+    heads: int = 8,
+    kv_heads: int = 4,
+    intermediate: int = 172,
+    dtype: torch.dtype = torch.float16,
+    seed: int = 3,
+    fmt: str = "bin",
+    max_positions: int = 512,
+    used: torch.Tensor | None = None,
+) -> Path:
     """Write an EAGLE-3 head in the published layout with random weights. The draft vocabulary is
     ``used`` (ascending target ids; default: every other id from 1, or all if that does not fit) as ``scandata`` builds it:
     d2t[i] = used[i] - i, t2d[j] = j in used."""
@@ -191,15 +240,23 @@ def eagle3_head(folder: Path, hidden: int, vocab: int, draft_vocab: int, heads: 
         "t2d": t2d,
     }
     _write_state(folder, state, fmt)
-    config = dict(EAGLE3_CONFIG, hidden_size=hidden, vocab_size=vocab, draft_vocab_size=draft_vocab,
-                  num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
-                  max_position_embeddings=max_positions)
+    config = dict(
+        EAGLE3_CONFIG,
+        hidden_size=hidden,
+        vocab_size=vocab,
+        draft_vocab_size=draft_vocab,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=max_positions,
+    )
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
 
 
-def eagle3_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor, embedding: torch.Tensor,
-                   start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def eagle3_forward(
+    folder: Path, features: torch.Tensor, tokens: torch.Tensor, embedding: torch.Tensor, start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The published forward over one causal sequence from the files alone: features [T, 3·Ht] (the
     target's three layers at x_j) or [T, H] (the head's own outputs), tokens [T] (x_{j+1}), positions
     start..start+T-1 (no cache: start only shifts RoPE). Returns (pre-norm outputs [T, H], logits over
@@ -215,8 +272,13 @@ def eagle3_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor, e
     g = features.double()
     if g.shape[-1] != h:
         g = g @ s["fc.weight"].T
-    x = torch.cat([_rms(embedding.double()[tokens], s["midlayer.input_layernorm.weight"], eps),
-                   _rms(g, s["midlayer.hidden_norm.weight"], eps)], -1)
+    x = torch.cat(
+        [
+            _rms(embedding.double()[tokens], s["midlayer.input_layernorm.weight"], eps),
+            _rms(g, s["midlayer.hidden_norm.weight"], eps),
+        ],
+        -1,
+    )
     pos = torch.arange(start, start + t)
     q = _rope((x @ s["midlayer.self_attn.q_proj.weight"].T).view(t, heads, d).transpose(0, 1), pos, theta)
     k = _rope((x @ s["midlayer.self_attn.k_proj.weight"].T).view(t, kv, d).transpose(0, 1), pos, theta)
@@ -226,8 +288,14 @@ def eagle3_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor, e
     attn = (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(t, heads * d)
     hid = g + attn @ s["midlayer.self_attn.o_proj.weight"].T
     m = _rms(hid, s["midlayer.post_attention_layernorm.weight"], eps)
-    out = hid + (torch.nn.functional.silu(m @ s["midlayer.mlp.gate_proj.weight"].T) * (m @ s["midlayer.mlp.up_proj.weight"].T)) \
+    out = (
+        hid
+        + (
+            torch.nn.functional.silu(m @ s["midlayer.mlp.gate_proj.weight"].T)
+            * (m @ s["midlayer.mlp.up_proj.weight"].T)
+        )
         @ s["midlayer.mlp.down_proj.weight"].T
+    )
     draft_logits = _rms(out, s["norm.weight"], eps) @ s["lm_head.weight"].T  # [T, Vd]
     logits = torch.full((t, cfg["vocab_size"]), float("-inf"), dtype=torch.float64)
     ids = torch.arange(cfg["draft_vocab_size"]) + s["d2t"]
@@ -250,15 +318,24 @@ def eagle3_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor, e
 # ``norm_before_residual`` (vLLM: absent = true): the layer's residual is hidden_norm(g) instead of g
 # (vllm/model_executor/models/llama_eagle3.py ``_norm_before_residual``).
 
-def speculators_head(folder: Path, hidden: int, vocab: int, draft_vocab: int, embedding: torch.Tensor,
-                     layer_ids: list[int] | None, norm_before_residual: bool | None, **kwargs) -> Path:
+
+def speculators_head(
+    folder: Path,
+    hidden: int,
+    vocab: int,
+    draft_vocab: int,
+    embedding: torch.Tensor,
+    layer_ids: list[int] | None,
+    norm_before_residual: bool | None,
+    **kwargs,
+) -> Path:
     """An EAGLE-3 head in the speculators layout: the published EAGLE-3 weights (``eagle3_head``), renamed
     and re-configured as Eagle3Converter does (the comment above)."""
     eagle3_head(folder, hidden, vocab, draft_vocab, fmt="safetensors", **kwargs)
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(folder / "model.safetensors"))
-    state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    state = {("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in state.items()}
     state["embed_tokens.weight"] = embedding.to(torch.float16).clone()
     (folder / "model.safetensors").unlink()
     save_file(state, str(folder / "model.safetensors"))
@@ -266,11 +343,18 @@ def speculators_head(folder: Path, hidden: int, vocab: int, draft_vocab: int, em
     layer = {k: v for k, v in flat.items() if k != "draft_vocab_size"}
     layer.update(num_hidden_layers=1, tie_word_embeddings=False, rope_theta=10000.0)
     config = {
-        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.1.0",
-        "transformer_layer_config": layer, "draft_vocab_size": draft_vocab, "target_hidden_size": None,
-        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
-                               "verifier": {"name_or_path": "the-target", "architectures": ["LlamaForCausalLM"]}},
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.1.0",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": None,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+            "verifier": {"name_or_path": "the-target", "architectures": ["LlamaForCausalLM"]},
+        },
     }
     if norm_before_residual is not None:
         config["norm_before_residual"] = norm_before_residual
@@ -280,7 +364,9 @@ def speculators_head(folder: Path, hidden: int, vocab: int, draft_vocab: int, em
     return folder
 
 
-def speculators_forward(folder: Path, features: torch.Tensor, tokens: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+def speculators_forward(
+    folder: Path, features: torch.Tensor, tokens: torch.Tensor, embedding: torch.Tensor
+) -> torch.Tensor:
     """vLLM's Eagle3LlamaForCausalLM forward from the files alone (float64), norm_before_residual as
     vLLM reads it (absent = true); positions 0..T-1, causal. Returns the draft logits over the target
     vocabulary (-inf outside the draft vocabulary) [T, V]."""
@@ -288,8 +374,15 @@ def speculators_forward(folder: Path, features: torch.Tensor, tokens: torch.Tens
     layer = cfg["transformer_layer_config"]
     from safetensors.torch import load_file
 
-    s = {k: (v.double() if v.is_floating_point() else v) for k, v in load_file(str(folder / "model.safetensors")).items()}
-    heads, kv, eps, h = layer["num_attention_heads"], layer["num_key_value_heads"], layer["rms_norm_eps"], layer["hidden_size"]
+    s = {
+        k: (v.double() if v.is_floating_point() else v) for k, v in load_file(str(folder / "model.safetensors")).items()
+    }
+    heads, kv, eps, h = (
+        layer["num_attention_heads"],
+        layer["num_key_value_heads"],
+        layer["rms_norm_eps"],
+        layer["hidden_size"],
+    )
     theta = layer.get("rope_theta", 10000.0)
     t, d = features.shape[0], h // heads
     g = features.double() @ s["fc.weight"].T if features.shape[-1] != h else features.double()
@@ -302,10 +395,20 @@ def speculators_forward(folder: Path, features: torch.Tensor, tokens: torch.Tens
     v = (x @ s["layers.0.self_attn.v_proj.weight"].T).view(t, kv, d).transpose(0, 1)
     k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
     scores = q @ k.transpose(1, 2) / math.sqrt(d) + torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)
-    hid = residual + (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(t, heads * d) @ s["layers.0.self_attn.o_proj.weight"].T
+    hid = (
+        residual
+        + (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(t, heads * d)
+        @ s["layers.0.self_attn.o_proj.weight"].T
+    )
     m = _rms(hid, s["layers.0.post_attention_layernorm.weight"], eps)
-    out = hid + (torch.nn.functional.silu(m @ s["layers.0.mlp.gate_proj.weight"].T) * (m @ s["layers.0.mlp.up_proj.weight"].T)) \
+    out = (
+        hid
+        + (
+            torch.nn.functional.silu(m @ s["layers.0.mlp.gate_proj.weight"].T)
+            * (m @ s["layers.0.mlp.up_proj.weight"].T)
+        )
         @ s["layers.0.mlp.down_proj.weight"].T
+    )
     draft = _rms(out, s["norm.weight"], eps) @ s["lm_head.weight"].T
     logits = torch.full((t, layer["vocab_size"]), float("-inf"), dtype=torch.float64)
     logits[:, torch.arange(cfg["draft_vocab_size"]) + s["d2t"]] = draft

@@ -30,11 +30,13 @@ class Tables:
     vocab: int
 
     @classmethod
-    def build(cls, model, prompt: list[int], levels: int, probs_fn) -> "Tables":
+    def build(cls, model, prompt: list[int], levels: int, probs_fn) -> Tables:
         v = model.config.vocab_size
         rows = []
         for length in range(levels):
-            pre = torch.tensor(list(itertools.product(range(v), repeat=length)), dtype=torch.long).reshape(v**length, length)
+            pre = torch.tensor(list(itertools.product(range(v), repeat=length)), dtype=torch.long).reshape(
+                v**length, length
+            )
             ids = torch.cat([torch.tensor(prompt).expand(v**length, len(prompt)), pre], dim=1)
             with torch.inference_mode():
                 logits = model(ids).logits[:, -1]  # [V^l, V]
@@ -124,7 +126,9 @@ def chi_square(samples: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, 
     o_t, e_t = torch.tensor(o, dtype=torch.float64), torch.tensor(e, dtype=torch.float64)
     stat = float(((o_t - e_t) ** 2 / e_t).sum())
     df = max(len(e) - 1, 1)
-    pvalue = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    pvalue = float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
     return stat, df, pvalue, impossible
 
 
@@ -137,5 +141,7 @@ def fit(seqs: torch.Tensor, tables: Tables) -> tuple[float, int, float, int]:
 def assert_exact(seqs: torch.Tensor, tables: Tables, what: str) -> float:
     stat, df, pvalue, impossible = fit(seqs, tables)
     assert impossible == 0, f"{what}: {impossible} samples of probability-0 sequences"
-    assert pvalue >= ALPHA, f"{what}: X² = {stat:.1f} on {df} df, p = {pvalue:.3g} < {ALPHA} over {seqs.shape[0]} trials"
+    assert pvalue >= ALPHA, (
+        f"{what}: X² = {stat:.1f} on {df} df, p = {pvalue:.3g} < {ALPHA} over {seqs.shape[0]} trials"
+    )
     return pvalue

@@ -14,8 +14,13 @@ from conftest import STORIES260K, tinystories_prompts
 
 @pytest.fixture(scope="module")
 def decoder(target64):
-    return treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3},
-                            builder="opt-tree", builder_options={"nodes": 12})
+    return treespec.Decoder(
+        target64,
+        drafter=str(STORIES260K),
+        drafter_options={"layers": 3},
+        builder="opt-tree",
+        builder_options={"nodes": 12},
+    )
 
 
 def _generate_in_threads(decoders, prompts, n: int) -> dict[int, list[int]]:
@@ -98,8 +103,15 @@ def test_a_one_row_batch_tensor_is_the_same_prompt(decoder):
     assert a == decoder.generate(ids, max_new_tokens=8).token_ids
 
 
-@pytest.mark.parametrize("value, message", [(2.5, "whole number > 0, got 2.5"), (0, "must be > 0, got 0"),
-                                            (True, "whole number > 0, got True"), ("8", "whole number")])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (2.5, "whole number > 0, got 2.5"),
+        (0, "must be > 0, got 0"),
+        (True, "whole number > 0, got True"),
+        ("8", "whole number"),
+    ],
+)
 def test_bad_max_new_tokens(decoder, value, message):
     with pytest.raises(treespec.ConfigError, match=message):
         decoder.generate([1, 500], max_new_tokens=value)
@@ -120,21 +132,32 @@ def test_model_drafter_layers_beyond_the_checkpoint_are_refused(target64):
     assert dec.generate([1, 500], max_new_tokens=2).token_ids
 
 
-@pytest.mark.parametrize("builder, options", [("opt-tree", {"nodes": 100000}), ("eagle2", {"total_tokens": 513}),
-                                              ("chain", {"k": 600}), ("static", {"shape": "kary-8-4"})])
+@pytest.mark.parametrize(
+    "builder, options",
+    [
+        ("opt-tree", {"nodes": 100000}),
+        ("eagle2", {"total_tokens": 513}),
+        ("chain", {"k": 600}),
+        ("static", {"shape": "kary-8-4"}),
+    ],
+)
 def test_node_budgets_the_target_cannot_verify_are_refused_at_once(target64, builder, options):
     """stories260K's context is 512: no tree forward can hold more nodes (and a huge budget drafted
     for minutes before failing to allocate tens of GB)."""
     assert target64.max_tree_nodes == 512
     with pytest.raises(treespec.ConfigError, match=r"verifies at most 512 in one forward.*at most 512 nodes") as err:
-        treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3},
-                         builder=builder, builder_options=options)
+        treespec.Decoder(
+            target64, drafter=str(STORIES260K), drafter_options={"layers": 3}, builder=builder, builder_options=options
+        )
     assert "\n" not in str(err.value)
-    treespec.Decoder(target64, drafter="ngram", builder="opt-tree", builder_options={"nodes": 512})  # the limit itself is fine
+    treespec.Decoder(
+        target64, drafter="ngram", builder="opt-tree", builder_options={"nodes": 512}
+    )  # the limit itself is fine
 
 
-def test_building_a_decoder_while_another_thread_decodes_waits_its_turn(decoder, target64, greedy_reference,
-                                                                        monkeypatch):
+def test_building_a_decoder_while_another_thread_decodes_waits_its_turn(
+    decoder, target64, greedy_reference, monkeypatch
+):
     """`opt-tree nodes=auto` measures its costs with target forwards when a Decoder is built. Built while
     another thread decoded on the same target, it broke that decode (every generate failed): the
     measurement now holds the target like a decode does."""
@@ -169,7 +192,11 @@ def test_building_a_decoder_while_another_thread_decodes_waits_its_turn(decoder,
     assert not errors, errors
     wants = [greedy_reference(p, 24) for p in prompts]
     for i, got in enumerate(results):
-        assert got == wants[i % len(prompts)], greedy_reference.explain(prompts[i % len(prompts)], got, wants[i % len(prompts)])
+        assert got == wants[i % len(prompts)], greedy_reference.explain(
+            prompts[i % len(prompts)], got, wants[i % len(prompts)]
+        )
+
+
 # ---------------------------------------------------------------------------------------------------
 # issue 27 (10, 11): wrong types and values are one ConfigError line, never a TypeError or ValueError
 # from deep inside, an allocation of gigabytes, or a value silently read as another
@@ -210,11 +237,17 @@ T = "<target64>"  # the module's float64 target, put in by the test
         ((T, "ngram", "chain"), {"builder_options": "k=3"}, r"builder_options must be a dict"),
         ((T, "ngram", "chain"), {"drafter_options": [1]}, r"drafter_options must be a dict"),
         ((str(STORIES260K), "ngram", "chain"), {"device": "meta"}, r"holds tensor shapes but no values"),
-        ((str(STORIES260K), "ngram", "chain"), {"device_map": "auto", "offload_folder": 3},
-         r"offload_folder must be a folder path"),
+        (
+            (str(STORIES260K), "ngram", "chain"),
+            {"device_map": "auto", "offload_folder": 3},
+            r"offload_folder must be a folder path",
+        ),
         ((T, "ngram+ngram", "chain"), {"drafter_options": {"merge": "mix", "weights": "nan,1"}}, r"finite number"),
-        ((T, "ngram+ngram", "chain"), {"drafter_options": {"merge": "mix", "weights": [float("inf"), 1]}},
-         r"finite number"),
+        (
+            (T, "ngram+ngram", "chain"),
+            {"drafter_options": {"merge": "mix", "weights": [float("inf"), 1]}},
+            r"finite number",
+        ),
         ((T, str(STORIES260K), "chain"), {"drafter_options": {"temperature": float("inf")}}, r"finite number"),
         ((T, "ngram", "eagle2"), {"builder_options": {"top_k": 200}}, r"drafts up to 200,200 nodes per step"),
     ],

@@ -18,21 +18,54 @@ def _config(arch: str, seed: int):
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2)
     if arch in ("gemma2", "gemma3"):  # sliding-window and full-attention layers mixed: a mask per layer type
         cls = Gemma2Config if arch == "gemma2" else Gemma3TextConfig
-        return cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                   head_dim=8, sliding_window=6, max_position_embeddings=256,
-                   layer_types=["sliding_attention", "full_attention"], **common)
+        return cls(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            sliding_window=6,
+            max_position_embeddings=256,
+            layer_types=["sliding_attention", "full_attention"],
+            **common,
+        )
     if arch == "qwen2-mixed":  # Qwen2's max_window_layers: the first layer slides, the second does not
-        return Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, max_position_embeddings=256, use_sliding_window=True,
-                           sliding_window=6, max_window_layers=1, **common)
+        return Qwen2Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            use_sliding_window=True,
+            sliding_window=6,
+            max_window_layers=1,
+            **common,
+        )
     if arch == "mistral-window":  # every layer attends to the last 8 positions only
-        return MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=256, sliding_window=8, **common)
+        return MistralConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            sliding_window=8,
+            **common,
+        )
     if arch == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **common)
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch]
-    return cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=256, **common)
+    return cls(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        **common,
+    )
 
 
 def _model(arch: str, seed: int, path):
@@ -47,8 +80,9 @@ def _model(arch: str, seed: int, path):
     return model
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2", "mistral-window", "gemma2", "gemma3",
-                                  "qwen2-mixed"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "qwen2", "mistral", "gpt2", "mistral-window", "gemma2", "gemma3", "qwen2-mixed"]
+)
 def test_decode_loop_is_lossless_on_architecture(arch, tmp_path):
     target_model = _model(arch, 0, tmp_path / "target")
     _model(arch, 1, tmp_path / "draft")
@@ -61,9 +95,13 @@ def test_decode_loop_is_lossless_on_architecture(arch, tmp_path):
             for ids in prompts:
                 out = dec.generate(ids, max_new_tokens=40)
                 with torch.inference_mode():
-                    ref = target_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=40,
-                                                attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-                want = ref[0, len(ids):].tolist()
+                    ref = target_model.generate(
+                        torch.tensor([ids]),
+                        do_sample=False,
+                        max_new_tokens=40,
+                        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                    )
+                want = ref[0, len(ids) :].tolist()
                 assert out.token_ids == want, f"{arch} draft={draft} {builder} prompt={ids}"
                 if draft == "target" and builder == "chain":  # the target's own chain is always accepted
                     assert all(s.accepted == s.depth for s in out.stats.steps)
@@ -85,8 +123,11 @@ def test_models_that_cannot_verify_a_tree_are_refused_at_load_in_one_line(arch, 
     from transformers import AutoModelForCausalLM, BloomConfig, MambaConfig
 
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2)
-    cfg = BloomConfig(hidden_size=32, n_layer=2, n_head=4, **common) if arch == "bloom" \
+    cfg = (
+        BloomConfig(hidden_size=32, n_layer=2, n_head=4, **common)
+        if arch == "bloom"
         else MambaConfig(hidden_size=32, num_hidden_layers=2, state_size=8, **common)
+    )
     model = AutoModelForCausalLM.from_config(cfg)
     why = "ALiBi" if arch == "bloom" else "recurrent"
     with pytest.raises(treespec.ConfigError, match=f"cannot verify draft trees: {arch} .*{why}") as err:

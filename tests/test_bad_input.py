@@ -151,7 +151,9 @@ def one_line_error(result) -> str:
     text = result.stderr if hasattr(result, "stderr") else result.output
     assert "Traceback" not in text and "Traceback" not in result.output, text
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    errors = [line for line in text.splitlines() if line.startswith(("error:", "Error:"))]  # ours, or click's usage error
+    errors = [
+        line for line in text.splitlines() if line.startswith(("error:", "Error:"))
+    ]  # ours, or click's usage error
     assert len(errors) == 1, text
     return errors[0]
 
@@ -167,41 +169,80 @@ CLI_CASES = [
     ("run-unknown-option", lambda b: [*RUN, *PAIR, "-B", "depth=3"], "unknown option 'depth'"),
     ("run-option-twice", lambda b: [*RUN, *PAIR, "-B", "nodes=5", "-B", "nodes=7"], "'nodes' is given twice"),
     ("run-top-p-range-greedy", lambda b: [*RUN, *PAIR, "--top-p", "1.5"], "top_p must be in"),
-    ("run-draft-temperature-zero", lambda b: [*RUN, *PAIR, "--temperature", "0.7", "--draft-temperature", "0"],
-     "draft_temperature"),
+    (
+        "run-draft-temperature-zero",
+        lambda b: [*RUN, *PAIR, "--temperature", "0.7", "--draft-temperature", "0"],
+        "draft_temperature",
+    ),
     ("run-threads-zero", lambda b: [*RUN, *PAIR, "--threads", "0"], "threads"),
     ("run-prompt-and-file", lambda b: [*RUN, *PAIR, "--prompt-file", b["latin1"]], "not both"),
-    ("bench-spec-twice", lambda b: ["bench", "--dataset", "tinystories", "--target", S260, "--drafter", "ngram",
-                                    "--builder", "chain k=2 k=3", "--limit", "1", "--out", str(Path(b["root"]) / "b2")],
-     "given twice"),
+    (
+        "bench-spec-twice",
+        lambda b: [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--target",
+            S260,
+            "--drafter",
+            "ngram",
+            "--builder",
+            "chain k=2 k=3",
+            "--limit",
+            "1",
+            "--out",
+            str(Path(b["root"]) / "b2"),
+        ],
+        "given twice",
+    ),
     ("run-option-no-value", lambda b: [*RUN, *PAIR, "--builder", "chain", "-B", "k"], "name=value"),
-    ("run-draft-layers-beyond", lambda b: [*RUN, "--target", S260, "--drafter", S260, "-D", "layers=99"],
-     "has 5 decoder layers"),
+    (
+        "run-draft-layers-beyond",
+        lambda b: [*RUN, "--target", S260, "--drafter", S260, "-D", "layers=99"],
+        "has 5 decoder layers",
+    ),
     ("run-self-layers-beyond", lambda b: [*RUN, "--target", S260, "--drafter", "self", "-D", "layers=9"], "layers"),
     ("run-target-zero-weights", lambda b: [*RUN, "--target", b["zero-weights"], "--drafter", "ngram"], "damaged"),
     ("run-target-cut-weights", lambda b: [*RUN, "--target", b["cut-weights"], "--drafter", "ngram"], "damaged"),
     ("run-draft-cut-weights", lambda b: [*RUN, "--target", S260, "--drafter", b["cut-weights"]], "damaged"),
     ("run-target-bad-config", lambda b: [*RUN, "--target", b["bad-config"], "--drafter", "ngram"], "bad-config"),
-    ("run-target-bad-tokenizer", lambda b: [*RUN, "--target", b["bad-tokenizer"], "--drafter", "ngram"],
-     "bad-tokenizer"),
+    (
+        "run-target-bad-tokenizer",
+        lambda b: [*RUN, "--target", b["bad-tokenizer"], "--drafter", "ngram"],
+        "bad-tokenizer",
+    ),
     ("run-target-no-weights", lambda b: [*RUN, "--target", b["no-weights"], "--drafter", "ngram"], "no-weights"),
-    ("run-target-custom-code", lambda b: [*RUN, "--target", b["custom-code"], "--drafter", "ngram"],
-     r"ships its own Python code.*--trust-remote-code to `treespec run`"),
-    ("run-draft-custom-code", lambda b: [*RUN, "--target", S260, "--drafter", b["custom-code"]],
-     r"draft model .*ships its own Python code.*-D trust_remote_code=true"),
-    ("run-draft-small-vocab", lambda b: [*RUN, "--target", S260, "--drafter", b["small-vocab"]],
-     "embeds 256 tokens but the target's tokenizer has 512"),
-    ("run-target-missing-dir", lambda b: [*RUN, "--target", "/nonexistent/model", "--drafter", "ngram"],
-     "nonexistent"),
+    (
+        "run-target-custom-code",
+        lambda b: [*RUN, "--target", b["custom-code"], "--drafter", "ngram"],
+        r"ships its own Python code.*--trust-remote-code to `treespec run`",
+    ),
+    (
+        "run-draft-custom-code",
+        lambda b: [*RUN, "--target", S260, "--drafter", b["custom-code"]],
+        r"draft model .*ships its own Python code.*-D trust_remote_code=true",
+    ),
+    (
+        "run-draft-small-vocab",
+        lambda b: [*RUN, "--target", S260, "--drafter", b["small-vocab"]],
+        "embeds 256 tokens but the target's tokenizer has 512",
+    ),
+    ("run-target-missing-dir", lambda b: [*RUN, "--target", "/nonexistent/model", "--drafter", "ngram"], "nonexistent"),
     ("run-target-not-a-dir", lambda b: [*RUN, "--target", b["afile"], "--drafter", "ngram"], "afile"),
-    ("run-hub-offline", lambda b: [*RUN, "--target", "meta-llama/Llama-2-7b-hf", "--drafter", "llama-68m"],
-     "cache|cannot be reached|HF_HUB_OFFLINE"),
+    (
+        "run-hub-offline",
+        lambda b: [*RUN, "--target", "meta-llama/Llama-2-7b-hf", "--drafter", "llama-68m"],
+        "cache|cannot be reached|HF_HUB_OFFLINE",
+    ),
     ("run-dtype", lambda b: [*RUN, *PAIR, "--dtype", "float12"], "unknown dtype 'float12'"),
     ("run-device-cuda", lambda b: [*RUN, *PAIR, "--device", "cuda"], "not available"),
     ("run-device-foo", lambda b: [*RUN, *PAIR, "--device", "foo"], "unknown device 'foo'"),
     ("run-max-new-zero", lambda b: ["run", *PAIR, "--max-new-tokens", "0", "--prompt", "Once"], "max_new_tokens"),
-    ("run-prompt-too-long", lambda b: ["run", *PAIR, "--max-new-tokens", "4", "--prompt", "Once upon a time " * 200],
-     "context is 512"),
+    (
+        "run-prompt-too-long",
+        lambda b: ["run", *PAIR, "--max-new-tokens", "4", "--prompt", "Once upon a time " * 200],
+        "context is 512",
+    ),
     ("run-prompt-file-missing", lambda b: [*RUN[:3], *PAIR, "--prompt-file", "/nonexistent.txt"], "nonexistent"),
     ("run-prompt-file-latin1", lambda b: [*RUN[:3], *PAIR, "--prompt-file", b["latin1"]], "UTF-8"),
     ("run-prompt-file-dir", lambda b: [*RUN[:3], *PAIR, "--prompt-file", b["root"]], "directory"),
@@ -210,56 +251,206 @@ CLI_CASES = [
     ("run-top-k-negative", lambda b: [*RUN, *PAIR, "--temperature", "0.7", "--top-k", "-3"], "top.k"),
     ("run-rule-unknown", lambda b: [*RUN, *PAIR, "--temperature", "0.7", "--sampling-rule", "magic"], "rule"),
     ("run-eagle-needs-head", lambda b: [*RUN, "--target", S260, "--drafter", "eagle"], "head"),
-    ("run-eagle-head-missing", lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", "head=/nonexistent/head"], "EAGLE head '/nonexistent/head': /nonexistent/head does not exist"),
-    ("run-eagle-head-cut", lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", f"head={b['head-cut']}"], "head"),
-    ("run-eagle-head-bad-config", lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", f"head={b['head-bad-config']}"],
-     "config"),
-    ("run-eagle-head-pickle", lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", f"head={b['head-pickle']}"], "head"),
-    ("run-eagle3-head", lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", f"head={b['head-eagle3']}"], "EAGLE-3|eagle-3|3"),
-    ("run-compose-one-part", lambda b: [*RUN, "--target", S260, "--drafter", "compose", "-D", "parts=ngram"],
-     "two or more parts"),
-    ("run-compose-bad-prefix", lambda b: [*RUN, "--target", S260, "--drafter", "ngram+ngram", "-D", "3.max_ngram=2"],
-     "names no part"),
+    (
+        "run-eagle-head-missing",
+        lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", "head=/nonexistent/head"],
+        "EAGLE head '/nonexistent/head': /nonexistent/head does not exist",
+    ),
+    (
+        "run-eagle-head-cut",
+        lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", f"head={b['head-cut']}"],
+        "head",
+    ),
+    (
+        "run-eagle-head-bad-config",
+        lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", f"head={b['head-bad-config']}"],
+        "config",
+    ),
+    (
+        "run-eagle-head-pickle",
+        lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", f"head={b['head-pickle']}"],
+        "head",
+    ),
+    (
+        "run-eagle3-head",
+        lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", f"head={b['head-eagle3']}"],
+        "EAGLE-3|eagle-3|3",
+    ),
+    (
+        "run-compose-one-part",
+        lambda b: [*RUN, "--target", S260, "--drafter", "compose", "-D", "parts=ngram"],
+        "two or more parts",
+    ),
+    (
+        "run-compose-bad-prefix",
+        lambda b: [*RUN, "--target", S260, "--drafter", "ngram+ngram", "-D", "3.max_ngram=2"],
+        "names no part",
+    ),
     ("run-datastore-no-corpus", lambda b: [*RUN, "--target", S260, "--drafter", "datastore"], "corpus"),
-    ("run-datastore-missing-corpus", lambda b: [*RUN, "--target", S260, "--drafter", "datastore",
-                                                "-D", "corpus=/nonexistent.txt"], "nonexistent"),
+    (
+        "run-datastore-missing-corpus",
+        lambda b: [*RUN, "--target", S260, "--drafter", "datastore", "-D", "corpus=/nonexistent.txt"],
+        "nonexistent",
+    ),
     ("run-static-bad-shape", lambda b: [*RUN, *PAIR, "--builder", "static", "-B", "shape=nope"], "shape"),
     ("run-sequoia-no-acceptance", lambda b: [*RUN, *PAIR, "--builder", "sequoia"], "acceptance"),
     # --- tree show
-    ("tree-show-unknown-builder", lambda b: ["tree", "show", *PAIR, "--builder", "opt-tre", "--prompt", "Once"],
-     "did you mean"),
-    ("tree-show-dot-missing-dir", lambda b: ["tree", "show", *PAIR, "--prompt", "Once", "--dot", "/nonexistent/d/t.dot"],
-     "nonexistent"),
-    ("tree-show-png-missing-dir", lambda b: ["tree", "show", *PAIR, "--prompt", "Once", "--png", "/nonexistent/d/t.png"],
-     "nonexistent"),
+    (
+        "tree-show-unknown-builder",
+        lambda b: ["tree", "show", *PAIR, "--builder", "opt-tre", "--prompt", "Once"],
+        "did you mean",
+    ),
+    (
+        "tree-show-dot-missing-dir",
+        lambda b: ["tree", "show", *PAIR, "--prompt", "Once", "--dot", "/nonexistent/d/t.dot"],
+        "nonexistent",
+    ),
+    (
+        "tree-show-png-missing-dir",
+        lambda b: ["tree", "show", *PAIR, "--prompt", "Once", "--png", "/nonexistent/d/t.png"],
+        "nonexistent",
+    ),
     # --- bench and bench-report
-    ("bench-dataset-unknown", lambda b: ["bench", "--dataset", "nope", *PAIR[:2], "--drafter", "ngram", "--limit", "1"],
-     "nope"),
-    ("bench-dataset-passwd", lambda b: ["bench", "--dataset", "/etc/passwd", "--target", S260, "--drafter", "ngram",
-                                        "--limit", "1", "--out", str(Path(b["root"]) / "b1")], "passwd"),
-    ("bench-out-is-a-file", lambda b: ["bench", "--dataset", "tinystories", "--target", S260, "--drafter", "ngram",
-                                       "--limit", "1", "--max-new-tokens", "4", "--out", b["afile"]], "afile"),
-    ("bench-out-under-a-file", lambda b: ["bench", "--dataset", "tinystories", "--target", S260, "--drafter", "ngram",
-                                          "--limit", "1", "--max-new-tokens", "4", "--out", b["afile"] + "/x"], "afile"),
-    ("bench-out-proc", lambda b: ["bench", "--dataset", "tinystories", "--target", S260, "--drafter", "ngram",
-                                  "--limit", "1", "--max-new-tokens", "4", "--out", "/proc/treespec-bench"], "proc"),
-    ("bench-bad-spec", lambda b: ["bench", "--dataset", "tinystories", "--target", S260, "--drafter", "ngram",
-                                  "--builder", "opt-tree nodes=x", "--limit", "1"], "nodes"),
+    (
+        "bench-dataset-unknown",
+        lambda b: ["bench", "--dataset", "nope", *PAIR[:2], "--drafter", "ngram", "--limit", "1"],
+        "nope",
+    ),
+    (
+        "bench-dataset-passwd",
+        lambda b: [
+            "bench",
+            "--dataset",
+            "/etc/passwd",
+            "--target",
+            S260,
+            "--drafter",
+            "ngram",
+            "--limit",
+            "1",
+            "--out",
+            str(Path(b["root"]) / "b1"),
+        ],
+        "passwd",
+    ),
+    (
+        "bench-out-is-a-file",
+        lambda b: [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--target",
+            S260,
+            "--drafter",
+            "ngram",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            b["afile"],
+        ],
+        "afile",
+    ),
+    (
+        "bench-out-under-a-file",
+        lambda b: [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--target",
+            S260,
+            "--drafter",
+            "ngram",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            b["afile"] + "/x",
+        ],
+        "afile",
+    ),
+    (
+        "bench-out-proc",
+        lambda b: [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--target",
+            S260,
+            "--drafter",
+            "ngram",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            "/proc/treespec-bench",
+        ],
+        "proc",
+    ),
+    (
+        "bench-bad-spec",
+        lambda b: [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--target",
+            S260,
+            "--drafter",
+            "ngram",
+            "--builder",
+            "opt-tree nodes=x",
+            "--limit",
+            "1",
+        ],
+        "nodes",
+    ),
     ("bench-report-corrupt", lambda b: ["bench-report", str(Path(b["results"]).parent.parent)], "results.json"),
     # --- training, calibration, measurement, datastore
-    ("train-eagle-no-data", lambda b: ["train", "eagle", "--target", S260, "--out", str(Path(b["root"]) / "h")],
-     "data"),
-    ("train-eagle-bad-dataset", lambda b: ["train", "eagle", "--target", S260, "--data", "nope",
-                                           "--out", str(Path(b["root"]) / "h2")], "nope"),
+    (
+        "train-eagle-no-data",
+        lambda b: ["train", "eagle", "--target", S260, "--out", str(Path(b["root"]) / "h")],
+        "data",
+    ),
+    (
+        "train-eagle-bad-dataset",
+        lambda b: ["train", "eagle", "--target", S260, "--data", "nope", "--out", str(Path(b["root"]) / "h2")],
+        "nope",
+    ),
     ("train-pair-bad-size", lambda b: ["train", "pair", "--out", str(Path(b["root"]) / "p"), "--steps", "0"], "steps"),
     ("calibrate-drafter-plugin", lambda b: ["calibrate", "--drafter", "eagle"], "not the drafter 'eagle'"),
-    ("calibrate-bad-target", lambda b: ["calibrate", "--target", "/nonexistent/model", "--drafter", S260], "nonexistent"),
-    ("sequoia-measure-bad-dataset", lambda b: ["sequoia-measure", "--target", S260, "--drafter", S260, "--layers", "3",
-                                               "--dataset", "nope", "--out", str(Path(b["root"]) / "a.json")], "nope"),
-    ("datastore-build-missing", lambda b: ["datastore", "build", "/nonexistent/corpus.txt", "--target", S260],
-     "nonexistent"),
+    (
+        "calibrate-bad-target",
+        lambda b: ["calibrate", "--target", "/nonexistent/model", "--drafter", S260],
+        "nonexistent",
+    ),
+    (
+        "sequoia-measure-bad-dataset",
+        lambda b: [
+            "sequoia-measure",
+            "--target",
+            S260,
+            "--drafter",
+            S260,
+            "--layers",
+            "3",
+            "--dataset",
+            "nope",
+            "--out",
+            str(Path(b["root"]) / "a.json"),
+        ],
+        "nope",
+    ),
+    (
+        "datastore-build-missing",
+        lambda b: ["datastore", "build", "/nonexistent/corpus.txt", "--target", S260],
+        "nonexistent",
+    ),
     ("datastore-build-latin1", lambda b: ["datastore", "build", b["latin1"], "--target", S260], "UTF-8"),
 ]
+
 
 # Issue 27 (9-11): each was a traceback, a crash, an allocation of gigabytes, a misleading message or
 # input silently read as something else before.
@@ -269,45 +460,103 @@ def OUT(b: dict[str, str], name: str) -> list[str]:
 
 AUTO = ["-B", "nodes=auto"]
 BENCH = ["bench", "--dataset", "tinystories", "--target", S260, "--limit", "1", "--max-new-tokens", "4"]
-MEASURE = ["--target", S260, "--drafter", S260, "--layers", "3", "--dataset", "tinystories", "--limit", "1",
-           "--max-new-tokens", "4"]
-TRAIN_EAGLE = ["train", "eagle", "--target", S260, "--data", "tinystories", "--limit", "4", "--max-new-tokens", "4",
-               "--epochs", "1"]
+MEASURE = [
+    "--target",
+    S260,
+    "--drafter",
+    S260,
+    "--layers",
+    "3",
+    "--dataset",
+    "tinystories",
+    "--limit",
+    "1",
+    "--max-new-tokens",
+    "4",
+]
+TRAIN_EAGLE = [
+    "train",
+    "eagle",
+    "--target",
+    S260,
+    "--data",
+    "tinystories",
+    "--limit",
+    "4",
+    "--max-new-tokens",
+    "4",
+    "--epochs",
+    "1",
+]
 TRAIN_PAIR = ["train", "pair", "--steps", "1", "--draft-steps", "1", "--max-files", "4"]
 CLI_CASES += [
     # --- 9: cost profiles (-B profile=FILE): a traceback each, a pipe hung
-    ("run-profile-missing", lambda b: [*RUN, *PAIR, *AUTO, "-B", "profile=/nonexistent/p.json"],
-     r"opt-tree: profile /nonexistent/p.json: no such file; give a file written by `treespec profile --out FILE`"),
+    (
+        "run-profile-missing",
+        lambda b: [*RUN, *PAIR, *AUTO, "-B", "profile=/nonexistent/p.json"],
+        r"opt-tree: profile /nonexistent/p.json: no such file; give a file written by `treespec profile --out FILE`",
+    ),
     ("run-profile-list", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['profile-list']}"], "a JSON list"),
     ("run-profile-not-json", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['latin1']}"], "not UTF-8|not JSON"),
     ("run-profile-dir", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['root']}"], "is a directory"),
     ("run-profile-fifo", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['fifo']}"], "not a regular file"),
-    ("run-profile-nan", lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['profile-nan']}"],
-     "curve 'verify': ys holds a negative or non-finite value"),
-    ("run-profile-fixed-budget", lambda b: [*RUN, *PAIR, "-B", "nodes=5", "-B", f"profile={b['profile-nan']}"],
-     "profile= plans nodes=auto only"),
+    (
+        "run-profile-nan",
+        lambda b: [*RUN, *PAIR, *AUTO, "-B", f"profile={b['profile-nan']}"],
+        "curve 'verify': ys holds a negative or non-finite value",
+    ),
+    (
+        "run-profile-fixed-budget",
+        lambda b: [*RUN, *PAIR, "-B", "nodes=5", "-B", f"profile={b['profile-nan']}"],
+        "profile= plans nodes=auto only",
+    ),
     # --- 10: oversized requests, refused before allocating
-    ("run-eagle2-top-k-200", lambda b: [*RUN, *PAIR, "--builder", "eagle2", "-B", "top_k=200"],
-     r"drafts up to 200,200 nodes per step.*needs about 128.0 GiB.*lower its top_k or depth"),
-    ("run-config-layers-100000", lambda b: [*RUN, "--target", b["deep-config"], "--drafter", "ngram"],
-     r"config.json says num_hidden_layers 100,000 but the weights in .* hold 5 layers"),
-    ("run-config-oversized", lambda b: [*RUN, "--target", b["huge-config"], "--drafter", "ngram"],
-     r"parameters by its config.json\) needs about .* GiB, more than the .* available"),
-    ("run-eagle-head-layers-100000", lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle",
-                                                "-D", f"head={b['head-deep']}"],
-     r"config.json says num_hidden_layers 100,000 but its weights hold 1"),
+    (
+        "run-eagle2-top-k-200",
+        lambda b: [*RUN, *PAIR, "--builder", "eagle2", "-B", "top_k=200"],
+        r"drafts up to 200,200 nodes per step.*needs about 128.0 GiB.*lower its top_k or depth",
+    ),
+    (
+        "run-config-layers-100000",
+        lambda b: [*RUN, "--target", b["deep-config"], "--drafter", "ngram"],
+        r"config.json says num_hidden_layers 100,000 but the weights in .* hold 5 layers",
+    ),
+    (
+        "run-config-oversized",
+        lambda b: [*RUN, "--target", b["huge-config"], "--drafter", "ngram"],
+        r"parameters by its config.json\) needs about .* GiB, more than the .* available",
+    ),
+    (
+        "run-eagle-head-layers-100000",
+        lambda b: [*RUN, "--target", "treespec-py", "--drafter", "eagle", "-D", f"head={b['head-deep']}"],
+        r"config.json says num_hidden_layers 100,000 but its weights hold 1",
+    ),
     ("run-threads-100000", lambda b: [*RUN, *PAIR, "--threads", "100000"], r"more threads than .* use at most \d+"),
-    ("bench-threads-100000", lambda b: [*BENCH, "--drafter", "ngram", "--threads", "100000", *OUT(b, "b-t")],
-     "use at most"),
-    ("profile-threads-100000", lambda b: ["profile", "--target", S260, "--drafter", "ngram", "--threads", "100000"],
-     "use at most"),
-    ("sequoia-measure-ranks-1e9", lambda b: ["sequoia-measure", *MEASURE, "--ranks", "1000000000",
-                                             "--out", str(Path(b["root"]) / "acc.json")],
-     r"--ranks 1000000000 is more ranks than the vocabulary has tokens \(512\)"),
-    ("train-pair-huge-model", lambda b: [*TRAIN_PAIR, "--target-layers", "10000000", *OUT(b, "p-huge")],
-     r"training the target \(.* parameters.*\) needs about .* GiB"),
-    ("train-eagle-layers-100000", lambda b: [*TRAIN_EAGLE, "--layers", "100000", *OUT(b, "h-deep")],
-     r"an EAGLE head of 100,000 layers .* needs about"),
+    (
+        "bench-threads-100000",
+        lambda b: [*BENCH, "--drafter", "ngram", "--threads", "100000", *OUT(b, "b-t")],
+        "use at most",
+    ),
+    (
+        "profile-threads-100000",
+        lambda b: ["profile", "--target", S260, "--drafter", "ngram", "--threads", "100000"],
+        "use at most",
+    ),
+    (
+        "sequoia-measure-ranks-1e9",
+        lambda b: ["sequoia-measure", *MEASURE, "--ranks", "1000000000", "--out", str(Path(b["root"]) / "acc.json")],
+        r"--ranks 1000000000 is more ranks than the vocabulary has tokens \(512\)",
+    ),
+    (
+        "train-pair-huge-model",
+        lambda b: [*TRAIN_PAIR, "--target-layers", "10000000", *OUT(b, "p-huge")],
+        r"training the target \(.* parameters.*\) needs about .* GiB",
+    ),
+    (
+        "train-eagle-layers-100000",
+        lambda b: [*TRAIN_EAGLE, "--layers", "100000", *OUT(b, "h-deep")],
+        r"an EAGLE head of 100,000 layers .* needs about",
+    ),
     # --- 11: tracebacks
     ("run-seed-2-64", lambda b: [*RUN, *PAIR, "--seed", str(2**64)], r"--seed 18446744073709551616 is out of range"),
     ("bench-seed-2-64", lambda b: [*BENCH, "--drafter", "ngram", "--seed", str(2**64), *OUT(b, "b-s")], "out of range"),
@@ -315,56 +564,132 @@ CLI_CASES += [
     ("run-device-meta", lambda b: [*RUN, *PAIR, "--device", "meta"], "holds tensor shapes but no values"),
     ("tree-show-device-meta", lambda b: ["tree", "show", *PAIR, "--prompt", "Once", "--device", "meta"], "no values"),
     ("sequoia-measure-device-meta", lambda b: ["sequoia-measure", *MEASURE, "--device", "meta"], "no values"),
-    ("run-chat-template-broken", lambda b: [*RUN, "--target", b["broken-template"], "--drafter", "ngram", "--chat"],
-     r"chat template fails on this conversation .*fix chat_template in its tokenizer_config.json"),
-    ("train-eagle-lr-nan", lambda b: [*TRAIN_EAGLE, "--lr", "nan", *OUT(b, "h-lr")], "--lr must be a finite number > 0"),
-    ("train-eagle-max-new-zero", lambda b: [*TRAIN_EAGLE[:8], "--max-new-tokens", "0", *OUT(b, "h-m")],
-     "--max-new-tokens must be > 0"),
+    (
+        "run-chat-template-broken",
+        lambda b: [*RUN, "--target", b["broken-template"], "--drafter", "ngram", "--chat"],
+        r"chat template fails on this conversation .*fix chat_template in its tokenizer_config.json",
+    ),
+    (
+        "train-eagle-lr-nan",
+        lambda b: [*TRAIN_EAGLE, "--lr", "nan", *OUT(b, "h-lr")],
+        "--lr must be a finite number > 0",
+    ),
+    (
+        "train-eagle-max-new-zero",
+        lambda b: [*TRAIN_EAGLE[:8], "--max-new-tokens", "0", *OUT(b, "h-m")],
+        "--max-new-tokens must be > 0",
+    ),
     ("train-pair-lr-nan", lambda b: [*TRAIN_PAIR, "--lr", "nan", *OUT(b, "p-lr")], "--lr must be a finite number > 0"),
-    ("train-pair-vocab-1", lambda b: [*TRAIN_PAIR, "--vocab-size", "1", *OUT(b, "p-v")], "--vocab-size must be between"),
-    ("bench-baseline-k-text", lambda b: [*BENCH, "--drafter", f"{S260} layers=3", "--baseline",
-                                         "hf-assisted num_assistant_tokens=x", *OUT(b, "b-k")],
-     "num_assistant_tokens must be a whole number > 0, got 'x'"),
-    ("bench-baseline-confidence-nan", lambda b: [*BENCH, "--drafter", f"{S260} layers=3", "--baseline",
-                                                 "hf-assisted assistant_confidence_threshold=nan", *OUT(b, "b-c")],
-     r"assistant_confidence_threshold must be a number in \[0, 1\]"),
-    ("bench-baseline-lookup-text", lambda b: [*BENCH, "--drafter", "ngram", "--baseline",
-                                              "hf-lookup prompt_lookup_num_tokens=x", *OUT(b, "b-l")], "whole number > 0"),
-    ("bench-baseline-lookup-unknown", lambda b: [*BENCH, "--drafter", "ngram", "--baseline", "hf-lookup n=3",
-                                                 *OUT(b, "b-u")], r"hf-lookup: unknown setting\(s\) \['n'\]"),
+    (
+        "train-pair-vocab-1",
+        lambda b: [*TRAIN_PAIR, "--vocab-size", "1", *OUT(b, "p-v")],
+        "--vocab-size must be between",
+    ),
+    (
+        "bench-baseline-k-text",
+        lambda b: [
+            *BENCH,
+            "--drafter",
+            f"{S260} layers=3",
+            "--baseline",
+            "hf-assisted num_assistant_tokens=x",
+            *OUT(b, "b-k"),
+        ],
+        "num_assistant_tokens must be a whole number > 0, got 'x'",
+    ),
+    (
+        "bench-baseline-confidence-nan",
+        lambda b: [
+            *BENCH,
+            "--drafter",
+            f"{S260} layers=3",
+            "--baseline",
+            "hf-assisted assistant_confidence_threshold=nan",
+            *OUT(b, "b-c"),
+        ],
+        r"assistant_confidence_threshold must be a number in \[0, 1\]",
+    ),
+    (
+        "bench-baseline-lookup-text",
+        lambda b: [*BENCH, "--drafter", "ngram", "--baseline", "hf-lookup prompt_lookup_num_tokens=x", *OUT(b, "b-l")],
+        "whole number > 0",
+    ),
+    (
+        "bench-baseline-lookup-unknown",
+        lambda b: [*BENCH, "--drafter", "ngram", "--baseline", "hf-lookup n=3", *OUT(b, "b-u")],
+        r"hf-lookup: unknown setting\(s\) \['n'\]",
+    ),
     ("sequoia-measure-out-dir", lambda b: ["sequoia-measure", *MEASURE, "--out", b["root"]], "is a directory"),
     ("calibrate-out-dir", lambda b: ["calibrate", *MEASURE, "--out", b["root"]], "is a directory"),
-    ("datastore-build-out-dir", lambda b: ["datastore", "build", b["null-prompt"], "--target", S260, "--out", b["root"]],
-     "is a directory"),
+    (
+        "datastore-build-out-dir",
+        lambda b: ["datastore", "build", b["null-prompt"], "--target", S260, "--out", b["root"]],
+        "is a directory",
+    ),
     # --- 11: inputs silently misread
-    ("run-batch-prompt-null", lambda b: ["run", *PAIR, "--max-new-tokens", "4", "--prompt-file", b["null-prompt"],
-                                         "--batch-size", "2"], r"line 2: 'prompt' must be text, got null"),
-    ("run-batch-turns-not-text", lambda b: ["run", *PAIR, "--max-new-tokens", "4", "--prompt-file", b["bad-turns"],
-                                            "--batch-size", "2"], r"'turns' must be a non-empty list of texts"),
+    (
+        "run-batch-prompt-null",
+        lambda b: ["run", *PAIR, "--max-new-tokens", "4", "--prompt-file", b["null-prompt"], "--batch-size", "2"],
+        r"line 2: 'prompt' must be text, got null",
+    ),
+    (
+        "run-batch-turns-not-text",
+        lambda b: ["run", *PAIR, "--max-new-tokens", "4", "--prompt-file", b["bad-turns"], "--batch-size", "2"],
+        r"'turns' must be a non-empty list of texts",
+    ),
     ("sequoia-measure-skip-negative", lambda b: ["sequoia-measure", *MEASURE, "--skip", "-1"], "--skip must be >= 0"),
     ("calibrate-skip-negative", lambda b: ["calibrate", *MEASURE, "--skip", "-1"], "--skip must be >= 0"),
-    ("train-eagle-offset-negative", lambda b: [*TRAIN_EAGLE, "--offset", "-1", *OUT(b, "h-o")], "--offset must be >= 0"),
+    (
+        "train-eagle-offset-negative",
+        lambda b: [*TRAIN_EAGLE, "--offset", "-1", *OUT(b, "h-o")],
+        "--offset must be >= 0",
+    ),
     ("train-eagle-noise-negative", lambda b: [*TRAIN_EAGLE, "--noise", "-1", *OUT(b, "h-n")], "--noise must be"),
     ("train-eagle-lr-inf", lambda b: [*TRAIN_EAGLE, "--lr", "inf", *OUT(b, "h-i")], "--lr must be a finite"),
     ("train-eagle-threads-zero", lambda b: [*TRAIN_EAGLE, "--threads", "0", *OUT(b, "h-t")], "--threads must be > 0"),
-    ("train-eagle-gen-batch-zero", lambda b: [*TRAIN_EAGLE, "--gen-batch-size", "0", *OUT(b, "h-g")],
-     "--gen-batch-size must be > 0"),
-    ("train-pair-max-files-negative", lambda b: [*TRAIN_PAIR[:-2], "--max-files", "-1", *OUT(b, "p-f")],
-     "--max-files must be > 0"),
+    (
+        "train-eagle-gen-batch-zero",
+        lambda b: [*TRAIN_EAGLE, "--gen-batch-size", "0", *OUT(b, "h-g")],
+        "--gen-batch-size must be > 0",
+    ),
+    (
+        "train-pair-max-files-negative",
+        lambda b: [*TRAIN_PAIR[:-2], "--max-files", "-1", *OUT(b, "p-f")],
+        "--max-files must be > 0",
+    ),
     ("train-pair-minutes-nan", lambda b: [*TRAIN_PAIR, "--minutes", "nan", *OUT(b, "p-m")], "--minutes must be"),
-    ("run-compose-weights-nan", lambda b: [*RUN, "--target", S260, "--drafter", "ngram+ngram", "-D", "merge=mix",
-                                           "-D", "weights=nan,1"], "finite number"),
-    ("run-draft-temperature-inf", lambda b: [*RUN, "--target", S260, "--drafter", S260, "-D", "temperature=inf"],
-     "finite number"),
-    ("tree-show-max-nodes-zero", lambda b: ["tree", "show", *PAIR, "--prompt", "Once", "--max-nodes", "0"],
-     "--max-nodes must be > 0"),
-    ("bench-baseline-assisted-without-draft", lambda b: [*BENCH, "--drafter", "ngram", "--baseline", "hf-assisted",
-                                                         *OUT(b, "b-a")], "no --drafter names one"),
+    (
+        "run-compose-weights-nan",
+        lambda b: [*RUN, "--target", S260, "--drafter", "ngram+ngram", "-D", "merge=mix", "-D", "weights=nan,1"],
+        "finite number",
+    ),
+    (
+        "run-draft-temperature-inf",
+        lambda b: [*RUN, "--target", S260, "--drafter", S260, "-D", "temperature=inf"],
+        "finite number",
+    ),
+    (
+        "tree-show-max-nodes-zero",
+        lambda b: ["tree", "show", *PAIR, "--prompt", "Once", "--max-nodes", "0"],
+        "--max-nodes must be > 0",
+    ),
+    (
+        "bench-baseline-assisted-without-draft",
+        lambda b: [*BENCH, "--drafter", "ngram", "--baseline", "hf-assisted", *OUT(b, "b-a")],
+        "no --drafter names one",
+    ),
     ("run-target-empty", lambda b: [*RUN, "--target", "", "--drafter", "ngram"], "--target is empty"),
     # --- 11: misleading messages
-    ("run-prompt-file-fifo", lambda b: [*RUN[:3], *PAIR, "--prompt-file", b["fifo"]],
-     "is not a regular file \\(a pipe or a device\\)"),
-    ("datastore-build-corpus-fifo", lambda b: ["datastore", "build", b["fifo"], "--target", S260], "not a regular file"),
+    (
+        "run-prompt-file-fifo",
+        lambda b: [*RUN[:3], *PAIR, "--prompt-file", b["fifo"]],
+        "is not a regular file \\(a pipe or a device\\)",
+    ),
+    (
+        "datastore-build-corpus-fifo",
+        lambda b: ["datastore", "build", b["fifo"], "--target", S260],
+        "not a regular file",
+    ),
 ]
 
 
@@ -419,7 +744,9 @@ def test_a_damaged_saved_profile_is_one_warning_line_and_the_run_goes_on(tmp_pat
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if "profile" in line]
-    assert len(warnings) == 1 and warnings[0].startswith(f"warning: the saved cost profile {path} is not usable"), proc.stderr
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: the saved cost profile {path} is not usable"), (
+        proc.stderr
+    )
     assert "Traceback" not in proc.stderr and "ProfileWarning" not in proc.stderr
 
 
@@ -469,8 +796,26 @@ def test_run_interrupted_by_sigint_keeps_the_streamed_text(tmp_path):
     import sys
     import time
 
-    cmd = [sys.executable, "-m", "treespec.cli.app", "run", "--target", S260, "--drafter", "ngram", "--builder", "chain",
-           "-B", "k=1", "--prompt", "Once upon a time", "--max-new-tokens", "500", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "treespec.cli.app",
+        "run",
+        "--target",
+        S260,
+        "--drafter",
+        "ngram",
+        "--builder",
+        "chain",
+        "-B",
+        "k=1",
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "500",
+        "--threads",
+        "1",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     first = proc.stdout.read(1)  # decoding has started once text streams
@@ -498,9 +843,28 @@ def test_bench_interrupted_keeps_the_finished_prompts(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench_runner.Bench, "prompts_fit", stop_at_third_prompt)
     out = tmp_path / "run"
-    result = runner.invoke(app, ["bench", "--dataset", "tinystories", "--limit", "4", "--max-new-tokens", "8",
-                                 "--target", S260, "--drafter", "ngram", "--builder", "chain k=2", "--baseline", "none",
-                                 "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--limit",
+            "4",
+            "--max-new-tokens",
+            "8",
+            "--target",
+            S260,
+            "--drafter",
+            "ngram",
+            "--builder",
+            "chain k=2",
+            "--baseline",
+            "none",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 130, result.output
     assert "marked partial" in one_line_error(result)
     saved = json.loads((out / "results.json").read_text())
@@ -526,9 +890,28 @@ def test_bench_disk_full_keeps_the_last_complete_files(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", full_disk_on_third_file)
     out = tmp_path / "run"
-    result = runner.invoke(app, ["bench", "--dataset", "tinystories", "--limit", "3", "--max-new-tokens", "8",
-                                 "--target", S260, "--drafter", "ngram", "--builder", "chain k=2", "--baseline", "none",
-                                 "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "8",
+            "--target",
+            S260,
+            "--drafter",
+            "ngram",
+            "--builder",
+            "chain k=2",
+            "--baseline",
+            "none",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 1, result.output
     line = one_line_error(result)
     assert "No space left on device" in line and "marked partial" in line, line
@@ -539,10 +922,15 @@ def test_bench_disk_full_keeps_the_last_complete_files(tmp_path, monkeypatch):
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "steps.jsonl"]  # no temp file left
 
 
-@pytest.mark.parametrize("extra, ignored", [
-    (["--top-k", "5"], "top_k=5"), (["--draft-temperature", "0.5"], "draft_temperature=0.5"),
-    (["--sampling-rule", "specinfer"], "rule=specinfer"), (["--builder", "chain", "-B", "sample=true"], "sample=true"),
-])
+@pytest.mark.parametrize(
+    "extra, ignored",
+    [
+        (["--top-k", "5"], "top_k=5"),
+        (["--draft-temperature", "0.5"], "draft_temperature=0.5"),
+        (["--sampling-rule", "specinfer"], "rule=specinfer"),
+        (["--builder", "chain", "-B", "sample=true"], "sample=true"),
+    ],
+)
 def test_options_greedy_decoding_ignores_are_one_warning_line(extra, ignored):
     """Valid sampling options under greedy decoding change nothing: said once, then decoding goes on."""
     result = runner.invoke(app, [*RUN, *PAIR, *extra])

@@ -10,10 +10,10 @@ import random
 
 import pytest
 import torch
+from test_tree_forward import VOCAB, make_model, random_tree
 
 import treespec
 from conftest import STORIES260K, eagle3_head_dir, eagle_head_dir, tinystories_prompts
-from test_tree_forward import VOCAB, make_model, random_tree
 from treespec import TargetModel
 from treespec.batch_target import BatchTarget
 
@@ -42,10 +42,17 @@ def prompts():
     return tinystories_prompts(5, cut_words=6)
 
 
-@pytest.mark.parametrize("key, builder, options", [
-    ("model", "opt-tree", {"nodes": 12}), ("ngram", "chain", {"k": 4}), ("eagle", "opt-tree", {"nodes": 10}),
-    ("eagle3", "eagle2", {}), ("compose", "opt-tree", {"nodes": 8}), ("model", "opt-tree", {"nodes": "auto"}),
-])
+@pytest.mark.parametrize(
+    "key, builder, options",
+    [
+        ("model", "opt-tree", {"nodes": 12}),
+        ("ngram", "chain", {"k": 4}),
+        ("eagle", "opt-tree", {"nodes": 10}),
+        ("eagle3", "eagle2", {}),
+        ("compose", "opt-tree", {"nodes": 8}),
+        ("model", "opt-tree", {"nodes": "auto"}),
+    ],
+)
 def test_every_row_is_lossless_and_takes_its_own_steps(target64, greedy_reference, prompts, key, builder, options):
     name, opts = _drafter(key)
     dec = treespec.Decoder(target64, drafter=name, drafter_options=opts, builder=builder, builder_options=options)
@@ -76,8 +83,13 @@ def test_a_batch_of_one_and_the_single_prompt_api(target64, greedy_reference, pr
 def test_sampling_rows_draw_from_their_own_seeded_generators(target64, prompts):
     """Row i of a sampled batch with seed s is token for token the single prompt sampled with seed s+i
     (the same draws in the same order): rows are independent and reproducible."""
-    dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3}, builder="static",
-                           builder_options={"shape": "kary-2-3", "sample": True})
+    dec = treespec.Decoder(
+        target64,
+        drafter=str(STORIES260K),
+        drafter_options={"layers": 3},
+        builder="static",
+        builder_options={"shape": "kary-2-3", "sample": True},
+    )
     outs = dec.generate(prompts[:3], max_new_tokens=32, temperature=0.8, seed=11)
     for i, (prompt, out) in enumerate(zip(prompts[:3], outs)):
         alone = dec.generate(prompt, max_new_tokens=32, temperature=0.8, seed=11 + i)
@@ -103,7 +115,9 @@ def test_the_batched_forward_equals_each_rows_own_tree_forward(arch):
     roots = [p[-1] for p in prompts]
     for _ in range(3):
         trees = [random_tree(rng, root, n_layers=rng.randint(0, 3)) for root in roots]
-        logits, _ = batch.forward_trees([t.tensors(int(batch.lens[b]), dtype=torch.float64) for b, t in enumerate(trees)])
+        logits, _ = batch.forward_trees(
+            [t.tensors(int(batch.lens[b]), dtype=torch.float64) for b, t in enumerate(trees)]
+        )
         keeps = []
         for b, (tree, single) in enumerate(zip(trees, singles)):
             want, _ = single.forward_tree(tree.tensors(single.past_len, dtype=torch.float64))
@@ -136,15 +150,35 @@ def test_bench_batch_mode_writes_the_throughput_table(tmp_path):
     from treespec.cli.app import app
 
     out = tmp_path / "batch"
-    res = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "3", "--max-new-tokens", "12",
-                                   "--target", str(STORIES260K), "--drafter", f"{STORIES260K} layers=3",
-                                   "--builder", "opt-tree nodes=6", "--batch-size", "1,2", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--target",
+            str(STORIES260K),
+            "--drafter",
+            f"{STORIES260K} layers=3",
+            "--builder",
+            "opt-tree nodes=6",
+            "--batch-size",
+            "1,2",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     result = json.loads((out / "results.json").read_text())
     assert result["mode"] == "batch" and result["command"].startswith("treespec bench")
     rows = result["rows"]
-    assert {(r["kind"], r["batch_size"]) for r in rows} == {(k, b) for k in ("hf-greedy", "treespec", "treespec-refill")
-                                                            for b in (1, 2)}
+    assert {(r["kind"], r["batch_size"]) for r in rows} == {
+        (k, b) for k in ("hf-greedy", "treespec", "treespec-refill") for b in (1, 2)
+    }
     assert all(r["lossless"] for r in rows if r["kind"].startswith("treespec"))
     assert all(r["new_tokens"] == rows[0]["new_tokens"] for r in rows if r["kind"].startswith("treespec"))
     assert (out / "throughput_vs_batch.png").read_bytes()[:4] == b"\x89PNG"
@@ -163,9 +197,27 @@ def test_cli_run_decodes_a_prompt_file_in_batches(tmp_path, greedy_reference, pr
 
     f = tmp_path / "p.txt"
     f.write_text("\n\n".join(prompts[:3]) + "\n")
-    res = CliRunner().invoke(app, ["run", "--target", str(STORIES260K), "--dtype", "float64", "--drafter", "ngram",
-                                   "--builder", "chain", "--prompt-file", str(f), "--batch-size", "2",
-                                   "--max-new-tokens", "20", "--json"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--target",
+            str(STORIES260K),
+            "--dtype",
+            "float64",
+            "--drafter",
+            "ngram",
+            "--builder",
+            "chain",
+            "--prompt-file",
+            str(f),
+            "--batch-size",
+            "2",
+            "--max-new-tokens",
+            "20",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert [x["prompt"] for x in lines] == [1, 2, 3]
@@ -175,10 +227,17 @@ def test_cli_run_decodes_a_prompt_file_in_batches(tmp_path, greedy_reference, pr
     assert res.stderr.count("(2 rows)") == 1  # one chunk of up to 4 x 2 prompts, rows refilled
 
 
-@pytest.mark.parametrize("key, builder, options", [
-    ("eagle", "opt-tree", {"nodes": 10}), ("model", "chain", {"k": 3}), ("ngram", "chain", {"k": 4}),
-])
-def test_continuous_batching_rows_join_as_others_finish_and_stay_lossless(target64, greedy_reference, key, builder, options):
+@pytest.mark.parametrize(
+    "key, builder, options",
+    [
+        ("eagle", "opt-tree", {"nodes": 10}),
+        ("model", "chain", {"k": 3}),
+        ("ngram", "chain", {"k": 4}),
+    ],
+)
+def test_continuous_batching_rows_join_as_others_finish_and_stay_lossless(
+    target64, greedy_reference, key, builder, options
+):
     """Six prompts (one of a single token) through two rows: each finished row's place goes to the next
     prompt, whose cache joins the batch mid-run; every output equals its prompt's greedy generate
     and takes the steps it takes alone."""
@@ -199,8 +258,13 @@ def test_continuous_batching_rows_join_as_others_finish_and_stay_lossless(target
 
 
 def test_continuous_batching_sampled_rows_keep_their_seeds(target64, prompts):
-    dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3}, builder="static",
-                           builder_options={"shape": "kary-2-3", "sample": True})
+    dec = treespec.Decoder(
+        target64,
+        drafter=str(STORIES260K),
+        drafter_options={"layers": 3},
+        builder="static",
+        builder_options={"shape": "kary-2-3", "sample": True},
+    )
     outs = dec.generate(prompts[:4], max_new_tokens=24, temperature=0.9, seed=5, batch_size=2)
     for i, (prompt, out) in enumerate(zip(prompts[:4], outs)):
         assert out.token_ids == dec.generate(prompt, max_new_tokens=24, temperature=0.9, seed=5 + i).token_ids, i
@@ -218,16 +282,22 @@ def test_every_row_is_lossless_on_llama_qwen2_and_gpt2(arch):
     Hugging Face's own greedy ``generate`` of its prompt."""
     model = make_model(arch, "sdpa")
     target = TargetModel(model)
-    dec = treespec.Decoder(target, drafter="self", drafter_options={"layers": 1}, builder="opt-tree",
-                           builder_options={"nodes": 6})
+    dec = treespec.Decoder(
+        target, drafter="self", drafter_options={"layers": 1}, builder="opt-tree", builder_options={"nodes": 6}
+    )
     assert dec.drafter.rows(2).batched
     rng = random.Random(3)
     prompts = [[rng.randrange(VOCAB - 1) for _ in range(n)] for n in (9, 2, 23, 5, 14)]
     outs = dec.generate(prompts, max_new_tokens=24, batch_size=2)
     for p, out in zip(prompts, outs):
         with torch.inference_mode():
-            ref = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=24, pad_token_id=VOCAB - 1)[0, len(p):].tolist()
+            ref = model.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=24,
+                pad_token_id=VOCAB - 1,
+            )[0, len(p) :].tolist()
         eos = target.eos_token_ids
         cut = next((i for i, t in enumerate(ref) if t in eos), None)
         assert out.token_ids == (ref[: cut + 1] if cut is not None else ref), arch
@@ -240,8 +310,13 @@ def test_repeated_batches_leave_nothing_behind(target64, prompts):
     stays is the Decoder's own state: models, builders, calibration)."""
     import gc
 
-    dec = treespec.Decoder(target64, drafter="eagle", drafter_options={"head": str(eagle_head_dir())},
-                           builder="opt-tree", builder_options={"nodes": 8})
+    dec = treespec.Decoder(
+        target64,
+        drafter="eagle",
+        drafter_options={"head": str(eagle_head_dir())},
+        builder="opt-tree",
+        builder_options={"nodes": 8},
+    )
 
     def live() -> int:
         import warnings

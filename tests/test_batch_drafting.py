@@ -70,13 +70,24 @@ def test_batched_rows_give_each_row_what_its_own_drafter_gives(target64, prompts
                 want = singles[i].expand(trees[i], req.nodes, 3)
                 _same(got[i], want)
                 width = rng.randint(1, 3)
-                frontier[i] = trees[i].add_children(req.nodes.repeat_interleave(width), got[i].tokens[:, :width].flatten(),
-                                                    got[i].q[:, :width].flatten().clamp(min=1e-6))
+                frontier[i] = trees[i].add_children(
+                    req.nodes.repeat_interleave(width),
+                    got[i].tokens[:, :width].flatten(),
+                    got[i].q[:, :width].flatten().clamp(min=1e-6),
+                )
         for i, tree in enumerate(trees):  # accept a random path; any features stand in for the target's
             path = tree.ancestors[rng.randrange(len(tree))].nonzero().flatten()
             tokens = tree.tokens[path[1:]].tolist() + [rng.randrange(3, 500)]
-            hidden = torch.randn(len(tokens), target64.config.hidden_size, dtype=torch.float64,
-                                 generator=torch.Generator().manual_seed(step * 10 + i)) if wants else None
+            hidden = (
+                torch.randn(
+                    len(tokens),
+                    target64.config.hidden_size,
+                    dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(step * 10 + i),
+                )
+                if wants
+                else None
+            )
             group.drafters[i].commit(Commit(tokens=tokens, hidden=hidden))
             singles[i].commit(Commit(tokens=tokens, hidden=hidden))
             roots[i] = tokens[-1]
@@ -87,8 +98,13 @@ def test_batched_rows_give_each_row_what_its_own_drafter_gives(target64, prompts
 
 
 def test_a_third_party_builder_drafts_in_a_batch_and_stays_lossless(target64, greedy_reference, prompts):
-    dec = treespec.Decoder(target64, drafter="eagle", drafter_options={"head": str(eagle_head_dir())},
-                           builder="best-first", builder_options={"nodes": 6})
+    dec = treespec.Decoder(
+        target64,
+        drafter="eagle",
+        drafter_options={"head": str(eagle_head_dir())},
+        builder="best-first",
+        builder_options={"nodes": 6},
+    )
     outs = dec.generate(prompts, max_new_tokens=40)
     for prompt, out in zip(prompts, outs):
         ids = dec.encode(prompt)
@@ -119,8 +135,12 @@ class _Failing(treespec.TreeBuilder):
 
 
 def test_a_failing_builder_stops_the_batch_with_every_rows_output(target64, prompts):
-    dec = treespec.Decoder(target64, drafter="eagle", drafter_options={"head": str(eagle_head_dir())},
-                           builder=_Failing(treespec.config.PluginConfig()))
+    dec = treespec.Decoder(
+        target64,
+        drafter="eagle",
+        drafter_options={"head": str(eagle_head_dir())},
+        builder=_Failing(treespec.config.PluginConfig()),
+    )
     _Failing.calls.clear()
     _Failing.unwound.clear()
     with pytest.raises(treespec.DecodingError, match="builder broke") as info:
@@ -128,7 +148,9 @@ def test_a_failing_builder_stops_the_batch_with_every_rows_output(target64, prom
     outs = info.value.outputs
     assert len(outs) == 3 and all(o.stats.stop_reason == "error" for o in outs)
     assert all(len(o.token_ids) >= 1 for o in outs)  # the first step's tokens are kept
-    assert len(_Failing.unwound) == 6  # 3 rows finished step 1, then all 3 builders of step 2 left (one raised, two unwound)
+    assert (
+        len(_Failing.unwound) == 6
+    )  # 3 rows finished step 1, then all 3 builders of step 2 left (one raised, two unwound)
 
 
 def test_the_rows_auto_planners_share_one_shape_per_step(target64, greedy_reference, prompts):
@@ -137,8 +159,13 @@ def test_the_rows_auto_planners_share_one_shape_per_step(target64, greedy_refere
     another speculates, and every row stays lossless."""
     import numpy as np
 
-    dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3}, builder="opt-tree",
-                           builder_options={"nodes": "auto"})
+    dec = treespec.Decoder(
+        target64,
+        drafter=str(STORIES260K),
+        drafter_options={"layers": 3},
+        builder="opt-tree",
+        builder_options={"nodes": "auto"},
+    )
     outs = dec.generate(prompts, max_new_tokens=48)
     builders = dec._row_builders[len(prompts)]
     plan = builders[0].planner.plan
@@ -156,8 +183,10 @@ def test_the_rows_auto_planners_share_one_shape_per_step(target64, greedy_refere
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == greedy_reference(dec.encode(prompt), 48)
 
-def test_rows_with_long_catch_ups_feed_them_alone_and_give_the_same_proposals(target64, greedy_reference, prompts,
-                                                                              monkeypatch):
+
+def test_rows_with_long_catch_ups_feed_them_alone_and_give_the_same_proposals(
+    target64, greedy_reference, prompts, monkeypatch
+):
     """A prompt joining a running batch feeds its hundreds of items in a forward of its own
     (``RowsCache.alone``): with the thresholds lowered so that every longer-than-median catch-up goes
     alone, the EAGLE rounds still equal each row's own drafter, and continuous batching with EAGLE and
@@ -178,8 +207,9 @@ def test_rows_with_long_catch_ups_feed_them_alone_and_give_the_same_proposals(ta
     for kind in ("eagle", "model"):
         alone.clear()
         name, options = DRAFTERS[kind]()
-        dec = treespec.Decoder(target64, drafter=name, drafter_options=options, builder="opt-tree",
-                               builder_options={"nodes": 8})
+        dec = treespec.Decoder(
+            target64, drafter=name, drafter_options=options, builder="opt-tree", builder_options={"nodes": 8}
+        )
         ids = ids or [dec.encode(p) for p in tinystories_prompts(5, cut_words=12)]
         outs = dec.generate(ids, max_new_tokens=30, batch_size=2)  # newcomers join with their whole prompt pending
         assert alone, kind

@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_bad_input import one_line_error
 from typer.testing import CliRunner
 
 import treespec
 from conftest import STORIES260K, tinystories_prompts
-from test_bad_input import one_line_error
 from treespec.cli.app import app
 
 S260 = str(STORIES260K)
@@ -72,7 +72,9 @@ def test_generate_batch_interrupted_returns_every_prompts_output(target64, monke
             assert out.token_ids == whole.token_ids and out.text == whole.text
         elif reason == "interrupted":
             kinds["interrupted"] += 1
-            assert 0 < len(out.token_ids) < len(whole.token_ids) and whole.token_ids[: len(out.token_ids)] == out.token_ids
+            assert (
+                0 < len(out.token_ids) < len(whole.token_ids) and whole.token_ids[: len(out.token_ids)] == out.token_ids
+            )
             assert out.text == dec.text_of(out.token_ids, out.prompt_ids)
         else:
             assert reason == "not started" and out.token_ids == [], reason
@@ -88,8 +90,22 @@ def _prompt_file(tmp_path: Path, n: int) -> Path:
     return path
 
 
-BATCH_RUN = ["run", "--target", S260, "--drafter", "ngram", "--builder", "chain", "-B", "k=2", "--max-new-tokens", "10",
-             "--batch-size", "1", "--json"]
+BATCH_RUN = [
+    "run",
+    "--target",
+    S260,
+    "--drafter",
+    "ngram",
+    "--builder",
+    "chain",
+    "-B",
+    "k=2",
+    "--max-new-tokens",
+    "10",
+    "--batch-size",
+    "1",
+    "--json",
+]
 
 
 def test_run_batch_json_interrupted_prints_the_chunks_finished_and_partial_outputs(tmp_path, monkeypatch):
@@ -146,12 +162,36 @@ main()
 def test_sigterm_during_run_json_prints_what_exists_and_exits_143(tmp_path, batch):
     """A real SIGTERM in the third step of a real `treespec run --json`: the JSON of what was generated
     (stop_reason "interrupted"), one error line, exit 143. Before: killed, nothing printed."""
-    args = ["run", "--target", S260, "--drafter", "ngram", "--builder", "chain", "-B", "k=1", "--max-new-tokens", "64",
-            "--threads", "1", "--json"]
-    args += ["--prompt-file", str(_prompt_file(tmp_path, 2)), "--batch-size", "2"] if batch else ["--prompt", "Once upon a time"]
+    args = [
+        "run",
+        "--target",
+        S260,
+        "--drafter",
+        "ngram",
+        "--builder",
+        "chain",
+        "-B",
+        "k=1",
+        "--max-new-tokens",
+        "64",
+        "--threads",
+        "1",
+        "--json",
+    ]
+    args += (
+        ["--prompt-file", str(_prompt_file(tmp_path, 2)), "--batch-size", "2"]
+        if batch
+        else ["--prompt", "Once upon a time"]
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", SIGTERM_ON_THIRD, *args], capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGTERM_ON_THIRD, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 143, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -162,8 +202,23 @@ def test_sigterm_during_run_json_prints_what_exists_and_exits_143(tmp_path, batc
         assert row["stats"]["stop_reason"] == "interrupted" and row["token_ids"] and row["stats"]["steps"] == 2
 
 
-BENCH = ["bench", "--dataset", "tinystories", "--limit", "2", "--max-new-tokens", "8", "--target", S260,
-         "--drafter", "ngram", "--builder", "chain k=2", "--batch-size", "1,2"]
+BENCH = [
+    "bench",
+    "--dataset",
+    "tinystories",
+    "--limit",
+    "2",
+    "--max-new-tokens",
+    "8",
+    "--target",
+    S260,
+    "--drafter",
+    "ngram",
+    "--builder",
+    "chain k=2",
+    "--batch-size",
+    "1,2",
+]
 
 
 def test_bench_batch_interrupted_keeps_the_finished_batch_sizes(tmp_path, monkeypatch):

@@ -76,7 +76,7 @@ def _run(plan: BatchPlan, planner: _Planner, accept: float, wall, steps: int = 4
         shapes.append(shape)
         if shape != PLAIN:
             depths = np.repeat(np.arange(1, draft.rounds + 1), min(draft.width, 2))
-            phat = accept ** depths * np.where(np.arange(depths.size) % 2, 0.5, 1.0)[: depths.size]
+            phat = accept**depths * np.where(np.arange(depths.size) % 2, 0.5, 1.0)[: depths.size]
             for _ in range(4):
                 plan.report(expectation_table(phat, depths))
         for _ in range(4):
@@ -94,7 +94,9 @@ def test_cheap_steps_and_good_drafts_speculate_deep():
 
 def _plain_but_probes(shapes: list[Shape]) -> bool:
     """Plain decoding, apart from single probe steps (never two speculative steps in a row)."""
-    return all(a == PLAIN or b == PLAIN for a, b in zip(shapes, shapes[1:])) and shapes.count(PLAIN) >= 0.85 * len(shapes)
+    return all(a == PLAIN or b == PLAIN for a, b in zip(shapes, shapes[1:])) and shapes.count(PLAIN) >= 0.85 * len(
+        shapes
+    )
 
 
 def test_dear_steps_or_bad_drafts_decode_plainly():

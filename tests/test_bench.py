@@ -20,8 +20,13 @@ PROMPTS = SHARED / "prompts"
 # ------------------------------------------------------------------ datasets
 @pytest.mark.parametrize(
     "name,count,turns,raw",
-    [("mt-bench", 80, 2, False), ("spec-bench", 480, 1, False), ("gsm8k", 1319, 1, False),
-     ("humaneval", 164, 1, True), ("tinystories", None, 1, True)],
+    [
+        ("mt-bench", 80, 2, False),
+        ("spec-bench", 480, 1, False),
+        ("gsm8k", 1319, 1, False),
+        ("humaneval", 164, 1, True),
+        ("tinystories", None, 1, True),
+    ],
 )
 def test_every_named_dataset_loads_from_shared(name, count, turns, raw):
     items = datasets.load_prompts(name, PROMPTS)
@@ -54,7 +59,10 @@ def test_user_files_jsonl_gz_and_txt(tmp_path):
         fh.write(json.dumps({"prompt": "zipped"}) + "\n")
     assert datasets.load_prompts(str(tmp_path / "mine.jsonl.gz"))[0].turns == ["zipped"]
     (tmp_path / "mine.txt").write_text("first block\nline two\n\n\nsecond\n")
-    assert [i.turns[0] for i in datasets.load_prompts(str(tmp_path / "mine.txt"))] == ["first block\nline two", "second"]
+    assert [i.turns[0] for i in datasets.load_prompts(str(tmp_path / "mine.txt"))] == [
+        "first block\nline two",
+        "second",
+    ]
     (tmp_path / "bad.jsonl").write_text('{"answer": 1}\n')
     with pytest.raises(treespec.ConfigError, match="line 1: no 'turns'"):
         datasets.load_prompts(str(tmp_path / "bad.jsonl"))
@@ -82,8 +90,9 @@ def test_format_raw_and_chat(target64, tmp_path):
     chat_tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
     ids = datasets.format_turns(chat_tok, item, ["Once there was a cat."])
     text = chat_tok.decode(ids)
-    assert "<user>Tell a story.<assistant>Once there was a cat.<user>Shorter.<assistant>" in text.replace(" ", "").replace("▁", "") or \
-        text.index("Tell") < text.index("cat") < text.index("Shorter")
+    assert "<user>Tell a story.<assistant>Once there was a cat.<user>Shorter.<assistant>" in text.replace(
+        " ", ""
+    ).replace("▁", "") or text.index("Tell") < text.index("cat") < text.index("Shorter")
     code = datasets.PromptItem("HumanEval/0", ["def f():"], raw=True)
     assert chat_tok.decode(datasets.format_turns(chat_tok, code, []), skip_special_tokens=True) == "def f():"
 
@@ -91,8 +100,10 @@ def test_format_raw_and_chat(target64, tmp_path):
 # ------------------------------------------------------------------ specs
 def test_parse_spec_sweeps_the_cartesian_product():
     assert parse_spec("opt-tree nodes=10,25 threshold=0.5,0") == [
-        ("opt-tree", {"nodes": "10", "threshold": "0.5"}), ("opt-tree", {"nodes": "10", "threshold": "0"}),
-        ("opt-tree", {"nodes": "25", "threshold": "0.5"}), ("opt-tree", {"nodes": "25", "threshold": "0"}),
+        ("opt-tree", {"nodes": "10", "threshold": "0.5"}),
+        ("opt-tree", {"nodes": "10", "threshold": "0"}),
+        ("opt-tree", {"nodes": "25", "threshold": "0.5"}),
+        ("opt-tree", {"nodes": "25", "threshold": "0"}),
     ]
     assert parse_spec("chain") == [("chain", {})]
     with pytest.raises(treespec.ConfigError, match="not key=value"):
@@ -106,8 +117,14 @@ def test_parse_spec_sweeps_the_cartesian_product():
 # ------------------------------------------------------------------ runs
 @pytest.fixture(scope="module")
 def small_bench():
-    bench = Bench(str(STORIES260K), [f"{STORIES260K} layers=4"], ["opt-tree nodes=5,10", "chain k=2"],
-                  default_baselines(["chain k=2"]), max_new_tokens=24, dtype="float64")
+    bench = Bench(
+        str(STORIES260K),
+        [f"{STORIES260K} layers=4"],
+        ["opt-tree nodes=5,10", "chain k=2"],
+        default_baselines(["chain k=2"]),
+        max_new_tokens=24,
+        dtype="float64",
+    )
     return bench
 
 
@@ -127,8 +144,19 @@ def test_small_run_is_lossless_with_sane_rows(small_bench):
     assert all(0 <= r["share_bookkeeping"] < 1 for r in tree_rows)
     chain = rows["chain k=2 | stories260K layers=4"]
     assert chain["assisted_config"].startswith("hf-assisted k=2 schedule=constant confidence=0")
-    assert {"config", "builder", "drafter", "options", "tau", "tokens_per_s", "speedup", "lossless", "corr_ea_a",
-            "steps", "new_tokens"} <= set(chain)
+    assert {
+        "config",
+        "builder",
+        "drafter",
+        "options",
+        "tau",
+        "tokens_per_s",
+        "speedup",
+        "lossless",
+        "corr_ea_a",
+        "steps",
+        "new_tokens",
+    } <= set(chain)
 
 
 def test_a_corrupted_configuration_is_flagged_not_lossless(small_bench):
@@ -162,8 +190,15 @@ def test_mt_bench_second_turn_follows_the_models_first_answer(small_bench):
 
 
 def test_sampled_bench_rows_are_seeded_and_not_compared_token_for_token():
-    bench = Bench(str(STORIES260K), [f"{STORIES260K} layers=4"], ["chain k=2 sample=true"], ["hf-assisted"],
-                  max_new_tokens=12, sampling={"temperature": 0.8, "top_p": 0.9, "top_k": 0}, seed=3)
+    bench = Bench(
+        str(STORIES260K),
+        [f"{STORIES260K} layers=4"],
+        ["chain k=2 sample=true"],
+        ["hf-assisted"],
+        max_new_tokens=12,
+        sampling={"temperature": 0.8, "top_p": 0.9, "top_k": 0},
+        seed=3,
+    )
     items = datasets.load_prompts("tinystories", PROMPTS, limit=2)
     first, second = bench.run(items, warmup=False), bench.run(items, warmup=False)
     assert [c.label for c in bench.configs][0] == "hf-sample"
@@ -177,10 +212,20 @@ def test_rule_sweep_runs_every_configuration_once_per_rule_with_the_same_seeds()
     """--sampling-rule a,b: one row per (configuration, rule), each told its rule; the same prompts and
     seeds, so the rows differ only by the rule (block and traversal on a chain are the same rule:
     the very same tokens)."""
-    bench = Bench(str(STORIES260K), [f"{STORIES260K} layers=4"], ["chain k=3 sample=true"], [], max_new_tokens=12,
-                  sampling={"temperature": 1.0, "top_p": 1.0, "top_k": 0}, seed=5, rules=["block", "traversal", "specinfer"])
+    bench = Bench(
+        str(STORIES260K),
+        [f"{STORIES260K} layers=4"],
+        ["chain k=3 sample=true"],
+        [],
+        max_new_tokens=12,
+        sampling={"temperature": 1.0, "top_p": 1.0, "top_k": 0},
+        seed=5,
+        rules=["block", "traversal", "specinfer"],
+    )
     labels = [c.label for c in bench.configs]
-    assert labels[1:] == [f"chain k=3 sample=true | stories260K layers=4 | rule={r}" for r in ("block", "traversal", "specinfer")]
+    assert labels[1:] == [
+        f"chain k=3 sample=true | stories260K layers=4 | rule={r}" for r in ("block", "traversal", "specinfer")
+    ]
     assert [c.options["rule"] for c in bench.configs[1:]] == ["block", "traversal", "specinfer"]
     runs = bench.run(datasets.load_prompts("tinystories", PROMPTS, limit=2), warmup=False)
     by_rule = {c.options["rule"]: [s.token_ids for s in runs[c.label]] for c in bench.configs[1:]}
@@ -190,9 +235,28 @@ def test_rule_sweep_runs_every_configuration_once_per_rule_with_the_same_seeds()
 # ------------------------------------------------------------------ the command
 def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "2", "--max-new-tokens", "16",
-                                   "--target", str(STORIES260K), "--drafter", f"{STORIES260K} layers=4",
-                                   "--builder", "opt-tree nodes=4,auto", "--builder", "chain k=3", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--target",
+            str(STORIES260K),
+            "--drafter",
+            f"{STORIES260K} layers=4",
+            "--builder",
+            "opt-tree nodes=4,auto",
+            "--builder",
+            "chain k=3",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "hf-greedy" in res.stdout and "lossless" in res.stdout
     result = json.loads((out / "results.json").read_text())
@@ -202,8 +266,17 @@ def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     assert labels[0] == "hf-greedy" and any(lbl.startswith("hf-lookup") for lbl in labels)
     assert all(r["lossless"] for r in result["rows"])
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    assert steps and {"config", "prompt", "tree_size", "depth", "expected_accepted", "accepted", "t_draft",
-                      "t_verify", "t_bookkeeping"} <= set(steps[0])
+    assert steps and {
+        "config",
+        "prompt",
+        "tree_size",
+        "depth",
+        "expected_accepted",
+        "accepted",
+        "t_draft",
+        "t_verify",
+        "t_bookkeeping",
+    } <= set(steps[0])
     for png in ("tau_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png", "tokens_vs_budget.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     auto = next(r for r in result["rows"] if r["config"].startswith("opt-tree nodes=auto"))
@@ -220,7 +293,9 @@ def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     assert "Planning rows" in text and "tokens_vs_budget.png" in text
     import os
 
-    assert f"--out {os.path.relpath(md)}`" in text and "--out docs/benchmarks.md" not in text  # the hint names its own --out
+    assert (
+        f"--out {os.path.relpath(md)}`" in text and "--out docs/benchmarks.md" not in text
+    )  # the hint names its own --out
 
 
 def test_bench_bad_input(tmp_path):
@@ -235,10 +310,13 @@ def test_bench_bad_input(tmp_path):
     assert res.exit_code == 2 and "greater than 0" in res.stderr
     res = runner.invoke(app, ["bench", "--sampling-rule", "specinfer", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "needs sampling" in res.stderr
-    res = runner.invoke(app, ["bench", "--temperature", "1", "--sampling-rule", "specinfer,best", "--out", str(tmp_path)])
+    res = runner.invoke(
+        app, ["bench", "--temperature", "1", "--sampling-rule", "specinfer,best", "--out", str(tmp_path)]
+    )
     assert res.exit_code == 2 and "rules are" in res.stderr
-    res = runner.invoke(app, ["bench", "--temperature", "1", "--sampling-rule", "auto", "--batch-size", "2",
-                              "--out", str(tmp_path)])
+    res = runner.invoke(
+        app, ["bench", "--temperature", "1", "--sampling-rule", "auto", "--batch-size", "2", "--out", str(tmp_path)]
+    )
     assert res.exit_code == 2 and "one or the other" in res.stderr
     res = runner.invoke(app, ["bench-report", str(tmp_path / "missing")])
     assert res.exit_code == 2 and "no such results.json" in res.stderr
@@ -248,8 +326,14 @@ def test_report_targets_call_a_loss_a_miss_only_at_equal_budget():
     from treespec.bench.report import targets
 
     def row(builder, opts, tau):
-        return {"config": f"{builder} {opts}", "builder": builder, "drafter": "d", "options": opts, "tau": tau,
-                "lossless": True}
+        return {
+            "config": f"{builder} {opts}",
+            "builder": builder,
+            "drafter": "d",
+            "options": opts,
+            "tau": tau,
+            "lossless": True,
+        }
 
     def verdicts(*rows):
         return [line.split(":")[0] for line in targets({"rows": list(rows)}) if "τ" in line]
@@ -266,11 +350,21 @@ def test_planning_summary_of_known_steps():
     from treespec.bench.planning import summary
 
     def step(size, depth, accepted, wall, predicted, expected, own):
-        return {"tree_size": size, "depth": depth, "accepted": accepted, "t_wall": wall,
-                "predicted_seconds": predicted, "planned_expected": expected, "plan_seconds": own}
+        return {
+            "tree_size": size,
+            "depth": depth,
+            "accepted": accepted,
+            "t_wall": wall,
+            "predicted_seconds": predicted,
+            "planned_expected": expected,
+            "plan_seconds": own,
+        }
 
-    steps = [step(0, 0, 0, 0.010, 0.010, 0.0, 0.0), step(6, 3, 2, 0.020, 0.018, 1.5, 0.001),
-             step(20, 9, 4, 0.030, 0.033, 4.5, 0.002)]
+    steps = [
+        step(0, 0, 0, 0.010, 0.010, 0.0, 0.0),
+        step(6, 3, 2, 0.020, 0.018, 1.5, 0.001),
+        step(20, 9, 4, 0.030, 0.033, 4.5, 0.002),
+    ]
     got = summary(steps)
     assert got["mean_nodes"] == pytest.approx(26 / 3) and got["mean_nodes_speculative"] == 13
     assert got["nodes_hist"]["0"] == pytest.approx(1 / 3) and got["nodes_hist"]["4-7"] == pytest.approx(1 / 3)
@@ -303,25 +397,77 @@ def test_configs_first_turns_chat_requests_and_per_category(tmp_path, monkeypatc
 
     monkeypatch.setattr(Bench, "__init__", spy)
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "1", "--max-new-tokens", "8",
-                                   "--target", str(STORIES260K), "--config", "chain k=2 | ngram",
-                                   "--config", f"opt-tree nodes=3 | {STORIES260K} layers=3", "--baseline", "none",
-                                   "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--target",
+            str(STORIES260K),
+            "--config",
+            "chain k=2 | ngram",
+            "--config",
+            f"opt-tree nodes=3 | {STORIES260K} layers=3",
+            "--baseline",
+            "none",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rows = [r["config"] for r in json.loads((out / "results.json").read_text())["rows"]]
     assert rows == ["hf-greedy", "chain k=2 | ngram", "opt-tree nodes=3 | stories260K layers=3"]
     assert captured["pairs"] == [("chain k=2", "ngram"), ("opt-tree nodes=3", f"{STORIES260K} layers=3")]
-    bad = CliRunner().invoke(app, ["bench", "--target", str(STORIES260K), "--config", "chain k=2", "--out", str(tmp_path / "x")])
+    bad = CliRunner().invoke(
+        app, ["bench", "--target", str(STORIES260K), "--config", "chain k=2", "--out", str(tmp_path / "x")]
+    )
     assert bad.exit_code != 0 and "BUILDER-SPEC | DRAFTER-SPEC" in bad.output
-    batch = CliRunner().invoke(app, ["bench", "--target", str(STORIES260K), "--config", "chain k=2 | ngram",
-                                     "--batch-size", "2", "--out", str(tmp_path / "y")])
+    batch = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--target",
+            str(STORIES260K),
+            "--config",
+            "chain k=2 | ngram",
+            "--batch-size",
+            "2",
+            "--out",
+            str(tmp_path / "y"),
+        ],
+    )
     assert batch.exit_code != 0 and "not measured in batches" in batch.output  # refused, not silently dropped
 
 
 @pytest.mark.parametrize("extra", [[], ["--batch-size", "1,2"]])
 def test_max_new_tokens_filling_the_context_is_one_line(tmp_path, extra):
-    spec = ["--config", "chain k=2 | ngram", "--baseline", "none"] if not extra else ["--drafter", "ngram", "--builder", "chain k=2"]
-    res = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "1", "--max-new-tokens", "512",
-                                   "--target", str(STORIES260K), *spec, *extra, "--out", str(tmp_path / "run")])
+    spec = (
+        ["--config", "chain k=2 | ngram", "--baseline", "none"]
+        if not extra
+        else ["--drafter", "ngram", "--builder", "chain k=2"]
+    )
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "512",
+            "--target",
+            str(STORIES260K),
+            *spec,
+            *extra,
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert res.exit_code != 0 and "Traceback" not in res.output
     assert "leaves no room for a prompt" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr

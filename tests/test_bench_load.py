@@ -46,15 +46,38 @@ def test_the_processes_stop_when_the_block_fails():
 def test_out_of_range_is_one_line(n):
     with pytest.raises(ConfigError, match="--background-load must be between 0"):
         check_load(n)
-    r = CliRunner().invoke(app, ["bench", "--background-load", str(n), "--target", str(STORIES260K), "--drafter", "ngram"])
+    r = CliRunner().invoke(
+        app, ["bench", "--background-load", str(n), "--target", str(STORIES260K), "--drafter", "ngram"]
+    )
     assert r.exit_code != 0 and "Traceback" not in r.output and "--background-load must be between 0" in r.output
 
 
 def test_bench_records_the_load_it_ran_under(tmp_path):
     out = tmp_path / "run"
-    r = CliRunner().invoke(app, ["bench", "--dataset", "tinystories", "--limit", "1", "--max-new-tokens", "8",
-                                 "--target", str(STORIES260K), "--drafter", "ngram", "--builder", "chain k=2",
-                                 "--baseline", "none", "--background-load", "1", "--out", str(out)])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "tinystories",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--target",
+            str(STORIES260K),
+            "--drafter",
+            "ngram",
+            "--builder",
+            "chain k=2",
+            "--baseline",
+            "none",
+            "--background-load",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     result = json.loads((out / "results.json").read_text())
     assert result["background_load"] == 1 and "--background-load 1" in result["command"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import treespec.block_verify as bv
 from sampling_stats import ALPHA, fit
 from test_sampling_exact import SHAPES, ranked_trials, sampled_trials
+
+import treespec.block_verify as bv
 
 SHAPES.setdefault("chain-3", [[0], [0, 0], [0, 0, 0]])
 
@@ -47,8 +47,9 @@ def test_block_rule_on_sampled_chains_is_exact(shape, draft, setting, rule, draf
         assert bool((tree.depths[best] == tree.depth).all())
 
 
-@pytest.mark.parametrize("case", [("chain-3", "model", "t1.0", None), ("chain-3", "zero", "t0.7", 0.5),
-                                  ("chain-2", "model", "t1.5", None)])
+@pytest.mark.parametrize(
+    "case", [("chain-3", "model", "t1.0", None), ("chain-3", "zero", "t0.7", 0.5), ("chain-2", "model", "t1.5", None)]
+)
 def test_block_accepts_at_least_what_token_level_accepts(case):
     """The paper's optimality: never worse than token-level speculative sampling (same chains, same
     seeds; 40,000 trials each, a standard error of about 0.005 tokens)."""

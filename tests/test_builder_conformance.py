@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import STORIES260K, tinystories_prompts
 
+from conftest import STORIES260K, tinystories_prompts
 from treespec.config import PluginConfig
 from treespec.factory import make_builder
 from treespec.interfaces import Commit, TreeBuilder
@@ -184,7 +184,9 @@ class DuplicateSiblings(Broken):
         if max_depth > 0:
             prop = drafter.expand(tree, torch.zeros(1, dtype=torch.long), 1)
             if float(prop.q[0, 0]) > 0:
-                tree.add_children(torch.zeros(2, dtype=torch.long), prop.tokens[0, :1].repeat(2), prop.q[0, :1].repeat(2))
+                tree.add_children(
+                    torch.zeros(2, dtype=torch.long), prop.tokens[0, :1].repeat(2), prop.q[0, :1].repeat(2)
+                )
         return tree
 
 
@@ -302,7 +304,10 @@ def test_each_broken_builder_is_caught_by_its_check(tiny, cls, check, words):
     [
         (OverBudget, [check_builder_contract, check_builder_max_depth, check_builder_lossless]),
         (Undeclared, [check_builder_contract, check_builder_max_depth, check_builder_batch, check_builder_lossless]),
-        (SharedScratch, [check_builder_contract, check_builder_budget, check_builder_max_depth, check_builder_lossless]),
+        (
+            SharedScratch,
+            [check_builder_contract, check_builder_budget, check_builder_max_depth, check_builder_lossless],
+        ),
         (RootOnly, [check_builder_budget, check_builder_max_depth, check_builder_batch, check_builder_lossless]),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else "",

@@ -283,8 +283,14 @@ def test_opt_tree_with_zero_threshold_is_optimal(seed, vocab, root, n, depth, ca
 # ------------------------------------------------------------------------------------ nobody beats it
 @settings_(500)
 @given(
-    seed=seeds, vocab=vocabs, root=roots, n=biased(1, 6), depth=biased(1, 3), cap=caps,
-    top_k=st.integers(1, 5), data=st.data(),
+    seed=seeds,
+    vocab=vocabs,
+    root=roots,
+    n=biased(1, 6),
+    depth=biased(1, 3),
+    cap=caps,
+    top_k=st.integers(1, 5),
+    data=st.data(),
 )
 def test_eagle2_never_beats_the_optimum(seed, vocab, root, n, depth, cap, top_k, data):
     """EAGLE-2 with total_tokens = n and depth ≤ D is a feasible tree, so E ≤ E*. With top_k ≥ n it
@@ -317,7 +323,12 @@ def test_static_never_beats_the_optimum(seed, vocab, root, n, depth, cap, data):
 @pytest.mark.skipif(not HAS_SEQUOIA, reason="treespec.plugins.sequoia does not import (yet)")
 @settings_(300)
 @given(
-    seed=seeds, vocab=vocabs, root=roots, n=biased(1, 6), depth=biased(1, 3), cap=caps,
+    seed=seeds,
+    vocab=vocabs,
+    root=roots,
+    n=biased(1, 6),
+    depth=biased(1, 3),
+    cap=caps,
     acceptance=acceptances,
 )
 def test_sequoia_never_beats_the_optimum(seed, vocab, root, n, depth, cap, acceptance):
@@ -345,9 +356,7 @@ def reference_opt_tree(drafter: PathDrafter, root: int, n: int, delta: float, la
     frontier, frontiers, drafted, best = [(root,)], [], [], 0.0
     for _ in range(layers):
         frontiers.append(list(frontier))
-        cands = [
-            (path + (tok,), f32(phat[path] * q)) for path in frontier for tok, q in drafter.ranked(path)[:n]
-        ]
+        cands = [(path + (tok,), f32(phat[path] * q)) for path in frontier for tok, q in drafter.ranked(path)[:n]]
         layer = sorted((c for c in cands if c[1] > 0), key=lambda c: -c[1])[:n]  # stable
         if not layer:
             break
@@ -371,7 +380,12 @@ deltas = st.one_of(
 
 @settings_(800)
 @given(
-    seed=seeds, vocab=vocabs, root=roots, n=biased(1, 6), depth=biased(1, 4), cap=caps,
+    seed=seeds,
+    vocab=vocabs,
+    root=roots,
+    n=biased(1, 6),
+    depth=biased(1, 4),
+    cap=caps,
     delta=deltas,
 )
 def test_opt_tree_stopping_rule(seed, vocab, root, n, depth, cap, delta):
@@ -407,8 +421,13 @@ def reference_eagle2(drafter: PathDrafter, root: int, k: int, layers: int, n: in
 
 @settings_(500)
 @given(
-    seed=seeds, vocab=vocabs, root=roots, top_k=biased(1, 5), depth=biased(1, 4),
-    n=biased(1, 12), cap=caps,
+    seed=seeds,
+    vocab=vocabs,
+    root=roots,
+    top_k=biased(1, 5),
+    depth=biased(1, 4),
+    n=biased(1, 12),
+    cap=caps,
 )
 def test_eagle2_follows_its_rule(seed, vocab, root, top_k, depth, n, cap):
     tree, drafter = build("eagle2", {"top_k": top_k, "depth": depth, "total_tokens": n}, seed, vocab, root, cap)

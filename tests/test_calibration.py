@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 import treespec
 from conftest import SHARED
-from treespec.train.calibration import fit_temperature, nll
 from treespec.cli.app import app
 from treespec.factory import make_drafter
 from treespec.interfaces import PrefillContext
+from treespec.train.calibration import fit_temperature, nll
 from treespec.tree import DraftTree
 
 
@@ -63,8 +63,24 @@ def test_the_draft_temperature_is_softmax_of_logits_over_t(target, name, options
 
 def test_calibrate_fits_t_for_the_default_pair(tmp_path):
     out = tmp_path / "cal.json"
-    res = CliRunner().invoke(app, ["calibrate", "--dataset", "humaneval", "--data-dir", str(SHARED / "prompts"),
-                                   "--skip", "40", "--limit", "3", "--max-new-tokens", "32", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--dataset",
+            "humaneval",
+            "--data-dir",
+            str(SHARED / "prompts"),
+            "--skip",
+            "40",
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "32",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rec = json.loads(out.read_text())
     assert rec["drafter"] == "treespec-py-draft" and rec["target"] == "treespec-py"
@@ -93,6 +109,8 @@ def test_calibrate_bad_input_is_one_clear_line(args, needle):
 
 
 def test_a_spec_given_as_a_drafter_name_says_where_options_go():
-    res = CliRunner().invoke(app, ["run", "--target", "treespec-py", "--drafter", "treespec-py-draft temperature=0.5", "--no-echo"])
+    res = CliRunner().invoke(
+        app, ["run", "--target", "treespec-py", "--drafter", "treespec-py-draft temperature=0.5", "--no-echo"]
+    )
     assert res.exit_code != 0
     assert "pass --drafter treespec-py-draft -D key=value" in res.output, res.output

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -21,8 +20,24 @@ PAIR = ["--target", str(STORIES260K), "--drafter", str(STORIES260K), "-D", "laye
 
 def test_run_json_matches_target_greedy(greedy_reference):
     prompt = "Once upon a time, there was a little dog"
-    res = runner.invoke(app, ["run", *PAIR, "--builder", "opt-tree", "-B", "nodes=25,threshold=0.3",
-                              "--prompt", prompt, "--max-new-tokens", "48", "--json", "--dtype", "float64"])
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            *PAIR,
+            "--builder",
+            "opt-tree",
+            "-B",
+            "nodes=25,threshold=0.3",
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "48",
+            "--json",
+            "--dtype",
+            "float64",
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert set(data) >= {"text", "token_ids", "stats"}
@@ -34,8 +49,9 @@ def test_run_json_matches_target_greedy(greedy_reference):
 
 
 def test_run_plain_streams_text_and_ends_with_statistics():
-    res = runner.invoke(app, ["run", *PAIR, "--builder", "chain", "-B", "k=3", "--prompt", "Once upon a time",
-                              "--max-new-tokens", "20"])
+    res = runner.invoke(
+        app, ["run", *PAIR, "--builder", "chain", "-B", "k=3", "--prompt", "Once upon a time", "--max-new-tokens", "20"]
+    )
     assert res.exit_code == 0, res.output
     assert "tokens/step" in res.stderr and "20 tokens" in res.stderr
     assert len(res.stdout.strip()) > 20
@@ -91,8 +107,16 @@ def test_plugins_lists_builtins_without_torch():
     names = {(p["kind"], p["name"]): p for p in data["plugins"]}
     assert {("builder", "opt-tree"), ("builder", "chain"), ("drafter", "model")} <= set(names)
     opt = {o["name"]: o["default"] for o in names[("builder", "opt-tree")]["options"]}
-    assert opt == {"nodes": "auto", "threshold": 0.5, "max_depth": None, "cap": 64, "calibrate": None, "profile": None,
-                   "refine": True, "sample": False}
+    assert opt == {
+        "nodes": "auto",
+        "threshold": 0.5,
+        "max_depth": None,
+        "cap": 64,
+        "calibrate": None,
+        "profile": None,
+        "refine": True,
+        "sample": False,
+    }
     assert names[("builder", "opt-tree")]["package"] == "treespec"
 
 
@@ -112,9 +136,24 @@ def test_real_subprocess_run_json(greedy_reference, tmp_path):
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("One day, a little girl named Lily found a needle in her room.")
     proc = subprocess.run(
-        [exe, "run", *PAIR, "--builder", "opt-tree", "--prompt-file", str(prompt_file), "--max-new-tokens", "32",
-         "--json", "--dtype", "float64"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        [
+            exe,
+            "run",
+            *PAIR,
+            "--builder",
+            "opt-tree",
+            "--prompt-file",
+            str(prompt_file),
+            "--max-new-tokens",
+            "32",
+            "--json",
+            "--dtype",
+            "float64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -136,8 +175,24 @@ def test_run_chat_applies_the_targets_chat_template(greedy_reference, tmp_path):
     shutil.copytree(STORIES260K, chat_model)
     config = json.loads((chat_model / "tokenizer_config.json").read_text())
     (chat_model / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": CHAT_TEMPLATE}))
-    args = ["run", "--target", str(chat_model), "--drafter", "self", "-D", "layers=4", "--prompt", "Tell a story",
-            "--system", "You are a storyteller.", "--max-new-tokens", "24", "--json", "--dtype", "float64"]
+    args = [
+        "run",
+        "--target",
+        str(chat_model),
+        "--drafter",
+        "self",
+        "-D",
+        "layers=4",
+        "--prompt",
+        "Tell a story",
+        "--system",
+        "You are a storyteller.",
+        "--max-new-tokens",
+        "24",
+        "--json",
+        "--dtype",
+        "float64",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     from transformers import AutoTokenizer
@@ -156,17 +211,27 @@ def test_the_headline_command_picks_the_drafts_target_and_runs_from_the_cache(tm
     """`treespec run --builder opt-tree --drafter llama-68m`: no --target, so the draft's own target
     (LLaMA-2); offline with neither cached, one line names both; with both in the Hugging Face cache
     (here tiny stand-ins in the hub's layout), it runs and equals the target's greedy decoding."""
+    import huggingface_hub.constants
+
     from conftest import hf_cache
     from treespec.models import default_target_for
-
-    import huggingface_hub.constants
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     # huggingface_hub read HF_HOME when it was first imported (maybe by an earlier test in this worker)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    args = ["run", "--builder", "opt-tree", "--drafter", "llama-68m", "--prompt", "Once upon a time",
-            "--max-new-tokens", "16", "--json"]
+    args = [
+        "run",
+        "--builder",
+        "opt-tree",
+        "--drafter",
+        "llama-68m",
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "16",
+        "--json",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code != 0 and len(res.stderr.strip().splitlines()) == 1, res.output
     line = res.stderr.strip()
@@ -182,5 +247,5 @@ def test_the_headline_command_picks_the_drafts_target_and_runs_from_the_cache(tm
 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float64)  # from the cache, as a user would
     ids = AutoTokenizer.from_pretrained(target)("Once upon a time", return_tensors="pt").input_ids
-    want = model.generate(ids, do_sample=False, max_new_tokens=16)[0, ids.shape[1]:].tolist()
+    want = model.generate(ids, do_sample=False, max_new_tokens=16)[0, ids.shape[1] :].tolist()
     assert json.loads(res.stdout)["token_ids"] == want

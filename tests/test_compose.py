@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 import treespec
 from conftest import STORIES260K, tinystories_prompts
 from treespec.cli.app import app
-from treespec.options import parse_pairs
 from treespec.errors import ConfigError
 from treespec.factory import make_drafter, resolve_drafter_name
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.options import parse_pairs
 from treespec.plugins.compose import ComposedDrafter, compose
 from treespec.plugins.configs import ComposeConfig
 from treespec.plugins.ngram import NgramDrafter
@@ -29,8 +29,9 @@ N_PROMPTS = 8
 class Scripted(Drafter):
     """Proposes fixed (token, q) lists keyed by the node's token; records prefill and commit."""
 
-    def __init__(self, table: dict[int, list[tuple[int, float]]], hidden: bool = False, probs: bool = True,
-                 target=None):
+    def __init__(
+        self, table: dict[int, list[tuple[int, float]]], hidden: bool = False, probs: bool = True, target=None
+    ):
         super().__init__(treespec.PluginConfig(), target)
         self.table, self.calls = table, []
         self.needs_target_hidden, self.provides_probabilities = hidden, probs  # type: ignore[misc]
@@ -133,30 +134,45 @@ def test_decoder_reads_the_instance_flag(target64):
 
 # ---------------------------------------------------------------------- names, options, errors
 def test_plus_names_route_options_to_parts():
-    assert resolve_drafter_name("model+ngram", {"merge": "mix"}) == ("compose", {"merge": "mix", "parts": ["model", "ngram"]})
+    assert resolve_drafter_name("model+ngram", {"merge": "mix"}) == (
+        "compose",
+        {"merge": "mix", "parts": ["model", "ngram"]},
+    )
     assert parse_pairs(["ngram.max_ngram=2,1.min_ngram=2,weights=0.7,0.3"], "drafter") == {
-        "ngram.max_ngram": "2", "1.min_ngram": "2", "weights": "0.7,0.3"}
-    d = make_drafter("ngram+ngram", {"1.max_ngram": "2", "2.max_ngram": "4", "merge": "mix", "weights": "0.7,0.3"}, None)
+        "ngram.max_ngram": "2",
+        "1.min_ngram": "2",
+        "weights": "0.7,0.3",
+    }
+    d = make_drafter(
+        "ngram+ngram", {"1.max_ngram": "2", "2.max_ngram": "4", "merge": "mix", "weights": "0.7,0.3"}, None
+    )
     assert isinstance(d, ComposedDrafter) and all(isinstance(p, NgramDrafter) for p in d.parts)
     assert [p.config.max_ngram for p in d.parts] == [2, 4] and d.config.weights == [0.7, 0.3]
     nested = make_drafter("compose", {"parts": "ngram,ngram", "2": {"max_matches": 3}}, None)  # Python: a dict per part
     assert [p.config.max_matches for p in nested.parts] == [8, 3] and nested.config.merge == "max"
 
 
-@pytest.mark.parametrize("name,options,needle", [
-    ("ngram+ngrm", {}, "unknown drafter 'ngrm'; did you mean 'ngram'"),
-    ("ngram+ngram", {"merge": "mix", "weights": "1,2,3"}, "3 weights for 2 parts"),
-    ("ngram+ngram", {"weights": "1,2"}, "weights apply to merge=mix only"),
-    ("ngram+ngram", {"ngram.max_ngram": 2}, "2 parts are named 'ngram'; address them by position (1=ngram, 2=ngram)"),
-    ("ngram+ngram", {"2.foo": 1}, "drafter 'ngram' (part 2 of 'ngram+ngram'): unknown option 'foo'"),
-    ("ngram+ngram", {"max_ngram": 2}, "'max_ngram' is not an option of the composition"),
-    ("ngram+ngram", {"ngrm.max_ngram": 2}, "option prefix 'ngrm' names no part"),
-    ("ngram+ngram", {"3.max_ngram": 2}, "option prefix '3' names no part"),
-    ("ngram+ngram", {"merge": "avg"}, "option 'merge'"),
-    ("model+ngram", {}, "part 1 'model' needs a draft model"),
-    ("compose", {"parts": "ngram"}, "needs two or more parts"),
-    ("compose+ngram", {}, "a part cannot be 'compose'"),
-])
+@pytest.mark.parametrize(
+    "name,options,needle",
+    [
+        ("ngram+ngrm", {}, "unknown drafter 'ngrm'; did you mean 'ngram'"),
+        ("ngram+ngram", {"merge": "mix", "weights": "1,2,3"}, "3 weights for 2 parts"),
+        ("ngram+ngram", {"weights": "1,2"}, "weights apply to merge=mix only"),
+        (
+            "ngram+ngram",
+            {"ngram.max_ngram": 2},
+            "2 parts are named 'ngram'; address them by position (1=ngram, 2=ngram)",
+        ),
+        ("ngram+ngram", {"2.foo": 1}, "drafter 'ngram' (part 2 of 'ngram+ngram'): unknown option 'foo'"),
+        ("ngram+ngram", {"max_ngram": 2}, "'max_ngram' is not an option of the composition"),
+        ("ngram+ngram", {"ngrm.max_ngram": 2}, "option prefix 'ngrm' names no part"),
+        ("ngram+ngram", {"3.max_ngram": 2}, "option prefix '3' names no part"),
+        ("ngram+ngram", {"merge": "avg"}, "option 'merge'"),
+        ("model+ngram", {}, "part 1 'model' needs a draft model"),
+        ("compose", {"parts": "ngram"}, "needs two or more parts"),
+        ("compose+ngram", {}, "a part cannot be 'compose'"),
+    ],
+)
 def test_errors_are_one_line(name, options, needle):
     with pytest.raises(ConfigError) as err:
         make_drafter(name, options, None)
@@ -220,18 +236,28 @@ def test_model_drafters_expand_nodes_they_never_proposed(target64, name, options
 
 
 # ---------------------------------------------------------------------- the drafter conformance suite
-@pytest.mark.parametrize("name,options", [
-    ("model+ngram", {"model.model": str(STORIES260K), "model.layers": 3}),
-    ("self+ngram", {"self.layers": 3, "merge": "mix", "weights": "3,1"}),
-])
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("model+ngram", {"model.model": str(STORIES260K), "model.layers": 3}),
+        ("self+ngram", {"self.layers": 3, "merge": "mix", "weights": "3,1"}),
+    ],
+)
 def test_conformance(target64, name, options):
     from treespec.testing import check_drafter
 
     # mix sums each part's q over the candidates of its k best only, so its q may depend on k (a token
     # outside a part's k best gets nothing from that part): the budget check holds for max only
     skip = ["budget"] if options.get("merge") == "mix" else []
-    check_drafter(lambda t: make_drafter(name, options, t), target64, tinystories_prompts(3),
-                  skip=skip, path_exact=True, expect_acceptance=True, max_new_tokens=24)
+    check_drafter(
+        lambda t: make_drafter(name, options, t),
+        target64,
+        tinystories_prompts(3),
+        skip=skip,
+        path_exact=True,
+        expect_acceptance=True,
+        max_new_tokens=24,
+    )
 
 
 # ---------------------------------------------------------------------- lossless on the real target
@@ -307,9 +333,25 @@ def test_lossless_and_the_ngram_part_counts(drafter_key, builder_key, target64, 
 
 def test_cli_run_self_plus_ngram(greedy_reference):
     prompt = "Once upon a time, there was a little dog"
-    res = CliRunner().invoke(app, ["run", "--target", str(STORIES260K), "--drafter", "self+ngram",
-                                   "-D", "self.layers=3,ngram.max_ngram=2", "--prompt", prompt,
-                                   "--max-new-tokens", "16", "--json", "--dtype", "float64"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--target",
+            str(STORIES260K),
+            "--drafter",
+            "self+ngram",
+            "-D",
+            "self.layers=3,ngram.max_ngram=2",
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "16",
+            "--json",
+            "--dtype",
+            "float64",
+        ],
+    )
     assert res.exit_code == 0, res.output
     ids = greedy_reference.target.tokenizer(prompt).input_ids
     assert json.loads(res.stdout)["token_ids"] == greedy_reference(ids, 16)

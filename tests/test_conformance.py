@@ -12,8 +12,8 @@ To add a drafter (``datastore``, composed drafters, ``eagle``, ...), append a ``
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 import torch
@@ -275,7 +275,9 @@ def tiny():
 
 def test_a_drafter_that_keeps_rejected_nodes_fails_commit_consistency(tiny):
     check_contract(toy(NoRollbackDrafter), tiny)  # its answers are well formed: only its state drifts
-    with pytest.raises(AssertionError, match=r"(?s)NoRollbackDrafter.*commit consistency.*differs from a fresh drafter prefilled"):
+    with pytest.raises(
+        AssertionError, match=r"(?s)NoRollbackDrafter.*commit consistency.*differs from a fresh drafter prefilled"
+    ):
         check_commit_consistency(toy(NoRollbackDrafter), tiny)
     with pytest.raises(AssertionError, match=r"(?s)unproposed nodes.*differs from a fresh drafter"):
         check_unproposed_nodes(toy(NoRollbackDrafter), tiny)
@@ -290,7 +292,9 @@ def test_unsorted_q_and_duplicate_tokens_fail_the_contract(tiny):
 
 
 def test_dishonest_flags_fail_the_flags_check(tiny):
-    with pytest.raises(AssertionError, match=r"(?s)prefill\(\) raised AttributeError.*declares needs_target_hidden = False"):
+    with pytest.raises(
+        AssertionError, match=r"(?s)prefill\(\) raised AttributeError.*declares needs_target_hidden = False"
+    ):
         check_flags(toy(HiddenLiarDrafter), tiny)
     with pytest.raises(AssertionError, match=r"provides_probabilities = True, but the q of .* sum to [\d.]+ > 1"):
         check_flags(toy(ScoresDrafter), tiny)

@@ -95,10 +95,15 @@ def _damaged(change: str) -> str:
 
 
 DAMAGED = [
-    ("a list", "a JSON list"), ("not JSON", "is not JSON"), ("NaN seconds", "'verify': ys holds a negative or non-finite"),
-    ("negative seconds", "'verify': ys holds a negative"), ("sizes out of order", "'verify': sizes .* increasing order"),
-    ("lengths differ", "'expand': 8 ys for 7 sizes"), ("a curve missing", "'bookkeeping' is missing"),
-    ("a curve that is a list", "'expand' is not an object"), ("zero learning rate", "'verify': rate 0"),
+    ("a list", "a JSON list"),
+    ("not JSON", "is not JSON"),
+    ("NaN seconds", "'verify': ys holds a negative or non-finite"),
+    ("negative seconds", "'verify': ys holds a negative"),
+    ("sizes out of order", "'verify': sizes .* increasing order"),
+    ("lengths differ", "'expand': 8 ys for 7 sizes"),
+    ("a curve missing", "'bookkeeping' is missing"),
+    ("a curve that is a list", "'expand' is not an object"),
+    ("zero learning rate", "'verify': rate 0"),
 ]
 
 
@@ -143,11 +148,15 @@ def test_a_given_profile_with_a_fixed_budget_is_refused():
 def test_acceptance_map_starts_as_identity_and_learns_an_overconfident_draft():
     amap = AcceptanceMap()
     q = torch.tensor([0.05, 0.45, 0.95])
-    assert torch.allclose(amap(q, torch.ones(3, dtype=torch.long)), q.double(), atol=1e-3)  # no data: the raw q (on a 1/1024 grid)
+    assert torch.allclose(
+        amap(q, torch.ones(3, dtype=torch.long)), q.double(), atol=1e-3
+    )  # no data: the raw q (on a 1/1024 grid)
     gen = torch.Generator().manual_seed(0)
     qs = torch.rand(20000, generator=gen, dtype=torch.float64)
     truth = qs / 2  # the draft is twice as confident as it should be
-    amap.update(qs, torch.ones_like(qs, dtype=torch.long), torch.rand(20000, generator=gen, dtype=torch.float64) < truth)
+    amap.update(
+        qs, torch.ones_like(qs, dtype=torch.long), torch.rand(20000, generator=gen, dtype=torch.float64) < truth
+    )
     got = amap(q, torch.ones(3, dtype=torch.long))
     assert torch.allclose(got, q.double() / 2, atol=0.04), got
     table = amap.table[0]
@@ -234,9 +243,17 @@ def test_expensive_drafting_stops_the_layers_early():
 
 
 def _stats(tree_size: int, accepted: int, seconds: float) -> StepStats:
-    return StepStats(tree_size=tree_size, depth=min(tree_size, 1), accepted=accepted, emitted=accepted + 1,
-                     expected_accepted=0.0, t_draft=seconds / 2, t_verify=seconds / 2, t_bookkeeping=0.0,
-                     t_wall=seconds)
+    return StepStats(
+        tree_size=tree_size,
+        depth=min(tree_size, 1),
+        accepted=accepted,
+        emitted=accepted + 1,
+        expected_accepted=0.0,
+        t_draft=seconds / 2,
+        t_verify=seconds / 2,
+        t_bookkeeping=0.0,
+        t_wall=seconds,
+    )
 
 
 def measured_plain(planner: AutoPlanner, seconds: float) -> AutoPlanner:
@@ -322,8 +339,13 @@ def prompts(target64):
 
 @pytest.mark.parametrize("drafter, options", [("self", {"layers": 3}), (str(STORIES260K), {"layers": 4})])
 def test_auto_is_lossless(target64, greedy_reference, prompts, drafter, options):
-    dec = treespec.Decoder(target64, drafter=drafter, drafter_options=options, builder="opt-tree",
-                           builder_options={"nodes": "auto", "profile": "none"})
+    dec = treespec.Decoder(
+        target64,
+        drafter=drafter,
+        drafter_options=options,
+        builder="opt-tree",
+        builder_options={"nodes": "auto", "profile": "none"},
+    )
     for ids in prompts:
         out = dec.generate(ids, max_new_tokens=48)
         want = greedy_reference(ids, 48)
@@ -333,16 +355,26 @@ def test_auto_is_lossless(target64, greedy_reference, prompts, drafter, options)
 
 
 def test_fixed_budget_with_calibration_is_lossless(target64, greedy_reference, prompts):
-    dec = treespec.Decoder(target64, drafter="self", drafter_options={"layers": 3}, builder="opt-tree",
-                           builder_options={"nodes": 10, "calibrate": True})
+    dec = treespec.Decoder(
+        target64,
+        drafter="self",
+        drafter_options={"layers": 3},
+        builder="opt-tree",
+        builder_options={"nodes": 10, "calibrate": True},
+    )
     for ids in prompts:
         assert dec.generate(ids, max_new_tokens=32).token_ids == greedy_reference(ids, 32)
     assert dec.builder.calibration.observed > 0
 
 
 def test_eagle2_with_calibration_is_lossless_and_learns(target64, greedy_reference, prompts):
-    dec = treespec.Decoder(target64, drafter="self", drafter_options={"layers": 3}, builder="eagle2",
-                           builder_options={"top_k": 3, "depth": 4, "total_tokens": 10, "calibrate": True})
+    dec = treespec.Decoder(
+        target64,
+        drafter="self",
+        drafter_options={"layers": 3},
+        builder="eagle2",
+        builder_options={"top_k": 3, "depth": 4, "total_tokens": 10, "calibrate": True},
+    )
     for ids in prompts:
         assert dec.generate(ids, max_new_tokens=32).token_ids == greedy_reference(ids, 32)
     assert dec.builder.calibration.observed > 0
@@ -350,6 +382,7 @@ def test_eagle2_with_calibration_is_lossless_and_learns(target64, greedy_referen
 
 def test_options_are_checked():
     import treespec.factory  # noqa: F401 - the submodule, whatever other tests this worker ran first
+
     with pytest.raises(treespec.ConfigError, match="nodes"):
         treespec.factory.make_builder("opt-tree", {"nodes": "many"})
     with pytest.raises(treespec.ConfigError, match="nodes"):
@@ -364,8 +397,13 @@ def test_a_pinned_profile_without_refinement_gives_the_same_trees_every_run(targ
     path.write_text(model.to_json())
     runs = []
     for _ in range(2):
-        dec = treespec.Decoder(target64, drafter="self", drafter_options={"layers": 3}, builder="opt-tree",
-                               builder_options={"nodes": "auto", "profile": str(path), "refine": False})
+        dec = treespec.Decoder(
+            target64,
+            drafter="self",
+            drafter_options={"layers": 3},
+            builder="opt-tree",
+            builder_options={"nodes": "auto", "profile": str(path), "refine": False},
+        )
         for ids in prompts:
             dec.generate(ids, max_new_tokens=32)
         runs.append([(d["n"], d["depth"]) for d in dec.builder.planner.decisions])
@@ -385,8 +423,13 @@ def test_profile_command_measures_and_runs_find_it(tmp_path, monkeypatch):
     (saved,) = (tmp_path / "profiles").iterdir()
     model = CostModel.from_json(saved.read_text())
     assert model.verify.counts[0] > 0 and model.expand.counts[0] > 0 and model.key["drafter"].startswith("SelfDrafter")
-    dec = treespec.Decoder(str(STORIES260K), drafter="self", drafter_options={"layers": 3}, builder="opt-tree",
-                           builder_options={"nodes": "auto"})
+    dec = treespec.Decoder(
+        str(STORIES260K),
+        drafter="self",
+        drafter_options={"layers": 3},
+        builder="opt-tree",
+        builder_options={"nodes": "auto"},
+    )
     assert dec.builder.planner.cost.key == model.key  # the run found the saved profile for its key
     bad = CliRunner().invoke(app, ["profile", *args, "--repeats", "0"])
     assert bad.exit_code == 2 and "--repeats" in bad.stderr

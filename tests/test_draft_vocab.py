@@ -25,7 +25,7 @@ from treespec.tree import DraftTree
 N = 128
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def small_vocab_head() -> Path:
     from treespec.plugins.eagle_train import train
 
@@ -47,7 +47,7 @@ def test_training_writes_the_most_frequent_generated_tokens_and_scores_against_a
     data = torch.load(out / "data.pt", weights_only=True)
     summary = json.loads((out / "training.json").read_text())
     n_hold = max(1, round(len(data["seqs"]) * summary["settings"]["holdout"]))
-    counts = Counter(t for x in data["seqs"][n_hold:] for t in x["ids"][x["prompt_len"]:].tolist())
+    counts = Counter(t for x in data["seqs"][n_hold:] for t in x["ids"][x["prompt_len"] :].tolist())
     want = sorted(counts, key=lambda t: (-counts[t], t))[:N]
     assert ids.tolist() == want
     assert 0.2 < summary["top1"] < 1.0  # agreement with the target's greedy token over all 512 tokens
@@ -60,8 +60,7 @@ def test_proposals_and_distribution_live_in_the_draft_vocabulary(target64):
     ids = set(draft_vocab.load(out, 512, "head").tolist())
     prompt = target64.tokenizer("Once upon a time, there was a little dog").input_ids
     for dr in (d, full):
-        dr.prefill(treespec.interfaces.PrefillContext(input_ids=torch.tensor(prompt),
-                                                      hidden=_hidden(target64, prompt)))
+        dr.prefill(treespec.interfaces.PrefillContext(input_ids=torch.tensor(prompt), hidden=_hidden(target64, prompt)))
         dr.begin_step(prompt[-1])
     tree = DraftTree(prompt[-1])
     props = d.expand(tree, torch.tensor([0]), 8)
@@ -70,7 +69,10 @@ def test_proposals_and_distribution_live_in_the_draft_vocabulary(target64):
     q = d.distribution(tree, torch.tensor([0]))[0]  # [V]
     q_full = full.distribution(tree, torch.tensor([0]))[0]
     inside = torch.tensor(sorted(ids))
-    assert float(q.sum()) == pytest.approx(1.0, abs=1e-9) and float(q[[i for i in range(512) if i not in ids]].abs().sum()) == 0
+    assert (
+        float(q.sum()) == pytest.approx(1.0, abs=1e-9)
+        and float(q[[i for i in range(512) if i not in ids]].abs().sum()) == 0
+    )
     torch.testing.assert_close(q[inside], q_full[inside] / q_full[inside].sum())  # softmax restricted to the ids
 
 
@@ -81,8 +83,13 @@ def _hidden(target, prompt):
 
 @pytest.mark.parametrize("builder,options", [("opt-tree", {"nodes": 30}), ("chain", {"k": 5}), ("eagle2", None)])
 def test_lossless_with_a_draft_vocabulary(target64, greedy_reference, builder, options):
-    dec = treespec.Decoder(target64, drafter="eagle", drafter_options={"head": str(small_vocab_head()), "vocab": 64},
-                           builder=builder, builder_options=options)
+    dec = treespec.Decoder(
+        target64,
+        drafter="eagle",
+        drafter_options={"head": str(small_vocab_head()), "vocab": 64},
+        builder=builder,
+        builder_options=options,
+    )
     assert dec.drafter.ids.numel() == 64  # vocab= keeps the 64 most frequent
     accepted = []
     for prompt in tinystories_prompts(4):

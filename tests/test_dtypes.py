@@ -47,8 +47,22 @@ def test_bfloat16_says_what_it_promises_instead():
 def test_the_cli_prints_the_note_as_one_line():
     from treespec.cli.app import app
 
-    r = CliRunner().invoke(app, ["run", "--target", str(STORIES260K), "--drafter", "ngram", "--dtype", "bfloat16",
-                                 "--prompt", "Once upon a time", "--max-new-tokens", "4"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--target",
+            str(STORIES260K),
+            "--drafter",
+            "ngram",
+            "--dtype",
+            "bfloat16",
+            "--prompt",
+            "Once upon a time",
+            "--max-new-tokens",
+            "4",
+        ],
+    )
     assert r.exit_code == 0, r.output
     notes = [line for line in r.output.splitlines() if "bfloat16" in line]
     assert notes == [notes[0]] and notes[0].startswith("note: bfloat16:") and "Warning" not in r.output

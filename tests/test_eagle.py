@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from published_heads import eagle1_forward, eagle1_head
 from transformers import DynamicCache
 
 import treespec
 from conftest import EAGLE_TEST_SETTINGS, STORIES260K, eagle_head_dir, tinystories_prompts
-from published_heads import eagle1_forward, eagle1_head
 from treespec.errors import ConfigError, ModelLoadError
 from treespec.interfaces import Commit, PrefillContext
 from treespec.plugins.configs import EagleConfig
@@ -51,11 +51,12 @@ def reference_probs(d: EagleDrafter, target, committed: list[int], path: list[in
         ids = torch.tensor([committed])
         f = target.model(ids, output_hidden_states=True).hidden_states[-1][0]  # [C, H]
         feats, toks = list(f[:-1]), committed[1:] + path  # features f_0..f_{C-2}; tokens x_1..
-        for depth in range(len(path) + 1):
+        for _depth in range(len(path) + 1):
             n = len(feats)
             mask = torch.full((n, n), torch.finfo(f.dtype).min, dtype=f.dtype).triu(1)
-            out = d.head(torch.stack(feats)[None], d.embed(torch.tensor([toks[:n]])), torch.arange(n)[None],
-                         mask[None, None])[0]  # [n, H]
+            out = d.head(
+                torch.stack(feats)[None], d.embed(torch.tensor([toks[:n]])), torch.arange(n)[None], mask[None, None]
+            )[0]  # [n, H]
             feats.append(out[-1])  # f̂ at the newest token
         return torch.softmax(d.lm_head(feats[-1]).float() / d.temperature, dim=-1)
 
@@ -96,9 +97,12 @@ def test_drafts_equal_a_cache_free_run_across_steps_and_out_of_order_expansion(t
         p1 = d.expand(tree, kids[[2, 0]], 2)  # out of order
         grand = tree.add_children(kids[[2, 2]], p1.tokens[0], p1.q[0])
         p2 = d.expand(tree, torch.tensor([int(grand[1]), int(kids[1])]), 4)
-        checks = [([], p0.q[0], p0.tokens[0]), ([int(p0.tokens[0, 2])], p1.q[0], p1.tokens[0]),
-                  ([int(p0.tokens[0, 2]), int(p1.tokens[0, 1])], p2.q[0], p2.tokens[0]),
-                  ([int(p0.tokens[0, 1])], p2.q[1], p2.tokens[1])]
+        checks = [
+            ([], p0.q[0], p0.tokens[0]),
+            ([int(p0.tokens[0, 2])], p1.q[0], p1.tokens[0]),
+            ([int(p0.tokens[0, 2]), int(p1.tokens[0, 1])], p2.q[0], p2.tokens[0]),
+            ([int(p0.tokens[0, 1])], p2.q[1], p2.tokens[1]),
+        ]
         for path, q, tokens in checks:
             ref = reference_probs(d, target, committed, path)
             assert torch.allclose(q.double(), ref[tokens].double(), atol=1e-9), (step, path)
@@ -178,10 +182,13 @@ def published_layout(folder: Path, hidden: int = 64, vocab: int = 512, **kwargs)
     return eagle1_head(folder, hidden=hidden, vocab=vocab, **kwargs)
 
 
-@pytest.mark.parametrize("style, fmt, dtype", [("llama2", "bin", torch.float32), ("llama3", "bin", torch.float16),
-                                               ("llama3", "safetensors", torch.bfloat16)])
-def test_loads_the_published_layout_and_computes_the_published_forward(target64, greedy_reference, tmp_path,
-                                                                      style, fmt, dtype):
+@pytest.mark.parametrize(
+    "style, fmt, dtype",
+    [("llama2", "bin", torch.float32), ("llama3", "bin", torch.float16), ("llama3", "safetensors", torch.bfloat16)],
+)
+def test_loads_the_published_layout_and_computes_the_published_forward(
+    target64, greedy_reference, tmp_path, style, fmt, dtype
+):
     folder = published_layout(tmp_path / "head", style=style, fmt=fmt, dtype=dtype)
     d = drafter(target64, folder)  # no layers.0.input_layernorm, an embed_tokens copy, fp16/bf16 cast to fp64
     gen = torch.Generator().manual_seed(0)
@@ -220,14 +227,51 @@ def test_cli_trains_then_runs_the_head(tmp_path):
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     exe = [sys.executable, "-m", "treespec.cli.app"]
     out = tmp_path / "head"
-    r = subprocess.run(exe + ["train", "eagle", "--target", str(STORIES260K), "--data", "tinystories", "--offset", "300", "--limit", "40",
-                              "--epochs", "1", "--max-new-tokens", "32", "--out", str(out)],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        exe
+        + [
+            "train",
+            "eagle",
+            "--target",
+            str(STORIES260K),
+            "--data",
+            "tinystories",
+            "--offset",
+            "300",
+            "--limit",
+            "40",
+            "--epochs",
+            "1",
+            "--max-new-tokens",
+            "32",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "held-out top-1 agreement" in r.stdout and (out / "model.safetensors").is_file()
-    r = subprocess.run(exe + ["run", "--target", str(STORIES260K), "--drafter", "eagle", "-D", f"head={out}",
-                              "--max-new-tokens", "16", "--prompt", "Once upon a time"],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        exe
+        + [
+            "run",
+            "--target",
+            str(STORIES260K),
+            "--drafter",
+            "eagle",
+            "-D",
+            f"head={out}",
+            "--max-new-tokens",
+            "16",
+            "--prompt",
+            "Once upon a time",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "16 tokens in" in r.stderr and "τ" in r.stderr  # statistics go to stderr, text to stdout
 
@@ -331,8 +375,11 @@ def test_an_interrupted_generation_resumes_from_its_journal(tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        train(settings(tmp_path / "cut", epochs=1, limit=40, gen_batch_size=8), progress=stop_after_two_batches,
-              log=lambda _: None)
+        train(
+            settings(tmp_path / "cut", epochs=1, limit=40, gen_batch_size=8),
+            progress=stop_after_two_batches,
+            log=lambda _: None,
+        )
     assert (tmp_path / "cut" / "generated.pt").is_file() and not (tmp_path / "cut" / "data.pt").exists()
     seen: list[int] = []
 

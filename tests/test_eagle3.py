@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
+from published_heads import eagle3_forward, eagle3_head
 from transformers import DynamicCache
 
 import treespec
 from conftest import STORIES260K, tinystories_prompts
-from published_heads import eagle3_forward, eagle3_head
 from treespec.errors import ConfigError
 from treespec.interfaces import PrefillContext
 from treespec.plugins.configs import Eagle3Config
@@ -75,7 +75,9 @@ def test_root_proposals_come_from_the_three_layers_and_map_to_target_ids(pair_ta
 def test_config_layer_ids_and_the_layers_option(target64, tmp_path):
     folder = eagle3_head(tmp_path / "head", hidden=64, vocab=512, draft_vocab=512)
     config = json.loads((folder / "config.json").read_text())
-    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}  # SpecForge/SGLang: outputs of layers 0, 2, 3
+    config["eagle_config"] = {
+        "eagle_aux_hidden_state_layer_ids": [0, 2, 3]
+    }  # SpecForge/SGLang: outputs of layers 0, 2, 3
     (folder / "config.json").write_text(json.dumps(config))
     assert drafter(target64, folder).target_hidden_layers == (1, 3, 4)
     assert drafter(target64, folder, layers=[1, 2, 5]).target_hidden_layers == (1, 2, 5)
@@ -101,11 +103,18 @@ def test_lossless_with_a_reduced_vocabulary(target64, greedy_reference, tmp_path
     prompts = tinystories_prompts(3)
     counts = torch.zeros(512)
     for p in tinystories_prompts(60)[3:]:
-        counts.index_add_(0, torch.tensor(target64.tokenizer(p).input_ids), torch.ones(len(target64.tokenizer(p).input_ids)))
+        counts.index_add_(
+            0, torch.tensor(target64.tokenizer(p).input_ids), torch.ones(len(target64.tokenizer(p).input_ids))
+        )
     used = counts.topk(200).indices
     folder = eagle3_head(tmp_path / "head", hidden=64, vocab=512, draft_vocab=200, used=used, seed=5)
-    dec = treespec.Decoder(target64, drafter="eagle3", drafter_options={"head": str(folder), "layers": [1, 3, 4]},
-                           builder=builder, builder_options=options)
+    dec = treespec.Decoder(
+        target64,
+        drafter="eagle3",
+        drafter_options={"head": str(folder), "layers": [1, 3, 4]},
+        builder=builder,
+        builder_options=options,
+    )
     for prompt in prompts:
         ids = dec.encode(prompt)
         out = dec.generate(ids, max_new_tokens=48)
@@ -156,7 +165,9 @@ def test_a_deeper_node_reads_its_parents_output(target64, tmp_path):
     got = d.distribution(tree, torch.tensor([1]))[0]
     g = fused.double() @ d.head.fc.weight.double().T  # the committed items' g
     out, _ = eagle3_forward(folder, g, torch.tensor(ids[1:]), embedding=d.embed.weight)
-    _, logits = eagle3_forward(folder, torch.cat([g, out[-1:]]), torch.tensor(ids[1:] + [child]), embedding=d.embed.weight)
+    _, logits = eagle3_forward(
+        folder, torch.cat([g, out[-1:]]), torch.tensor(ids[1:] + [child]), embedding=d.embed.weight
+    )
     assert torch.allclose(got.double(), torch.softmax(logits[-1], -1), atol=1e-6)
 
 
@@ -195,18 +206,65 @@ def test_cli_trains_an_eagle3_head_that_decodes_losslessly(tmp_path, greedy_refe
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     exe = [sys.executable, "-m", "treespec.cli.app"]
     out = tmp_path / "head3"
-    r = subprocess.run(exe + ["train", "eagle", "--version", "3", "--target", str(STORIES260K), "--data", "tinystories",
-                              "--offset", "300", "--limit", "120", "--epochs", "3", "--ttt-steps", "3", "--lr", "3e-3",
-                              "--draft-vocab", "300", "--max-new-tokens", "48", "--out", str(out)],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        exe
+        + [
+            "train",
+            "eagle",
+            "--version",
+            "3",
+            "--target",
+            str(STORIES260K),
+            "--data",
+            "tinystories",
+            "--offset",
+            "300",
+            "--limit",
+            "120",
+            "--epochs",
+            "3",
+            "--ttt-steps",
+            "3",
+            "--lr",
+            "3e-3",
+            "--draft-vocab",
+            "300",
+            "--max-new-tokens",
+            "48",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "training.json").read_text())
     assert summary["draft_vocab"] == 300 and len(summary["top1_per_step"]) == 3
     assert summary["history"][-1]["held_out"]["loss"] < summary["history"][0]["held_out"]["loss"]  # it learns
     prompt = tinystories_prompts(4)[3]
-    r = subprocess.run(exe + ["run", "--target", str(STORIES260K), "--dtype", "float64", "--drafter", "eagle3",
-                              "-D", f"head={out}", "--max-new-tokens", "48", "--prompt", prompt, "--json"],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        exe
+        + [
+            "run",
+            "--target",
+            str(STORIES260K),
+            "--dtype",
+            "float64",
+            "--drafter",
+            "eagle3",
+            "-D",
+            f"head={out}",
+            "--max-new-tokens",
+            "48",
+            "--prompt",
+            prompt,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     ids = greedy_reference.target.tokenizer(prompt).input_ids
     got = json.loads(r.stdout)

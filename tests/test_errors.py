@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import treespec
 from conftest import STORIES260K
@@ -30,8 +29,15 @@ def other_tokenizer_model(tmp_path_factory, target64):
     tok.train_from_iterator([TINYSTORIES.read_text()[:200_000]], trainer)
     path = tmp_path_factory.mktemp("other-tokenizer")
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(path)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
     return str(path)
 
@@ -105,8 +111,7 @@ class FailingDrafter(ModelDrafter):
 
 def test_failure_returns_what_was_generated(target64, greedy_reference):
     cfg = ModelDrafter.Config(model=str(STORIES260K), layers=4)
-    dec = treespec.Decoder(target64, drafter=FailingDrafter(cfg, target64), builder="chain",
-                           builder_options={"k": 2})
+    dec = treespec.Decoder(target64, drafter=FailingDrafter(cfg, target64), builder="chain", builder_options={"k": 2})
     ids = target64.tokenizer("Once upon a time, there was a little dog").input_ids
     with pytest.raises(treespec.DecodingError) as err:
         dec.generate(ids, max_new_tokens=64)

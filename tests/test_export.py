@@ -29,7 +29,11 @@ def export(engine: str, head, tmp_path, dtype=torch.float64):
     files = export_heads.read_head(str(head), info)
     out = tmp_path / engine
     out.mkdir(parents=True)
-    (export_vllm.write(files, info, out, 3, dtype) if engine == "vllm" else export_sglang.write(files, info, out, dtype))
+    (
+        export_vllm.write(files, info, out, 3, dtype)
+        if engine == "vllm"
+        else export_sglang.write(files, info, out, dtype)
+    )
     return files, out
 
 
@@ -82,8 +86,9 @@ def test_exported_heads_decode_with_the_same_steps(target64, greedy_reference, t
     ids = target64.tokenizer("Once upon a time, there was a little girl").input_ids
     runs = []
     for folder in (head, out):
-        dec = treespec.Decoder(target64, drafter="eagle3", drafter_options={"head": str(folder)}, builder="chain",
-                               builder_options={"k": 4})
+        dec = treespec.Decoder(
+            target64, drafter="eagle3", drafter_options={"head": str(folder)}, builder="chain", builder_options={"k": 4}
+        )
         o = dec.generate(ids, max_new_tokens=40)
         runs.append((o.token_ids, [s.accepted for s in o.stats.steps]))
     assert runs[0] == runs[1]
@@ -115,7 +120,14 @@ def vllm_names(state: dict[str, torch.Tensor], eagle3: bool) -> dict[str, tuple[
     return out
 
 
-H, HEADS, KV, V, D, I = 64, 8, 4, 512, 8, 172  # stories260K: hidden 64, 8 / 4 KV heads, vocabulary 512, head_dim 8, MLP 172
+H, HEADS, KV, V, D, I = (  # noqa: E741 - I: the MLP width, as the layouts name it
+    64,
+    8,
+    4,
+    512,
+    8,
+    172,
+)  # stories260K: hidden 64, 8 / 4 KV heads, vocabulary 512, head_dim 8, MLP 172
 
 
 def test_vllm_eagle3_layout(tmp_path):
@@ -139,11 +151,16 @@ def test_vllm_eagle3_layout(tmp_path):
     names = vllm_names(load_file(str(out / "model.safetensors")), eagle3=True)
     i = 2 * H  # q/k/v read [embedding; hidden]
     assert names == {
-        "model.fc.weight": (H, 3 * H), "model.layers.0.self_attn.qkv_proj.weight": ((HEADS + 2 * KV) * D, i),
-        "model.layers.0.self_attn.o_proj.weight": (H, HEADS * D), "model.layers.0.mlp.gate_up_proj.weight": (2 * I, H),
+        "model.fc.weight": (H, 3 * H),
+        "model.layers.0.self_attn.qkv_proj.weight": ((HEADS + 2 * KV) * D, i),
+        "model.layers.0.self_attn.o_proj.weight": (H, HEADS * D),
+        "model.layers.0.mlp.gate_up_proj.weight": (2 * I, H),
         "model.layers.0.mlp.down_proj.weight": (H, I),
-        "model.layers.0.input_layernorm.weight": (H,), "model.layers.0.hidden_norm.weight": (H,),
-        "model.layers.0.post_attention_layernorm.weight": (H,), "model.norm.weight": (H,), "lm_head.weight": (300, H),
+        "model.layers.0.input_layernorm.weight": (H,),
+        "model.layers.0.hidden_norm.weight": (H,),
+        "model.layers.0.post_attention_layernorm.weight": (H,),
+        "model.norm.weight": (H,),
+        "lm_head.weight": (300, H),
         "draft_id_to_target_id": (300,),
     }
 
@@ -159,7 +176,9 @@ def test_vllm_eagle1_layout(tmp_path):
     names = vllm_names(load_file(str(out / "model.safetensors")), eagle3=False)
     assert "model.fc.bias" not in names and names["model.fc.weight"] == (H, 2 * H)
     assert not any("input_layernorm" in n or "lm_head" in n or n == "model.norm.weight" for n in names)
-    assert names["model.layers.0.self_attn.qkv_proj.bias"] == ((HEADS + 2 * KV) * D,)  # q, k and v biases, stacked by vLLM
+    assert names["model.layers.0.self_attn.qkv_proj.bias"] == (
+        (HEADS + 2 * KV) * D,
+    )  # q, k and v biases, stacked by vLLM
     assert names["model.layers.0.self_attn.o_proj.bias"] == (H,)
 
 
@@ -176,8 +195,14 @@ def test_sglang_layouts(tmp_path):
     assert not cfg.get("bias") and cfg["tie_word_embeddings"] is False and cfg["target_hidden_size"] == H
     assert [i + 1 for i in cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]] == list(files3.layers)
     keys = set(load_file(str(out3 / "model.safetensors")))
-    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "midlayer.hidden_norm.weight",
-            "midlayer.self_attn.q_proj.weight"} <= keys and not any(k.startswith("layers.") for k in keys)
+    assert {
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "midlayer.hidden_norm.weight",
+        "midlayer.self_attn.q_proj.weight",
+    } <= keys and not any(k.startswith("layers.") for k in keys)
     files1, out1 = export("sglang", eagle_head_dir(), tmp_path / "one")
     cfg = json.loads((out1 / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle"] and not cfg["bias"] and not cfg["attention_bias"]
@@ -186,9 +211,8 @@ def test_sglang_layouts(tmp_path):
 
 
 def test_sglang_token_map_is_the_draft_vocabulary(tmp_path):
-    from treespec.plugins.eagle_train import train
-
     from conftest import EAGLE_TEST_SETTINGS
+    from treespec.plugins.eagle_train import train
 
     head = tmp_path / "head"
     train(EAGLE_TEST_SETTINGS(head, epochs=1, limit=40, draft_vocab=200), log=lambda _: None)
@@ -215,15 +239,31 @@ def test_a_head_published_in_the_speculators_layout_loads_as_vllm_computes_it(ta
 
 # ------------------------------------------------------------------------------------------------ CLI
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "treespec.cli.app", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "treespec.cli.app", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_export_writes_the_launch_command_and_errors_are_one_line(tmp_path):
     acc = tmp_path / "acc.json"
-    acc.write_text(json.dumps({"format": "treespec-depth-rank/1", "acceptance": [[0.7, 0.15, 0.05], [0.6, 0.1], [0.5]]}))
+    acc.write_text(
+        json.dumps({"format": "treespec-depth-rank/1", "acceptance": [[0.7, 0.15, 0.05], [0.6, 0.1], [0.5]]})
+    )
     out = tmp_path / "v"
-    r = run_cli("export", "vllm", "--target", str(STORIES260K), "--head", str(eagle3_head_dir()), "--out", str(out),
-                "--acceptance", str(acc), "--nodes", "6")
+    r = run_cli(
+        "export",
+        "vllm",
+        "--target",
+        str(STORIES260K),
+        "--head",
+        str(eagle3_head_dir()),
+        "--out",
+        str(out),
+        "--acceptance",
+        str(acc),
+        "--nodes",
+        "6",
+    )
     assert r.returncode == 0, r.stderr
     assert "vllm serve" in r.stdout and (out / "launch.txt").read_text().strip() == r.stdout.strip()
     plan = json.loads((out / "plan.json").read_text())["plan"]
@@ -247,8 +287,13 @@ def test_depth_rank_measurement_counts_what_a_chain_decodes(target64):
     from conftest import tinystories_prompts
     from treespec.export.acceptance import measure_depth_rank
 
-    dec = treespec.Decoder(target64, drafter="eagle3", drafter_options={"head": str(eagle3_head_dir())}, builder="chain",
-                           builder_options={"k": 3})
+    dec = treespec.Decoder(
+        target64,
+        drafter="eagle3",
+        drafter_options={"head": str(eagle3_head_dir())},
+        builder="chain",
+        builder_options={"k": 3},
+    )
     prompts = [dec.encode(p) for p in tinystories_prompts(3)]
     got = measure_depth_rank(dec, prompts, 32, depth=3, ranks=4)
     steps = accepted = 0
@@ -274,6 +319,7 @@ def test_a_speculators_head_re_exports_its_residual_variant(target64, tmp_path):
     """A head published in vLLM's layout with norm_before_residual (vLLM's default when absent) keeps
     it when exported for vLLM, and is refused in one line for SGLang, whose layer has no such variant."""
     from published_heads import speculators_head
+
     from treespec.errors import ConfigError
 
     emb = target64.model.get_input_embeddings().weight.detach()

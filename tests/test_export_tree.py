@@ -67,7 +67,10 @@ def test_sglang_shapes_replay_eagle2_selection():
     chain = trees.sglang_tree(P, steps=4, topk=1, draft_tokens=5)
     assert chain.paths == trees.chain(P, 4).paths
     shape = trees.sglang_shape(P, 8)
-    assert shape.draft_tokens - 1 <= 8 and shape.tree.expected_accepted >= trees.chain(P, min(8, 8)).expected_accepted - 1e-9
+    assert (
+        shape.draft_tokens - 1 <= 8
+        and shape.tree.expected_accepted >= trees.chain(P, min(8, 8)).expected_accepted - 1e-9
+    )
 
 
 def test_plan_prices_sizes_with_a_cost_profile():

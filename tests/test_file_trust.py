@@ -43,11 +43,18 @@ def test_checkpoints_round_trip_as_data(tmp_path):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    state = {"model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state(),
-             "history": [{"epoch": 1, "loss": 0.5}], "key": {"lr": 1e-3, "name": "x", "sizes": (1, 2)}}
+    state = {
+        "model": model.state_dict(),
+        "opt": opt.state_dict(),
+        "rng": torch.get_rng_state(),
+        "history": [{"epoch": 1, "loss": 0.5}],
+        "key": {"lr": 1e-3, "name": "x", "sizes": (1, 2)},
+    }
     save_torch_atomic(state, tmp_path / "c.pt")
     back = load_data(tmp_path / "c.pt")
-    assert torch.equal(back["rng"], state["rng"]) and back["history"] == state["history"] and back["key"] == state["key"]
+    assert (
+        torch.equal(back["rng"], state["rng"]) and back["history"] == state["history"] and back["key"] == state["key"]
+    )
     assert all(torch.equal(back["model"][k], v) for k, v in state["model"].items())
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
 

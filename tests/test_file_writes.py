@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_bad_input import one_line_error
 from typer.testing import CliRunner
 
 from conftest import STORIES260K
-from test_bad_input import one_line_error
 from treespec.cli.app import app
 from treespec.errors import ConfigError
 
@@ -140,17 +140,44 @@ def test_written_files_get_the_usual_permissions(tmp_path):
 
 
 def _tree(flag: str):
-    return lambda t, out: ["tree", "show", "--target", S260, "--drafter", S260, "-D", "layers=2", "--builder", "chain",
-                           "-B", "k=3", "--prompt", "Once", flag, str(out)]
+    return lambda t, out: [
+        "tree",
+        "show",
+        "--target",
+        S260,
+        "--drafter",
+        S260,
+        "-D",
+        "layers=2",
+        "--builder",
+        "chain",
+        "-B",
+        "k=3",
+        "--prompt",
+        "Once",
+        flag,
+        str(out),
+    ]
 
 
 def _report(t: Path, out: Path) -> list[str]:
     run = t / "runs" / "a"
     run.mkdir(parents=True)
     env = dict.fromkeys(("date", "cpu", "threads", "python", "torch", "transformers", "treespec"), "-")
-    (run / "results.json").write_text(json.dumps({"mode": "batch", "dataset": "x", "prompts": 0, "max_new_tokens": 8,
-                                                  "target": "t", "command": "treespec bench", "environment": env,
-                                                  "rows": []}))
+    (run / "results.json").write_text(
+        json.dumps(
+            {
+                "mode": "batch",
+                "dataset": "x",
+                "prompts": 0,
+                "max_new_tokens": 8,
+                "target": "t",
+                "command": "treespec bench",
+                "environment": env,
+                "rows": [],
+            }
+        )
+    )
     return ["bench-report", str(run), "--out", str(out)]
 
 
@@ -162,9 +189,28 @@ def _datastore(t: Path, out: Path) -> list[str]:
 
 WRITERS = [
     ("calibrate", lambda t, out: ["calibrate", *PAIR, *MEASURE, "--out", str(out)], "out.json"),
-    ("sequoia-measure", lambda t, out: ["sequoia-measure", *PAIR, *MEASURE, "--ranks", "4", "--out", str(out)], "out.json"),
-    ("profile", lambda t, out: ["profile", "--target", S260, "--drafter", "ngram", "--repeats", "1", "--threads", "1",
-                                "--out", str(out)], "out.json"),
+    (
+        "sequoia-measure",
+        lambda t, out: ["sequoia-measure", *PAIR, *MEASURE, "--ranks", "4", "--out", str(out)],
+        "out.json",
+    ),
+    (
+        "profile",
+        lambda t, out: [
+            "profile",
+            "--target",
+            S260,
+            "--drafter",
+            "ngram",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        "out.json",
+    ),
     ("tree-show-dot", _tree("--dot"), "out.dot"),
     ("tree-show-png", _tree("--png"), "out.png"),
     ("bench-report", _report, "out.md"),
@@ -204,7 +250,18 @@ def test_a_file_size_limit_keeps_the_old_output_and_prints_the_measurement(tmp_p
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
-    cmd = [sys.executable, "-m", "treespec.cli.app", "sequoia-measure", *PAIR, *MEASURE, "--ranks", "4", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "treespec.cli.app",
+        "sequoia-measure",
+        *PAIR,
+        *MEASURE,
+        "--ranks",
+        "4",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, preexec_fn=limit, check=False)
     assert proc.returncode == 1, proc.stderr
@@ -219,15 +276,38 @@ def test_run_json_to_a_full_device_is_one_line(tmp_path):
     """stdout on a full device (/dev/full): one line on stderr, exit 1. Before: a traceback."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
-    cmd = [sys.executable, "-m", "treespec.cli.app", "run", "--target", S260, "--drafter", "ngram", "--builder", "chain",
-           "--prompt", "Once", "--max-new-tokens", "4", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "treespec.cli.app",
+        "run",
+        "--target",
+        S260,
+        "--drafter",
+        "ngram",
+        "--builder",
+        "chain",
+        "--prompt",
+        "Once",
+        "--max-new-tokens",
+        "4",
+        "--json",
+    ]
     with open("/dev/full", "w") as full:
-        proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False)
+        proc = subprocess.run(
+            cmd,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            check=False,
+        )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith("error: cannot write the output to stdout (No space left on device)"), \
-        proc.stderr
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: cannot write the output to stdout (No space left on device)"
+    ), proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -273,8 +353,26 @@ def test_train_eagle_on_a_full_disk_is_one_line_and_the_same_command_finishes_it
     import safetensors.torch
 
     out = tmp_path / "head"
-    args = ["train", "eagle", "--target", S260, "--data", "tinystories", "--offset", "200", "--limit", "12",
-            "--max-new-tokens", "8", "--epochs", "1", "--batch-size", "4", "--out", str(out)]
+    args = [
+        "train",
+        "eagle",
+        "--target",
+        S260,
+        "--data",
+        "tinystories",
+        "--offset",
+        "200",
+        "--limit",
+        "12",
+        "--max-new-tokens",
+        "8",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--out",
+        str(out),
+    ]
     real = safetensors.torch.save_file
 
     def full(tensors, filename, metadata=None):

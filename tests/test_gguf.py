@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf_fixture import write_llama_gguf
 
 import treespec
-from gguf_fixture import write_llama_gguf
 from treespec import gguf as tg
 from treespec import models
 from treespec.errors import ModelLoadError
@@ -69,13 +69,16 @@ def test_quantised_file_matches_transformers_tensor_by_tensor_and_token_by_token
     assert ours.keys() == theirs.keys()
     for name in theirs:
         assert torch.equal(ours[name], theirs[name]), name
-    assert any(not torch.equal(theirs[n].float(), v) for n, v in
-               models.load_causal_lm(str(SOURCE), dtype=torch.float64).state_dict().items())  # really quantised
+    assert any(
+        not torch.equal(theirs[n].float(), v)
+        for n, v in models.load_causal_lm(str(SOURCE), dtype=torch.float64).state_dict().items()
+    )  # really quantised
     for prompt in PROMPTS:
         assert target.tokenizer(prompt).input_ids == ref_tok(prompt).input_ids
         ids = torch.tensor([ref_tok(prompt).input_ids])
-        want = ref_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
-                                  pad_token_id=0)[0, ids.shape[1]:].tolist()
+        want = ref_model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40, pad_token_id=0
+        )[0, ids.shape[1] :].tolist()
         dec = treespec.Decoder(target, drafter="ngram", builder="opt-tree", builder_options={"nodes": 8})
         assert dec.generate(ids[0].tolist(), max_new_tokens=40).token_ids == want
 
@@ -123,9 +126,27 @@ def test_a_damaged_file_is_one_line(cache, tmp_path):
 
 def test_cli_runs_a_gguf_target(files, cache, tmp_path):
     env = {"TREESPEC_CACHE": str(cache), "PATH": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "treespec.cli.app", "run", "--target", str(files["Q4_1"]),
-                          "--drafter", "ngram", "--prompt", PROMPTS[0], "--max-new-tokens", "16", "--json"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "treespec.cli.app",
+            "run",
+            "--target",
+            str(files["Q4_1"]),
+            "--drafter",
+            "ngram",
+            "--prompt",
+            PROMPTS[0],
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "converting" in out.stderr and len(json.loads(out.stdout)["token_ids"]) > 0
 
@@ -143,6 +164,8 @@ def test_smollm2_default_run_is_lossless():
     for question in ("What is the capital of France? Answer in one sentence.", "Write a haiku about rivers."):
         ids = chat_ids(tok, [{"role": "user", "content": question}])
         x = torch.tensor([ids])
-        want = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=64)[0, len(ids):].tolist()
+        want = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=64)[
+            0, len(ids) :
+        ].tolist()
         got = dec.generate(ids, max_new_tokens=64).token_ids
         assert got == want[: len(got)] and len(got) == len(want)

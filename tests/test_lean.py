@@ -13,10 +13,9 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import treespec
-from treespec.lean import LeanCausalLM, lean_reason
-from treespec.kv import cache_keyword
-
 from conftest import STORIES260K
+from treespec.kv import cache_keyword
+from treespec.lean import LeanCausalLM, lean_reason
 
 VOCAB = 96
 
@@ -24,15 +23,31 @@ VOCAB = 96
 def _random(kind: str):
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.3)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+    )
     config = {
         "llama-gqa": lambda: LlamaConfig(**common),
         "llama-mha-tied": lambda: LlamaConfig(**{**common, "num_key_value_heads": 4}, tie_word_embeddings=True),
         "llama-bias": lambda: LlamaConfig(**common, attention_bias=True),
-        "llama3-rope": lambda: LlamaConfig(**common, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+        "llama3-rope": lambda: LlamaConfig(
+            **common,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
         "qwen2": lambda: Qwen2Config(**common),
         "mistral": lambda: MistralConfig(**common, sliding_window=8),
         "gpt2": lambda: GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4),
@@ -78,7 +93,9 @@ def _compare(model, prefix_len: int = 37) -> None:
     steps = [(ids, pos, mask), (torch.randint(3, vocab, (1, 6), generator=gen), q_pos[None], tree_mask[None, None])]
     with torch.inference_mode():
         for x, p, m in steps:
-            want = model(input_ids=x, position_ids=p, attention_mask=m, **{cache_keyword(model): caches[0]}, use_cache=True).logits
+            want = model(
+                input_ids=x, position_ids=p, attention_mask=m, **{cache_keyword(model): caches[0]}, use_cache=True
+            ).logits
             got = lean(input_ids=x, position_ids=p, attention_mask=m, cache=caches[1]).logits
             assert got.shape == want.shape
             assert torch.allclose(got, want, rtol=0, atol=1e-10), (got - want).abs().max()

@@ -24,8 +24,15 @@ def random_draft_dir(tmp_path_factory, target64):
 
     torch.manual_seed(1234)
     cfg = LlamaConfig(
-        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     path = tmp_path_factory.mktemp("random-draft")
     LlamaForCausalLM(cfg).save_pretrained(path)
@@ -108,4 +115,6 @@ def test_stream_callback_sees_every_token_once(target64, greedy_reference):
     out = dec.generate(ids, max_new_tokens=40, stream=seen.extend)
     assert seen == out.token_ids == greedy_reference(ids, 40)
     assert out.text.strip() == target64.tokenizer.decode(out.token_ids, skip_special_tokens=True).strip()
-    assert out.text.startswith(" named Max")  # the continuation ../shared/README.md quotes, its space kept  # the README's known continuation of this prompt
+    assert out.text.startswith(
+        " named Max"
+    )  # the continuation ../shared/README.md quotes, its space kept  # the README's known continuation of this prompt

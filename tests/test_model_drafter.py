@@ -38,7 +38,9 @@ def test_probabilities_match_plain_runs_across_steps_and_odd_orders(drafter, tar
     gen = torch.Generator().manual_seed(0)
     for step in range(4):
         tree = DraftTree(committed[-1])
-        a = tree.add_children(torch.tensor([0, 0, 0]), torch.randint(3, 512, (3,), generator=gen), torch.full((3,), 0.3))
+        a = tree.add_children(
+            torch.tensor([0, 0, 0]), torch.randint(3, 512, (3,), generator=gen), torch.full((3,), 0.3)
+        )
         b = tree.add_children(a[[0, 0, 2]], torch.randint(3, 512, (3,), generator=gen), torch.full((3,), 0.3))
         c = tree.add_children(b[[1]], torch.randint(3, 512, (1,), generator=gen), torch.full((1,), 0.3))
         for node in (int(b[2]), int(c[0]), 0, int(a[1]), int(c[0])):  # another branch first, root later, twice
@@ -87,8 +89,9 @@ class TooDeep(treespec.TreeBuilder):
 
 
 def test_a_builder_exceeding_max_depth_is_stopped_with_the_partial_output(target64):
-    dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 3},
-                           builder=TooDeep(treespec.PluginConfig()))
+    dec = treespec.Decoder(
+        target64, drafter=str(STORIES260K), drafter_options={"layers": 3}, builder=TooDeep(treespec.PluginConfig())
+    )
     with pytest.raises(treespec.DecodingError, match="depth .* > max_depth") as err:
         dec.generate("Once upon a time", max_new_tokens=3)
     assert err.value.output.stats.t_total > 0

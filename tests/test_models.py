@@ -72,8 +72,9 @@ def _custom_code_model(path):
     """A local model whose config maps AutoModelForCausalLM to its own Python file."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2)).save_pretrained(path)
+    LlamaForCausalLM(
+        LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    ).save_pretrained(path)
     ship_own_code(path)
 
 

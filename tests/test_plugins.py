@@ -100,7 +100,9 @@ def plugin_source(kind: str, name: str, aliases: tuple[str, ...] = ()) -> str:
 
 
 def test_builtins_are_discovered_through_entry_points():
-    eps = [ep for ep in md.entry_points(group="treespec") if ep.dist is not None and ep.dist.metadata["Name"] == "treespec"]
+    eps = [
+        ep for ep in md.entry_points(group="treespec") if ep.dist is not None and ep.dist.metadata["Name"] == "treespec"
+    ]
     assert ("builtin", "treespec.plugins.builtin") in [(ep.name, ep.value) for ep in eps]
 
     reg = registry.load_plugins()
@@ -204,7 +206,9 @@ def test_alias_that_shadows_a_name_is_a_duplicate(fake):
     fake.add("fake-alias", "alias", "fake_alias_mod", plugin_source("drafter", "mine", aliases=("model",)))
     reg = registry.discover()
     assert reg.get("drafter", "mine").spec.name == "mine"  # the plugin's own name still works
-    with pytest.raises(PluginError, match=rf"drafter name 'model' is registered twice: by treespec {re.escape(treespec.__version__)}"):
+    with pytest.raises(
+        PluginError, match=rf"drafter name 'model' is registered twice: by treespec {re.escape(treespec.__version__)}"
+    ):
         reg.get("drafter", "model")
 
 
@@ -249,13 +253,18 @@ def test_plugin_that_fails_to_import_is_reported_and_the_others_load(fake):
 
 
 def test_plugin_whose_hook_raises_is_reported_and_the_others_load(fake):
-    fake.add("fake-hookfail", "hookfail", "fake_hookfail_mod", """
+    fake.add(
+        "fake-hookfail",
+        "hookfail",
+        "fake_hookfail_mod",
+        """
         import treespec
 
         @treespec.hookimpl
         def treespec_builders():
             raise ValueError("hook exploded")
-        """)
+        """,
+    )
     fake.add("fake-fine2", "fine2", "fake_fine2_mod", plugin_source("builder", "fine-builder-2"))
     reg = registry.discover()
     assert ("hookfail", "fake-hookfail", "ValueError: hook exploded") in reg.failures
@@ -274,14 +283,19 @@ def test_a_plugin_whose_class_cannot_be_imported_is_named(fake, monkeypatch):
     from treespec.errors import PluginError
     from treespec.factory import make_builder
 
-    fake.add("fake-badload", "badload", "fake_badload_mod", """
+    fake.add(
+        "fake-badload",
+        "badload",
+        "fake_badload_mod",
+        """
         import treespec
         from treespec.plugins.configs import ChainConfig
 
         @treespec.hookimpl
         def treespec_builders():
             return [treespec.PluginSpec(name="ghost", summary="x", config=ChainConfig, load="no_such_module:Ghost")]
-        """)
+        """,
+    )
     monkeypatch.setattr(registry, "_registry", registry.discover())
     with pytest.raises(PluginError) as err:
         make_builder("ghost")
@@ -336,7 +350,6 @@ def test_block_plugins_skips_those_but_never_builtins(fake, monkeypatch):
 @needs_example
 def test_bigram_counts_prompt_and_commits():
     import torch
-
     from treespec_example.bigram import BigramDrafter
     from treespec_example.configs import BigramConfig
 

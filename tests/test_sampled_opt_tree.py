@@ -95,8 +95,9 @@ class DrawLog:
         return [row for t in self.tokens for row in t.tolist()]
 
 
-def build_trees(builder_key: str, draft: str, setting: str, draft_t: float | None, n: int, seed: int = 0,
-                log: DrawLog | None = None) -> tuple[list[DraftTree], list[list[list[int]]]]:
+def build_trees(
+    builder_key: str, draft: str, setting: str, draft_t: float | None, n: int, seed: int = 0, log: DrawLog | None = None
+) -> tuple[list[DraftTree], list[list[list[int]]]]:
     """n trees from the real ``build`` with sample=true (the Decoder's draft settings), and, with a
     ``log``, the draws behind each tree's recorded rows."""
     name, opts = BUILDERS[builder_key]
@@ -228,30 +229,37 @@ def _own_phat_slots(expand_slots):
     """BROKEN: each draw ranked by its own probability, made non-increasing along the node's draws
     (cumulative minimum) so that every cut still keeps a prefix: whether draw j is kept then depends
     on what draw j was, which biases the verifier even though the prefix rule holds."""
+
     def slots(drafter, tree, nodes, k, sampling):
         s = expand_slots(drafter, tree, nodes, k, sampling)
         return Slots(s.tokens, s.q, s.q.cummin(dim=1).values) if sampling is not None else s
+
     return slots
 
 
 def _skip_first_draw(expand_slots):
     """BROKEN: a node's children are its draws 2, 3, … (a non-prefix subset of its draws)."""
+
     def slots(drafter, tree, nodes, k, sampling):
         if sampling is None:
             return expand_slots(drafter, tree, nodes, k, sampling)
         s = expand_slots(drafter, tree, nodes, k + 1, sampling)
         return Slots(s.tokens[:, 1:], s.q[:, 1:], s.value[:, :-1])
+
     return slots
 
 
 BROKEN = {"rank by the draw's own p̂": _own_phat_slots, "skip the first draw": _skip_first_draw}
 
 
-@pytest.mark.parametrize("builder_key,draft,setting,variant", [
-    ("opt-tree", "model", "t1.0", "rank by the draw's own p̂"),
-    ("opt-tree", "model", "t0.7", "skip the first draw"),
-    ("eagle2", "model", "t1.0", "skip the first draw"),
-])
+@pytest.mark.parametrize(
+    "builder_key,draft,setting,variant",
+    [
+        ("opt-tree", "model", "t1.0", "rank by the draw's own p̂"),
+        ("opt-tree", "model", "t0.7", "skip the first draw"),
+        ("eagle2", "model", "t1.0", "skip the first draw"),
+    ],
+)
 def test_broken_builders_fail_the_same_check(builder_key, draft, setting, variant, monkeypatch):
     """The check the real builder passes (the same case, seeds and rule) fails for each broken variant."""
     _, ok, tables = case_results(builder_key, draft, setting, None)
@@ -294,7 +302,7 @@ def test_greedy_trees_are_unchanged_by_sample(builder_key, calibrate):
     """Not sampling (``start(None)``), sample=true builds the very tree sample=false builds."""
     name, opts = BUILDERS[builder_key]
     source = drafter("model", "t1.0")
-    for threshold in ([0.0, 0.5] if name == "opt-tree" else [None]):
+    for threshold in [0.0, 0.5] if name == "opt-tree" else [None]:
         extra = {"calibrate": calibrate, **({"threshold": threshold} if threshold is not None else {})}
         trees = []
         for sample in (False, True):
@@ -313,8 +321,10 @@ def test_decoder_runs_sampled_builders(tmp_path):
     from treespec import Decoder, TargetModel
 
     tiny(TARGET_SEED, 0.3).save_pretrained(tmp_path)
-    for builder, opts in [("opt-tree", {"nodes": 6, "max_depth": 3, "sample": True}),
-                          ("eagle2", {"top_k": 2, "depth": 3, "total_tokens": 5, "sample": True})]:
+    for builder, opts in [
+        ("opt-tree", {"nodes": 6, "max_depth": 3, "sample": True}),
+        ("eagle2", {"top_k": 2, "depth": 3, "total_tokens": 5, "sample": True}),
+    ]:
         dec = Decoder(TargetModel(tiny(TARGET_SEED)), drafter=str(tmp_path), builder=builder, builder_options=opts)
         runs = [dec.generate(PROMPT, max_new_tokens=16, temperature=1.0, seed=s) for s in (4, 4, 5)]
         assert runs[0].token_ids == runs[1].token_ids != runs[2].token_ids
@@ -351,9 +361,11 @@ def test_report_mean_accepted_depth(capsys):
             s, t = out["specinfer"][1], out["traversal"][1]  # [n] accepted depths, the same trees
             se = float((t - s).std()) / len(t) ** 0.5
             ranked = ranked_mean_depth(builder_key, "model", setting)
-            lines.append(f"{builder_key:8s} {setting}: ranked/deterministic {ranked:.3f}   sampled/specinfer "
-                         f"{float(s.mean()):.3f}  sampled/traversal {float(t.mean()):.3f}  "
-                         f"(± {float(t.std()) / len(t) ** 0.5:.3f}, {len(t)} trees)")
+            lines.append(
+                f"{builder_key:8s} {setting}: ranked/deterministic {ranked:.3f}   sampled/specinfer "
+                f"{float(s.mean()):.3f}  sampled/traversal {float(t.mean()):.3f}  "
+                f"(± {float(t.std()) / len(t) ** 0.5:.3f}, {len(t)} trees)"
+            )
             assert float(t.mean()) >= float(s.mean()) - 2 * se, lines[-1]
     with capsys.disabled():
         print("\nmean accepted depth at equal budgets (draft 'model', depth ≤ 3):\n" + "\n".join(lines))

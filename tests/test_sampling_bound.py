@@ -40,7 +40,6 @@ from treespec.sampling_bound import (
 )
 from treespec.verify import verify_batch
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -214,8 +213,9 @@ def test_the_complement_matters():
     """The variant min_H p(H) + P(S ∩ H = ∅) equals α* for one draft but is not a bound for k >= 2:
     with q = p, accepting the first draw always is exact (rate 1), yet the variant is below 1."""
     u = [Fraction(1, 4)] * 4
-    variant = min(sum(u[i] for i in H) + draws_outside(u, 2, H)
-                  for r in range(5) for H in itertools.combinations(range(4), r))
+    variant = min(
+        sum(u[i] for i in H) + draws_outside(u, 2, H) for r in range(5) for H in itertools.combinations(range(4), r)
+    )
     assert variant == Fraction(2, 3)
     assert optimal_acceptance(u, u, 2) == 1 == max_flow_acceptance(u, u, 2) == specinfer_acceptance(u, u, 2)
 
@@ -239,8 +239,9 @@ def root_trials(k: int, setting: str, rule: str, ranked: bool = False, n: int = 
     """n trees of one level — the root and k children — verified once each, as ``sampled_trials`` builds
     them (children drawn by Gumbel-top-k from the draft at the draft temperature), or with ``ranked`` the
     draft's top-k (point masses). Returns (deepest accepted node [n], ``root_bound`` [n])."""
-    _, tt, tokens, probs, dists, _, gen = draw_trials([[j] for j in range(k)], "model", setting, None, seed, n,
-                                                      frozenset({0}) if ranked else frozenset())
+    _, tt, tokens, probs, dists, _, gen = draw_trials(
+        [[j] for j in range(k)], "model", setting, None, seed, n, frozenset({0}) if ranked else frozenset()
+    )
     probs = probs.float()  # [n, k+1, V]
     best, _ = verify_batch(tt, tokens, probs, gen, rule, dists)
     return best, root_bound(tt, tokens, probs, dists)
@@ -285,9 +286,13 @@ def measure() -> list[dict]:
         p, q = root_distributions(setting)
         pl, ql = (p / p.sum()).tolist(), (q / q.sum()).tolist()
         for k in KS:
-            row = {"setting": setting, "k": k, "bound": float(optimal_acceptance(p, q, k)),
-                   "specinfer_exact": specinfer_acceptance(pl, ql, k),
-                   "topk": float(p[q.topk(k).indices].sum())}
+            row = {
+                "setting": setting,
+                "k": k,
+                "bound": float(optimal_acceptance(p, q, k)),
+                "specinfer_exact": specinfer_acceptance(pl, ql, k),
+                "topk": float(p[q.topk(k).indices].sum()),
+            }
             for rule in ("specinfer", "traversal"):
                 best, bound = root_trials(k, setting, rule)
                 assert torch.allclose(bound, torch.full_like(bound, row["bound"]))
@@ -303,19 +308,25 @@ def test_report_root_acceptance():
     speculative sampling is optimal), and ranked children are accepted with probability p(top-k).
     Prints the docs table."""
     rows = measure()
-    print("\n| setting | k | α* (sampled, optimal) | specinfer exact | specinfer measured | traversal measured "
-          "| ranked top-k: p(top-k) | deterministic measured |")
+    print(
+        "\n| setting | k | α* (sampled, optimal) | specinfer exact | specinfer measured | traversal measured "
+        "| ranked top-k: p(top-k) | deterministic measured |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         (s, s_se), (t, t_se), (d, d_se) = r["specinfer"], r["traversal"], r["deterministic"]
-        print(f"| {r['setting']} | {r['k']} | {r['bound']:.4f} | {r['specinfer_exact']:.4f} | {s:.4f} ± {s_se:.4f} "
-              f"| {t:.4f} ± {t_se:.4f} | {r['topk']:.4f} | {d:.4f} ± {d_se:.4f} |")
+        print(
+            f"| {r['setting']} | {r['k']} | {r['bound']:.4f} | {r['specinfer_exact']:.4f} | {s:.4f} ± {s_se:.4f} "
+            f"| {t:.4f} ± {t_se:.4f} | {r['topk']:.4f} | {d:.4f} ± {d_se:.4f} |"
+        )
     for r in rows:
         what = f"{r['setting']} k={r['k']}"
         for rule in ("specinfer", "traversal"):
             m, se = r[rule]
             assert m <= r["bound"] + 4 * se, f"{what}: {rule} accepts {m:.4f} > α* = {r['bound']:.4f}"
-            assert abs(m - r["specinfer_exact"]) <= 4 * se, f"{what}: {rule} {m:.4f} vs exact {r['specinfer_exact']:.4f}"
+            assert abs(m - r["specinfer_exact"]) <= 4 * se, (
+                f"{what}: {rule} {m:.4f} vs exact {r['specinfer_exact']:.4f}"
+            )
         assert r["specinfer_exact"] <= r["bound"] + 1e-9
         if r["k"] == 1:
             assert abs(r["specinfer_exact"] - r["bound"]) < 1e-9, what

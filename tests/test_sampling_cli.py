@@ -12,8 +12,21 @@ from conftest import REPO
 from treespec.cli.app import app
 
 runner = CliRunner()
-SAMPLE = ["--target", "treespec-py", "--temperature", "0.7", "--top-p", "0.9", "--seed", "1", "--max-new-tokens", "24", "--json",
-          "--prompt", 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n']
+SAMPLE = [
+    "--target",
+    "treespec-py",
+    "--temperature",
+    "0.7",
+    "--top-p",
+    "0.9",
+    "--seed",
+    "1",
+    "--max-new-tokens",
+    "24",
+    "--json",
+    "--prompt",
+    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n',
+]
 ACCEPTANCE = str(REPO / "docs" / "bench" / "acceptance-s260k-l4.json")
 CASES = [  # (builder, builder options, drafter args): every builder, every drafter, sampled children
     ("opt-tree", [], []),
@@ -64,7 +77,10 @@ def test_run_samples_with_every_builder_and_drafter(builder, b_opts, d_args, pin
         (["--temperature", "0.7", "--top-p", "1.5"], "top_p"),
         (["--temperature", "0.7", "--top-k", "-3"], "top_k"),
         (["--temperature", "0.7", "--sampling-rule", "magic"], "rule"),
-        (["--temperature", "0.7", "--drafter", "ngram", "-B", "sample=true", "--builder", "chain"], "full distribution"),
+        (
+            ["--temperature", "0.7", "--drafter", "ngram", "-B", "sample=true", "--builder", "chain"],
+            "full distribution",
+        ),
         (["--temperature", "0.7", "--drafter", "ngram", "--sampling-rule", "specinfer"], "full distribution"),
     ],
 )

@@ -25,9 +25,9 @@ import functools
 
 import pytest
 import torch
+from sampling_stats import ALPHA, Tables, assert_exact, complete, emitted, fit
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sampling_stats import ALPHA, Tables, assert_exact, complete, emitted, fit
 from treespec import DraftTree, TargetModel
 from treespec.factory import make_builder
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
@@ -49,9 +49,17 @@ def tiny(seed: int, noise: float = 0.0) -> LlamaForCausalLM:
     mostly, but far from always, agrees with it)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.3,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        vocab_size=V,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     model = LlamaForCausalLM(cfg).to(torch.float64).eval()
     model.generation_config.eos_token_id = None  # no token ends a run
@@ -208,7 +216,9 @@ def test_sampling_verify_one_call_at_a_time(rule):
         acc = sampling_verify(tt, logits, params, gen, rule)
         out = (acc.tokens + [acc.bonus])[:length]
         seqs[i, : len(out)] = torch.tensor(out)
-    assert_exact(complete(seqs, target_tables(params, length), gen), target_tables(params, length), f"sampling_verify {rule}")
+    assert_exact(
+        complete(seqs, target_tables(params, length), gen), target_tables(params, length), f"sampling_verify {rule}"
+    )
 
 
 # ----------------------------------------------------------------------------------------- sampled trees
@@ -238,7 +248,9 @@ def skeleton(paths: list[list[int]]) -> tuple[DraftTree, list[list[int]]]:
     node = {(): 0}
     tree = DraftTree(PROMPT[-1])
     for p in paths:
-        node[tuple(p)] = int(tree.add_children(torch.tensor([node[tuple(p[:-1])]]), torch.tensor([0]), torch.ones(1))[0])
+        node[tuple(p)] = int(
+            tree.add_children(torch.tensor([node[tuple(p[:-1])]]), torch.tensor([0]), torch.ones(1))[0]
+        )
     kids = [[] for _ in range(len(tree))]
     for p in paths:
         kids[node[tuple(p[:-1])]].append(node[tuple(p)])
@@ -247,8 +259,15 @@ def skeleton(paths: list[list[int]]) -> tuple[DraftTree, list[list[int]]]:
     return tree, kids
 
 
-def draw_trials(shape: list[list[int]], draft: str, setting: str, draft_t: float | None, seed: int = 0,
-                n: int = N_TRIALS, ranked: frozenset[int] = frozenset()):
+def draw_trials(
+    shape: list[list[int]],
+    draft: str,
+    setting: str,
+    draft_t: float | None,
+    seed: int = 0,
+    n: int = N_TRIALS,
+    ranked: frozenset[int] = frozenset(),
+):
     """n trees of ``shape`` (its paths) with children drawn afresh (Gumbel-top-k from the draft at the
     draft temperature, as ``sampled_expand`` draws them); the nodes in ``ranked`` get the draft's top-k
     instead (point masses: no recorded draw). Returns (tree, tt, tokens [n, N], target probs [n, N, V],
@@ -281,8 +300,9 @@ def draw_trials(shape: list[list[int]], draft: str, setting: str, draft_t: float
     return tree, tt, tokens, probs, dists, tables, gen
 
 
-def sampled_trials(shape: str, draft: str, setting: str, rule: str, draft_t: float | None, seed: int = 0,
-                   n: int = N_TRIALS):
+def sampled_trials(
+    shape: str, draft: str, setting: str, rule: str, draft_t: float | None, seed: int = 0, n: int = N_TRIALS
+):
     """n trees of ``shape`` with children drawn afresh (``draw_trials``), each verified once."""
     tree, tt, tokens, probs, dists, tables, gen = draw_trials(SHAPES[shape], draft, setting, draft_t, seed, n)
     best, bonus = verify_batch(tt, tokens, probs.float(), gen, rule, dists)
@@ -295,7 +315,9 @@ def test_sampled_tree_is_exact(shape, draft, setting, rule, draft_t):
     tree, seqs, tables, best = sampled_trials(shape, draft, setting, rule, draft_t)
     assert_exact(seqs, tables, f"{shape}/{draft}/{setting}/{rule}/draft_t={draft_t}")
     if draft == "identical" and rule in ("specinfer", "auto"):
-        assert bool((best.ne(0)).all()) and float(tree.depths[best].float().mean()) == tree.depth  # q = p: always accepted
+        assert (
+            bool((best.ne(0)).all()) and float(tree.depths[best].float().mean()) == tree.depth
+        )  # q = p: always accepted
 
 
 # ----------------------------------------------------------------------------------------- broken verifiers
@@ -326,12 +348,17 @@ def test_broken_verifiers_fail_the_same_checks(monkeypatch):
     tt, probs = target_probs(tree, params)
     gen = make_generator(0, "cpu")
     tokens = tt.input_ids[None].expand(N_TRIALS, -1)
-    best, bonus = verify_batch(tt, tokens, probs[None].expand(N_TRIALS, -1, -1), gen, "specinfer", tt.draw_dist[None].expand(N_TRIALS, -1, -1))
+    best, bonus = verify_batch(
+        tt, tokens, probs[None].expand(N_TRIALS, -1, -1), gen, "specinfer", tt.draw_dist[None].expand(N_TRIALS, -1, -1)
+    )
     tables = target_tables(params, tree.depth + 1)
     bad_q = complete(emitted(tt, tokens, best, bonus, tree.depth + 1), tables, gen)
 
-    for name, good, broken in [("specinfer without residual", ok, bad), ("bonus from p", ok_ranked, bad_ranked),
-                               ("ranked children as sampled", ok_ranked, (None, bad_q, tables, None))]:
+    for name, good, broken in [
+        ("specinfer without residual", ok, bad),
+        ("bonus from p", ok_ranked, bad_ranked),
+        ("ranked children as sampled", ok_ranked, (None, bad_q, tables, None)),
+    ]:
         assert fit(good[1], good[2])[2] >= ALPHA, name
         stat, df, pvalue, _ = fit(broken[1], broken[2])
         assert pvalue < ALPHA, f"{name}: the broken verifier passed (X² = {stat:.1f} on {df} df, p = {pvalue:.3g})"
@@ -419,7 +446,7 @@ def test_seeds_reproduce_and_greedy_is_unchanged(draft_dir):
     greedy = dec.generate(PROMPT, max_new_tokens=24).token_ids
     assert dec.generate(PROMPT, max_new_tokens=24, temperature=0, seed=3, top_k=2).token_ids == greedy
     with torch.inference_mode():
-        ref = tiny(TARGET_SEED).generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=24)[0, len(PROMPT):]
+        ref = tiny(TARGET_SEED).generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=24)[0, len(PROMPT) :]
     assert greedy == ref.tolist()
 
 
@@ -435,8 +462,12 @@ def test_bad_settings_are_one_line_errors(draft_dir):
     assert len(ranked.generate(PROMPT, max_new_tokens=4, temperature=0.7, seed=1).token_ids) == 4
     with pytest.raises(ConfigError, match="full distribution"):
         ranked.generate(PROMPT, max_new_tokens=4, temperature=0.7, rule="specinfer")
-    for bad, match in [({"temperature": -1}, "temperature"), ({"temperature": 1, "top_p": 1.5}, "top_p"),
-                       ({"temperature": 1, "top_k": -2}, "top_k"), ({"temperature": 1, "rule": "nope"}, "rule"),
-                       ({"temperature": 1, "draft_temperature": 0}, "draft_temperature")]:
+    for bad, match in [
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": 1, "top_p": 1.5}, "top_p"),
+        ({"temperature": 1, "top_k": -2}, "top_k"),
+        ({"temperature": 1, "rule": "nope"}, "rule"),
+        ({"temperature": 1, "draft_temperature": 0}, "draft_temperature"),
+    ]:
         with pytest.raises(ConfigError, match=match):
             ranked.generate(PROMPT, max_new_tokens=4, **bad)

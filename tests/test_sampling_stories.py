@@ -14,10 +14,10 @@ import functools
 
 import pytest
 import torch
+from sampling_stats import Tables, assert_exact, complete, emitted
 
 import treespec
 from conftest import STORIES260K
-from sampling_stats import Tables, assert_exact, complete, emitted
 from treespec.factory import make_builder, make_drafter
 from treespec.interfaces import PrefillContext
 from treespec.sampling import SamplingParams, draw_children, make_generator, with_temperature
@@ -50,8 +50,17 @@ def test_processors_are_generates(target64, prompt_ids):
         logits = model(ids).logits[0, -1]
     for t, k, p in [(0.7, 0, 0.9), (1.0, 5, 1.0), (1.5, 50, 0.95), (0.3, 0, 1.0), (1.0, 3, 0.5)]:
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=t, top_k=k,
-                                 top_p=p, max_new_tokens=1, output_scores=True, return_dict_in_generate=True)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=t,
+                top_k=k,
+                top_p=p,
+                max_new_tokens=1,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
         want = torch.softmax(out.scores[0][0], dim=-1)
         got = SamplingParams(temperature=t, top_k=k, top_p=p).probs(logits)
         assert torch.equal(got > 0, want > 0), (t, k, p)
@@ -106,14 +115,18 @@ def test_sampled_children_on_stories(target64, prompt_ids):
     assert float((best > 0).float().mean()) > 0.5
 
 
-@pytest.mark.parametrize("builder,opts,runs", [("opt-tree", {"nodes": 10}, 800), ("chain", {"k": 2, "sample": True}, 800)])
+@pytest.mark.parametrize(
+    "builder,opts,runs", [("opt-tree", {"nodes": 10}, 800), ("chain", {"k": 2, "sample": True}, 800)]
+)
 def test_generate_first_two_tokens(builder, opts, runs, target64, prompt_ids):
     """Many seeded ``generate`` calls at temperature 0.7, top-p 0.9 (the issue's command)."""
-    dec = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 4},
-                           builder=builder, builder_options=opts)
+    dec = treespec.Decoder(
+        target64, drafter=str(STORIES260K), drafter_options={"layers": 4}, builder=builder, builder_options=opts
+    )
     tables = _tables(target64.model, tuple(prompt_ids), ISSUE)
     eos = target64.eos_token_ids
     assert float(tables.rows[0][0, sorted(eos)].sum()) == 0.0  # no run stops after one token
-    seqs = [dec.generate(prompt_ids, max_new_tokens=2, temperature=0.7, top_p=0.9, seed=s).token_ids
-            for s in range(runs)]
+    seqs = [
+        dec.generate(prompt_ids, max_new_tokens=2, temperature=0.7, top_p=0.9, seed=s).token_ids for s in range(runs)
+    ]
     assert_exact(torch.tensor(seqs), tables, f"stories260K generate {builder}")

@@ -85,13 +85,15 @@ def test_distribution_equals_a_loaded_k_layer_model(target64, k, lean):
         gen = torch.Generator().manual_seed(0)
         for step in range(3):
             tree = DraftTree(committed[-1])
-            a = tree.add_children(torch.tensor([0, 0]), torch.randint(3, 512, (2,), generator=gen), torch.full((2,), 0.3))
+            a = tree.add_children(
+                torch.tensor([0, 0]), torch.randint(3, 512, (2,), generator=gen), torch.full((2,), 0.3)
+            )
             b = tree.add_children(a[[0, 1]], torch.randint(3, 512, (2,), generator=gen), torch.full((2,), 0.3))
             nodes = torch.tensor([0, int(a[0]), int(b[0]), int(b[1])])
             seen.clear()
             prop = drafter.expand(tree, nodes, 5)
             (logits,) = seen
-            rows = logits[-drafter.probs.shape[0]:]  # the tree rows of this forward (after pending tokens)
+            rows = logits[-drafter.probs.shape[0] :]  # the tree rows of this forward (after pending tokens)
             for i, node in enumerate(nodes.tolist()):
                 with torch.inference_mode():
                     want = ref(torch.tensor([committed[:-1] + tree.path_tokens(node)])).logits[0, -1]
@@ -100,7 +102,9 @@ def test_distribution_equals_a_loaded_k_layer_model(target64, k, lean):
                 q, tok = torch.softmax(want, -1).topk(5)
                 assert prop.tokens[i].tolist() == tok.tolist()
                 assert torch.allclose(prop.q[i].double(), q, atol=1e-6)
-            new = tree.tokens[tree.path(int(b[0]))[1 : 1 + step]].tolist() + [int(torch.randint(3, 512, (1,), generator=gen))]
+            new = tree.tokens[tree.path(int(b[0]))[1 : 1 + step]].tolist() + [
+                int(torch.randint(3, 512, (1,), generator=gen))
+            ]
             drafter.commit(Commit(tokens=new))
             committed += new
     finally:
@@ -115,8 +119,9 @@ BUILDERS = {"opt-tree-n25": ("opt-tree", {"nodes": 25}), "chain-k4": ("chain", {
 @pytest.mark.parametrize("layers", [3, 4])
 def test_lossless_and_same_tau_as_the_loaded_copy(layers, builder_key, target64, greedy_reference, prompts):
     builder, b_opts = BUILDERS[builder_key]
-    dec = treespec.Decoder(target64, drafter="self", drafter_options={"layers": layers}, builder=builder,
-                           builder_options=b_opts)
+    dec = treespec.Decoder(
+        target64, drafter="self", drafter_options={"layers": layers}, builder=builder, builder_options=b_opts
+    )
     assert isinstance(dec.drafter, SelfDrafter)
     steps = tokens = 0
     for ids in prompts:
@@ -125,8 +130,9 @@ def test_lossless_and_same_tau_as_the_loaded_copy(layers, builder_key, target64,
         assert out.token_ids == want, greedy_reference.explain(ids, out.token_ids, want)
         steps, tokens = steps + out.stats.n_steps, tokens + len(out.token_ids)
     if layers == 4:  # same weights, same maths: same acceptance as the separately loaded 4-layer model
-        other = treespec.Decoder(target64, drafter=str(STORIES260K), drafter_options={"layers": 4}, builder=builder,
-                                 builder_options=b_opts)
+        other = treespec.Decoder(
+            target64, drafter=str(STORIES260K), drafter_options={"layers": 4}, builder=builder, builder_options=b_opts
+        )
         o_steps = o_tokens = 0
         for ids in prompts:
             out = other.generate(ids, max_new_tokens=MAX_NEW)
@@ -139,15 +145,17 @@ def test_gpt2_self_layers_1_is_lossless():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=96, n_positions=256, n_embd=32, n_layer=3, n_head=4, bos_token_id=0,
-                     eos_token_id=95, pad_token_id=95)
+    cfg = GPT2Config(
+        vocab_size=96, n_positions=256, n_embd=32, n_layer=3, n_head=4, bos_token_id=0, eos_token_id=95, pad_token_id=95
+    )
     model = GPT2LMHeadModel(cfg).double().eval()
     model.generation_config.eos_token_id = 95  # generate and the Decoder stop at the same token
     model.generation_config.pad_token_id = 95
     target = treespec.TargetModel(model)
     before = storages(model)
-    dec = treespec.Decoder(target, drafter="self", drafter_options={"layers": 1}, builder="opt-tree",
-                           builder_options={"nodes": 10})
+    dec = treespec.Decoder(
+        target, drafter="self", drafter_options={"layers": 1}, builder="opt-tree", builder_options={"nodes": 10}
+    )
     assert len(dec.drafter.model.transformer.h) == 1 and len(model.transformer.h) == 3
     assert set(storages(dec.drafter.model)) <= set(before)
     gen = torch.Generator().manual_seed(1)

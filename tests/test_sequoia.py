@@ -14,19 +14,19 @@ from typer.testing import CliRunner
 
 import treespec
 from conftest import SHARED, STORIES260K, tinystories_prompts
-from treespec.train.acceptance import measure_acceptance
 from treespec.cli.sequoia import sequoia_measure
 from treespec.errors import ConfigError
 from treespec.factory import make_builder
 from treespec.interfaces import Drafter, Proposals
 from treespec.plugins.sequoia import SequoiaBuilder, load_acceptance, optimal_shape, optimal_shapes, shape_value
+from treespec.train.acceptance import measure_acceptance
 from treespec.tree import DraftTree
 
 MAX_NEW = 128
 
 
 # ---------------------------------------------------------------------------------------- brute force
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def all_trees(m: int, d: int, n_ranks: int) -> tuple[frozenset, ...]:
     """Every shape with exactly m nodes (root included), depth ≤ d, ranks < n_ranks, whose children
     take the first c ranks: as frozensets of rank paths, root excluded."""
@@ -76,7 +76,11 @@ def test_dp_equals_brute_force_on_small_budgets():
                 shape = optimal_shape(p, nodes, depth)
                 check_well_formed(shape.paths, nodes, depth)
                 assert shape_value(shape.paths, p) == pytest.approx(shape.expected_accepted, abs=1e-12)
-                assert shape.expected_accepted == pytest.approx(brute_best(p, nodes, depth), abs=1e-12), (p, nodes, depth)
+                assert shape.expected_accepted == pytest.approx(brute_best(p, nodes, depth), abs=1e-12), (
+                    p,
+                    nodes,
+                    depth,
+                )
                 cases += 1
     assert cases == 60 * 8 * 5
 
@@ -260,8 +264,11 @@ def test_measured_ranks_match_the_draft_run_on_each_prefix(target64, draft4, sto
 @pytest.mark.parametrize("nodes", [20, 40])
 def test_greedy_equals_target_generate(nodes, target64, greedy_reference, measured, story_prompts):
     dec = treespec.Decoder(
-        target64, drafter=str(STORIES260K), drafter_options={"layers": 4},
-        builder="sequoia", builder_options={"nodes": nodes, "acceptance": measured["acceptance"]},
+        target64,
+        drafter=str(STORIES260K),
+        drafter_options={"layers": 4},
+        builder="sequoia",
+        builder_options={"nodes": nodes, "acceptance": measured["acceptance"]},
     )
     assert dec.builder.shape.nodes == nodes
     failures, tokens, steps = [], 0, 0
@@ -289,9 +296,27 @@ def cli_app() -> typer.Typer:
 
 def test_sequoia_measure_writes_a_file_the_builder_reads(tmp_path):
     out = tmp_path / "acc.json"
-    args = ["sequoia-measure", "--target", str(STORIES260K), "--drafter", str(STORIES260K), "--layers", "4",
-            "--dataset", "tinystories", "--data-dir", str(SHARED / "prompts"), "--limit", "2",
-            "--max-new-tokens", "24", "--ranks", "8", "--out", str(out)]
+    args = [
+        "sequoia-measure",
+        "--target",
+        str(STORIES260K),
+        "--drafter",
+        str(STORIES260K),
+        "--layers",
+        "4",
+        "--dataset",
+        "tinystories",
+        "--data-dir",
+        str(SHARED / "prompts"),
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--ranks",
+        "8",
+        "--out",
+        str(out),
+    ]
     res = CliRunner().invoke(cli_app(), args)
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())

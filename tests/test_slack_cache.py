@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import STORIES260K
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from conftest import STORIES260K
 from treespec import kv
 from treespec.slack_cache import SlackLayer, slack_cache
 
@@ -39,13 +39,20 @@ def test_every_cache_operation_matches_dynamic_cache():
         elif kind == "keep_rows":
             ops.append(lambda c: kv.keep_rows(c, 1, [2, 4]) if c.get_seq_length() > 4 else None)
         elif kind == "move":
-            ops.append(lambda c: kv.move_cache_rows(c, torch.tensor([0, 2]), torch.tensor([2, 3]), torch.tensor([0, 1]))
-                       if c.get_seq_length() > 3 else None)
+            ops.append(
+                lambda c: (
+                    kv.move_cache_rows(c, torch.tensor([0, 2]), torch.tensor([2, 3]), torch.tensor([0, 1]))
+                    if c.get_seq_length() > 3
+                    else None
+                )
+            )
         elif kind == "keep_batch":  # rows leaving the batch, as BatchTarget.keep does it
+
             def keep(c):
                 for layer in c.layers:
                     layer.keys = layer.keys.index_select(0, torch.tensor([0, 1, 2]))
                     layer.values = layer.values.index_select(0, torch.tensor([0, 1, 2]))
+
             ops.append(keep)
         else:  # rows joining, as BatchTarget.add does it: then keep three of them again
             k, v = _kv(2, 3, gen)
@@ -58,6 +65,7 @@ def test_every_cache_operation_matches_dynamic_cache():
                 kv.concat_caches(c, w, other, 3, 3, 2)
                 for layer in c.layers:
                     layer.keys, layer.values = layer.keys[[0, 3, 4]], layer.values[[0, 3, 4]]
+
             ops.append(join)
     for op in ops:
         op(ref)
@@ -97,8 +105,15 @@ def test_model_forwards_through_the_slack_cache_equal_dynamic_cache(stories64):
         run = [stories64(input_ids=ids, cache=cache, use_cache=True).logits]
         block = torch.tensor([[300, 301, 302]])
         mask = kv.tree_mask(10, torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool), torch.float64)
-        run.append(stories64(input_ids=block, position_ids=torch.tensor([[10, 11, 11]]), attention_mask=mask[None, None],
-                             cache=cache, use_cache=True).logits)
+        run.append(
+            stories64(
+                input_ids=block,
+                position_ids=torch.tensor([[10, 11, 11]]),
+                attention_mask=mask[None, None],
+                cache=cache,
+                use_cache=True,
+            ).logits
+        )
         kv.keep_rows(cache, 10, [10, 12])
         for t in (5, 6, 7):
             run.append(stories64(input_ids=torch.tensor([[t]]), cache=cache, use_cache=True).logits)

@@ -115,7 +115,7 @@ def test_chain_and_kary_shapes():
 
 def test_json_list_and_json_files(tmp_path):
     assert load_shape("[[1], [0], [0, 0]]") == [[0], [1], [0, 0]]  # sorted: parents before children
-    assert load_shape(' [[0],[0,0]] ') == [[0], [0, 0]]
+    assert load_shape(" [[0],[0,0]] ") == [[0], [0, 0]]
     listed = tmp_path / "list.json"
     listed.write_text("[[0], [0, 2], [0, 1]]")
     assert load_shape(str(listed)) == [[0], [0, 1], [0, 2]]
@@ -240,8 +240,11 @@ def prompts(target64):
 @pytest.mark.parametrize("shape", ["eagle-mc_sim_7b_63", "kary-2-3", "chain-5"])
 def test_lossless_on_the_real_model(shape, target64, greedy_reference, prompts):
     dec = treespec.Decoder(
-        target64, drafter=str(STORIES260K), drafter_options={"layers": 4},
-        builder="static", builder_options={"shape": shape},
+        target64,
+        drafter=str(STORIES260K),
+        drafter_options={"layers": 4},
+        builder="static",
+        builder_options={"shape": shape},
     )
     failures, accepted = [], 0
     for ids in prompts:

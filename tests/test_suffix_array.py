@@ -8,8 +8,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import STORIES260K, TINYSTORIES
 from transformers import AutoTokenizer
+
+from conftest import STORIES260K, TINYSTORIES
 from treespec.plugins.datastore_index import (
     FORMAT_VERSION,
     SENTINEL,
@@ -126,7 +127,9 @@ def test_an_index_file_of_the_format_before_the_library_still_loads_unchanged(tm
     tokens = np.concatenate([np.asarray([*d, SENTINEL], dtype=np.int32) for d in docs])
     header = {"format": 1, "tokens": sum(map(len, docs)), "documents": len(docs)}
     path = tmp_path / "old.npz"
-    np.savez(path, tokens=tokens, sa=np.asarray(by_sorting(tokens), dtype=np.int32), header=np.array(json.dumps(header)))
+    np.savez(
+        path, tokens=tokens, sa=np.asarray(by_sorting(tokens), dtype=np.int32), header=np.array(json.dumps(header))
+    )
     old = Index.load(path)
     new = Index.from_documents(docs)
     assert FORMAT_VERSION == 1 and new.header == old.header

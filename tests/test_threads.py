@@ -120,12 +120,17 @@ def test_decoding_under_changing_thread_counts_stays_lossless(fake_machine, two_
         return seen[-1]
 
     monkeypatch.setattr(threads._follower, "follow", flapping)
-    dec = treespec.Decoder(str(STORIES260K), drafter=str(STORIES260K), drafter_options={"layers": 3},
-                           builder="opt-tree", builder_options={"nodes": 8})
+    dec = treespec.Decoder(
+        str(STORIES260K),
+        drafter=str(STORIES260K),
+        drafter_options={"layers": 3},
+        builder="opt-tree",
+        builder_options={"nodes": 8},
+    )
     prompt = tinystories_prompts(1)[0]
     ids = dec.prompt_ids(prompt)
     out = dec.generate(prompt, max_new_tokens=48)
-    ref = dec.target.model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False)[0, len(ids):].tolist()
+    ref = dec.target.model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False)[0, len(ids) :].tolist()
     assert out.token_ids == ref[: len(out.token_ids)] and len(out.token_ids) == len(ref)
     assert {1, 2} <= set(seen)  # the decode really ran on both counts
     assert torch.get_num_threads() == 2

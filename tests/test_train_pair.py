@@ -14,14 +14,30 @@ from typer.testing import CliRunner
 
 import treespec
 from treespec.errors import ConfigError
-from treespec.train.pair_data import EOT_ID, included, is_held_out, load_corpus, train_tokenizer
 from treespec.train.pair import WHICH, ModelSize, PairSettings, llama_config, parameter_count, train_pair
+from treespec.train.pair_data import EOT_ID, included, is_held_out, load_corpus, train_tokenizer
 
-TINY = dict(max_files=40, held_out=0.2, vocab_size=512, context=128, target=ModelSize(32, 2, 4, 2, 96),
-            draft=ModelSize(16, 1, 2, 2, 48), steps=150, draft_steps=150, batch_size=4, lr=1e-2,
-            eval_every=50, eval_windows=8, checkpoint_every=10, threads=1)
-PROMPTS = ['def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if', "import os\nimport sys\n\n\nclass ",
-           "    for i in range(len(items)):\n        if items[i]"]
+TINY = dict(
+    max_files=40,
+    held_out=0.2,
+    vocab_size=512,
+    context=128,
+    target=ModelSize(32, 2, 4, 2, 96),
+    draft=ModelSize(16, 1, 2, 2, 48),
+    steps=150,
+    draft_steps=150,
+    batch_size=4,
+    lr=1e-2,
+    eval_every=50,
+    eval_windows=8,
+    checkpoint_every=10,
+    threads=1,
+)
+PROMPTS = [
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if',
+    "import os\nimport sys\n\n\nclass ",
+    "    for i in range(len(items)):\n        if items[i]",
+]
 
 
 def tiny(out: Path, data_from: Path | None = None, **overrides) -> PairSettings:
@@ -46,8 +62,15 @@ def test_split_is_deterministic_disjoint_and_skips_tests_and_packages():
     assert all(is_held_out(f.rel, 0.2) for f in a.held_out) and not any(is_held_out(f.rel, 0.2) for f in a.train)
     bigger = load_corpus(0.2, max_files=80)  # the split depends on the path alone
     assert set(names(a.held_out)) <= set(names(bigger.held_out))
-    for rel in ("site-packages/numpy/core.py", "test/test_os.py", "unittest/test/test_case.py", "idlelib/run.py",
-                "encodings/cp1252.py", "_sysconfigdata__linux_x86_64-linux-gnu.py", "config-3.11-x86_64-linux-gnu/python-config.py"):
+    for rel in (
+        "site-packages/numpy/core.py",
+        "test/test_os.py",
+        "unittest/test/test_case.py",
+        "idlelib/run.py",
+        "encodings/cp1252.py",
+        "_sysconfigdata__linux_x86_64-linux-gnu.py",
+        "config-3.11-x86_64-linux-gnu/python-config.py",
+    ):
         assert not included(PurePosixPath(rel)), rel
     assert included(PurePosixPath("json/decoder.py")) and included(PurePosixPath("os.py"))
 
@@ -64,7 +87,10 @@ def test_tokenizer_round_trips_held_out_source_and_trains_deterministically(pair
         assert tok.decode(ids, skip_special_tokens=True) == f.text, f.rel
     assert AutoTokenizer.from_pretrained(out / "draft").get_vocab() == tok.get_vocab()
     texts = [f.text for f in load_corpus(0.2, max_files=12).train]
-    assert train_tokenizer(texts, 400, 64).backend_tokenizer.to_str() == train_tokenizer(texts, 400, 64).backend_tokenizer.to_str()
+    assert (
+        train_tokenizer(texts, 400, 64).backend_tokenizer.to_str()
+        == train_tokenizer(texts, 400, 64).backend_tokenizer.to_str()
+    )
 
 
 def test_training_lowers_the_held_out_loss_and_logs_it(pair):
@@ -110,8 +136,12 @@ def test_the_pair_loads_and_decodes_losslessly(pair):
         ids = target.tokenizer(prompt).input_ids
         got = dec.generate(ids, max_new_tokens=48).token_ids
         with torch.inference_mode():
-            want = target.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                         do_sample=False, max_new_tokens=48)[0, len(ids):].tolist()
+            want = target.model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=48,
+            )[0, len(ids) :].tolist()
         assert got == want, prompt
 
 
@@ -127,10 +157,42 @@ def test_cli_trains_the_draft_and_refuses_bad_sizes_in_one_line(pair, tmp_path):
 
     out = tmp_path / "c"
     shutil.copytree(pair[0] / "data", out / "data")
-    args = ["train", "pair", "--out", str(out), "--max-files", "40", "--held-out", "0.2", "--vocab-size", "512",
-            "--context", "128", "--target-hidden", "32", "--target-layers", "2", "--target-heads", "4",
-            "--target-kv-heads", "2", "--target-intermediate", "96", "--draft-hidden", "16", "--draft-layers", "1",
-            "--draft-heads", "2", "--draft-kv-heads", "2", "--draft-intermediate", "48", "--threads", "1"]
+    args = [
+        "train",
+        "pair",
+        "--out",
+        str(out),
+        "--max-files",
+        "40",
+        "--held-out",
+        "0.2",
+        "--vocab-size",
+        "512",
+        "--context",
+        "128",
+        "--target-hidden",
+        "32",
+        "--target-layers",
+        "2",
+        "--target-heads",
+        "4",
+        "--target-kv-heads",
+        "2",
+        "--target-intermediate",
+        "96",
+        "--draft-hidden",
+        "16",
+        "--draft-layers",
+        "1",
+        "--draft-heads",
+        "2",
+        "--draft-kv-heads",
+        "2",
+        "--draft-intermediate",
+        "48",
+        "--threads",
+        "1",
+    ]
     res = CliRunner().invoke(app, [*args, "--which", "draft", "--draft-steps", "6", "--eval-every", "3"])
     assert res.exit_code == 0, res.output
     assert "draft: " in res.stdout and "6 steps" in res.stdout and (out / "draft" / "model.safetensors").is_file()

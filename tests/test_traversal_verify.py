@@ -9,7 +9,6 @@ distribution over all V^L continuations (chi-square, α = 1e-6, fixed seeds, 40,
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from sampling_stats import ALPHA, assert_exact, complete, emitted, fit
@@ -83,7 +82,9 @@ def mixed_trials(shape: str, draft: str, setting: str, ranked: set[int], seed: i
     """``draw_trials`` on a tree in which the nodes ``ranked`` have their draft's top-k as children
     (no recorded draw: point masses) and every other inner node children drawn without replacement;
     the same trees verified by traversal and by SpecInfer's rule."""
-    tree, tt, tokens, probs, dists, tables, _ = draw_trials(SHAPES[shape], draft, setting, None, seed, n, frozenset(ranked))
+    tree, tt, tokens, probs, dists, tables, _ = draw_trials(
+        SHAPES[shape], draft, setting, None, seed, n, frozenset(ranked)
+    )
     length = tree.depth + 1
     out = {}
     for rule in ("traversal", "specinfer"):
@@ -93,8 +94,13 @@ def mixed_trials(shape: str, draft: str, setting: str, ranked: set[int], seed: i
     return out
 
 
-@pytest.mark.parametrize("shape,draft,setting,ranked", [("branchy", "model", "t1.0", {0}),  # the root's children ranked
-                                                        ("deep", "model", "t0.7-top_p0.9", {1, 3})])  # the root's sampled
+@pytest.mark.parametrize(
+    "shape,draft,setting,ranked",
+    [
+        ("branchy", "model", "t1.0", {0}),  # the root's children ranked
+        ("deep", "model", "t0.7-top_p0.9", {1, 3}),
+    ],
+)  # the root's sampled
 def test_traversal_on_mixed_trees_is_exact(shape, draft, setting, ranked):
     """Some nodes' children ranked (point masses), the others' sampled, in one tree."""
     out = mixed_trials(shape, draft, setting, ranked)
@@ -118,8 +124,12 @@ def test_decoder_with_the_traversal_rule(draft_path):
     from treespec import Decoder, TargetModel
 
     params = SETTINGS["t0.7-top_p0.9"]
-    dec = Decoder(TargetModel(tiny(TARGET_SEED)), drafter=draft_path, builder="static",
-                  builder_options={"shape": "[[0],[1],[0,0],[0,1],[1,0]]", "sample": True})
+    dec = Decoder(
+        TargetModel(tiny(TARGET_SEED)),
+        drafter=draft_path,
+        builder="static",
+        builder_options={"shape": "[[0],[1],[0,0],[0,1],[1,0]]", "sample": True},
+    )
     kw = {"temperature": params.temperature, "top_p": params.top_p, "rule": "traversal"}
     seqs, accepted = [], 0
     for seed in range(1500):
@@ -143,23 +153,28 @@ GAINS = [  # (shape, draft, setting, draft temperature, the least gain over spec
 def test_traversal_accepts_at_least_specinfer(shape, draft, setting, draft_t, gain):
     """Same sampled trees and seeds (the trees are drawn before verification, so both rules see the
     same ones); tolerance: two standard errors of the difference (≈ 0.007 tokens)."""
-    (t, t_se), (s, s_se) = (mean_depth(sampled_trials(shape, draft, setting, rule, draft_t))
-                            for rule in ("traversal", "specinfer"))
+    (t, t_se), (s, s_se) = (
+        mean_depth(sampled_trials(shape, draft, setting, rule, draft_t)) for rule in ("traversal", "specinfer")
+    )
     assert t >= s + gain - 2 * (t_se**2 + s_se**2) ** 0.5, (shape, draft, setting, t, s)
 
 
-@pytest.mark.parametrize("shape,draft,setting,draft_t", [("chain-3", "model", "t1.0", None), ("chain-3", "zero", "t0.7", 0.5)])
+@pytest.mark.parametrize(
+    "shape,draft,setting,draft_t", [("chain-3", "model", "t1.0", None), ("chain-3", "zero", "t0.7", 0.5)]
+)
 def test_traversal_is_block_verification_on_chains(shape, draft, setting, draft_t):
-    (t, t_se), (b, b_se) = (mean_depth(sampled_trials(shape, draft, setting, rule, draft_t))
-                            for rule in ("traversal", "block"))
+    (t, t_se), (b, b_se) = (
+        mean_depth(sampled_trials(shape, draft, setting, rule, draft_t)) for rule in ("traversal", "block")
+    )
     assert abs(t - b) <= 2 * (t_se**2 + b_se**2) ** 0.5, (shape, t, b)
 
 
 def test_ranked_trees_accept_as_much_as_the_deterministic_rule():
     """With point-mass proposals no exact rule can accept a path more often than the target generates
     it, and the token-level rule already does: the two agree within noise."""
-    (t, t_se), (d, d_se) = (mean_depth(ranked_trials("opt-tree", "model", "t1.0-top_k5", rule))
-                            for rule in ("traversal", "deterministic"))
+    (t, t_se), (d, d_se) = (
+        mean_depth(ranked_trials("opt-tree", "model", "t1.0-top_k5", rule)) for rule in ("traversal", "deterministic")
+    )
     assert abs(t - d) <= 2 * (t_se**2 + d_se**2) ** 0.5, (t, d)
 
 
@@ -194,6 +209,7 @@ BROKEN = {
 @pytest.mark.parametrize("kind", ["sampled", "ranked"])
 def test_broken_traversal_rules_fail_the_same_checks(kind, monkeypatch):
     """Each broken variant fails the check the rule passes, on the same trees and seeds."""
+
     def run():
         if kind == "sampled":
             return sampled_trials("deep", "model", "t1.0", "traversal", None)

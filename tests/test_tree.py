@@ -52,7 +52,7 @@ def trees(draw, max_nodes: int = 24, distinct_siblings: bool = False) -> DraftTr
         assert new.tolist() == list(range(n, n + size))
         n += size
         if draw(st.booleans()):
-            tree.ancestors  # fill the cache; the next add_children must invalidate it
+            _ = tree.ancestors  # fill the cache; the next add_children must invalidate it
     return tree
 
 
@@ -85,7 +85,9 @@ def from_arrays(tokens, parents, depths, q, phat) -> DraftTree:
 
 
 def clone(tree: DraftTree) -> DraftTree:
-    return from_arrays(tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist(), tree.q.tolist(), tree.phat.tolist())
+    return from_arrays(
+        tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist(), tree.q.tolist(), tree.phat.tolist()
+    )
 
 
 # ----------------------------------------------------------------------------- structure and tensors
@@ -356,11 +358,7 @@ def ref_accepted(tree: DraftTree, logits: torch.Tensor) -> list[int]:
     """Every node whose whole root-to-node path agrees with the target's argmax at each parent."""
     parents, toks = ref_parents(tree), tree.tokens.tolist()
     best = [ref_argmax(row) for row in logits.tolist()]
-    return [
-        node
-        for node in range(len(tree))
-        if all(toks[i] == best[parents[i]] for i in ref_path(parents, node)[1:])
-    ]
+    return [node for node in range(len(tree)) if all(toks[i] == best[parents[i]] for i in ref_path(parents, node)[1:])]
 
 
 @SETTINGS

@@ -145,8 +145,12 @@ def check_tree_forward(target: TargetModel, context: list[int], tree: DraftTree)
     for node in range(n):
         ids = context[:-1] + [int(tree.tokens[i]) for i in walk_path(tree, node)]
         ref_logits, ref_hidden = plain_last(target.model, ids)
-        torch.testing.assert_close(logits[node], ref_logits, atol=atol, rtol=0, msg=lambda m: f"node {node}: {m}")
-        torch.testing.assert_close(hidden[node], ref_hidden, atol=atol, rtol=0, msg=lambda m: f"node {node}: {m}")
+        torch.testing.assert_close(
+            logits[node], ref_logits, atol=atol, rtol=0, msg=lambda m, node=node: f"node {node}: {m}"
+        )
+        torch.testing.assert_close(
+            hidden[node], ref_hidden, atol=atol, rtol=0, msg=lambda m, node=node: f"node {node}: {m}"
+        )
     return logits, hidden
 
 

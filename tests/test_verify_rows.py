@@ -50,6 +50,9 @@ def test_greedy_rows_equal_the_rule_per_row():
         got = greedy_rows(tts, logits)
         for r, (tree, g) in enumerate(zip(trees, got)):
             nodes, bonus = _reference(tree, logits[r, : len(tree)].tolist())
-            assert g.nodes.tolist() == nodes and g.tokens == tree.tokens[nodes[1:]].tolist() and g.bonus == bonus, (trial, r)
+            assert g.nodes.tolist() == nodes and g.tokens == tree.tokens[nodes[1:]].tolist() and g.bonus == bonus, (
+                trial,
+                r,
+            )
             alone = greedy_verify(tts[r], logits[r, : len(tree)])  # the batch of one
             assert alone.nodes.tolist() == nodes and alone.bonus == bonus, (trial, r)

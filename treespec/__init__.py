@@ -7,11 +7,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from treespec.config import PluginConfig
 from treespec.errors import ConfigError, DecodingError, Interrupted, ModelLoadError, PluginError, TreespecError
 from treespec.hookspecs import hookimpl
-from treespec.interfaces import (Commit, Drafter, DraftRows, Expansion, PlanNote, PluginSpec, PrefillContext, Proposals,
-                                 TreeBuilder)
-from treespec.config import PluginConfig
+from treespec.interfaces import (
+    Commit,
+    Drafter,
+    DraftRows,
+    Expansion,
+    PlanNote,
+    PluginSpec,
+    PrefillContext,
+    Proposals,
+    TreeBuilder,
+)
 
 __version__ = "0.1.0"
 
@@ -36,10 +45,10 @@ if TYPE_CHECKING:
     from treespec.decoder import Decoder, Output
     from treespec.plugins.compose import ComposedDrafter, compose
     from treespec.registry import load_plugins
+    from treespec.sampling import SamplingParams
     from treespec.stats import RunStats, StepStats
     from treespec.target import TargetModel
     from treespec.tree import DraftTree, TreeTensors
-    from treespec.sampling import SamplingParams
     from treespec.verify import Acceptance, greedy_verify, sampling_verify
 
 
@@ -54,6 +63,22 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Commit", "ConfigError", "DecodingError", "Drafter", "DraftRows", "Expansion", "Interrupted", "ModelLoadError",
-    "PluginConfig", "PluginError", "PlanNote", "PluginSpec", "PrefillContext", "Proposals", "TreeBuilder", "TreespecError", "hookimpl", *_LAZY,
+    "Commit",
+    "ConfigError",
+    "DecodingError",
+    "Drafter",
+    "DraftRows",
+    "Expansion",
+    "Interrupted",
+    "ModelLoadError",
+    "PluginConfig",
+    "PluginError",
+    "PlanNote",
+    "PluginSpec",
+    "PrefillContext",
+    "Proposals",
+    "TreeBuilder",
+    "TreespecError",
+    "hookimpl",
+    *_LAZY,
 ]

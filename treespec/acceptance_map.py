@@ -71,7 +71,9 @@ class AcceptanceMap:
         # f at the centres of the 1/LUT cells of q (read by truncation: one index op per node), and at
         # q = 1 once more, so that a q a rounding above 1 still has a cell
         anchors = np.concatenate([[0.0], self._mids])  # f(0) = 0, then the bucket centres
-        self._lut_np = np.stack([np.interp(CENTRES, anchors, np.concatenate([[0.0], row])) for row in table])  # [G, LUT+2]
+        self._lut_np = np.stack(
+            [np.interp(CENTRES, anchors, np.concatenate([[0.0], row])) for row in table]
+        )  # [G, LUT+2]
         return torch.from_numpy(table)
 
     @staticmethod
@@ -105,7 +107,7 @@ class AcceptanceMap:
             self.table = self._fit()
             self.unfitted = 0
 
-    def learn(self, tree: "object", path: torch.Tensor) -> None:
+    def learn(self, tree: object, path: torch.Tensor) -> None:
         """Learn from one verified tree: ``path`` [m+1] = the accepted node ids, root first."""
         if len(tree) == 1:  # type: ignore[arg-type]  # the root alone: nothing was tested
             return
@@ -117,8 +119,14 @@ class AcceptanceMap:
         self.update(tree.q[tested], tree.depths[tested], on_path[tested])  # type: ignore[attr-defined]
 
 
-def _platt(x: np.ndarray, hits: np.ndarray, tests: np.ndarray, centre: tuple[float, float],
-           start: tuple[float, float], steps: int = 4) -> tuple[float, float]:
+def _platt(
+    x: np.ndarray,
+    hits: np.ndarray,
+    tests: np.ndarray,
+    centre: tuple[float, float],
+    start: tuple[float, float],
+    steps: int = 4,
+) -> tuple[float, float]:
     """(a, c) of σ(a·x + c) fitted to ``hits``/``tests`` at logits ``x`` (weighted logistic regression,
     Newton's method from ``start``), with a Gaussian prior of weight PLATT_PRIOR around ``centre``:
     no data, the centre. The objective is convex, so a warm start converges in a few steps."""

@@ -40,18 +40,28 @@ if TYPE_CHECKING:
 
 def is_batch(prompt: Any) -> bool:
     """A list of prompts (texts, or lists of ids), not one prompt given as a list of ids."""
-    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(p, (str, list, tuple)) for p in prompt)
+    return (
+        isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(p, (str, list, tuple)) for p in prompt)
+    )
 
 
 class _Row:
     def __init__(self, index: int, ids: list[int], drafter: Any, builder: Any, accept: Any, out: Output):
-        self.index, self.ids, self.drafter, self.builder, self.accept, self.out = index, ids, drafter, builder, accept, out
+        self.index, self.ids, self.drafter, self.builder, self.accept, self.out = (
+            index,
+            ids,
+            drafter,
+            builder,
+            accept,
+            out,
+        )
         self.committed = list(ids)
         self.admitted = time.perf_counter()
 
 
-def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, sampling: dict[str, Any],
-                   batch_size: int | None = None) -> list[Output]:
+def generate_batch(
+    dec: Decoder, prompts: list[Any], max_new_tokens: int, sampling: dict[str, Any], batch_size: int | None = None
+) -> list[Output]:
     """Decode every prompt, at most ``batch_size`` rows at a time (default: all at once); a finished
     row's place goes to the next prompt waiting. Returns one ``Output`` per prompt, in order. Ctrl-C
     raises ``Interrupted``, a failure ``DecodingError``; either carries every prompt's output in
@@ -76,7 +86,8 @@ def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, samp
             out.text = dec.text_of(out.token_ids, ids_list[i])
             started = run is not None and i < run.next
             out.stats.stop_reason = out.stats.stop_reason or (
-                ("interrupted" if interrupted else "error") if started else "not started")
+                ("interrupted" if interrupted else "error") if started else "not started"
+            )
         finished = sum(o.stats.stop_reason not in ("interrupted", "error", "not started") for o in outs)
         done = f"{finished} of {len(outs)} prompts finished, {sum(len(o.token_ids) for o in outs)} new tokens"
         if interrupted:
@@ -94,8 +105,15 @@ def generate_batch(dec: "Decoder", prompts: list[Any], max_new_tokens: int, samp
 class _Batch:
     """The rows in flight, the prompts waiting, and the shared target cache and draft rows."""
 
-    def __init__(self, dec: "Decoder", ids_list: list[list[int]], outs: list[Output], width: int, max_new: int,
-                 sampling: dict[str, Any]):
+    def __init__(
+        self,
+        dec: Decoder,
+        ids_list: list[list[int]],
+        outs: list[Output],
+        width: int,
+        max_new: int,
+        sampling: dict[str, Any],
+    ):
         self.dec, self.ids_list, self.outs, self.max_new, self.sampling = dec, ids_list, outs, max_new, sampling
         self.group: DraftRows = dec.drafter.rows(width)
         self.free = list(dec.row_builders(self.group.drafters))  # builders of no row (kept from batch to batch)
@@ -114,14 +132,27 @@ class _Batch:
             i, builder = self.next, self.free.pop(0)
             self.next += 1
             seed = None if s.get("seed") is None else inputs.seed_value(s["seed"]) + i
-            params, draft = dec.sampling(s.get("temperature"), s.get("top_p"), s.get("top_k"), seed,
-                                          s.get("draft_temperature"), s.get("rule", "auto"), builder)
-            accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, s.get("rule", "auto"))
+            params, draft = dec.sampling(
+                s.get("temperature"),
+                s.get("top_p"),
+                s.get("top_k"),
+                seed,
+                s.get("draft_temperature"),
+                s.get("rule", "auto"),
+                builder,
+            )
+            accept = (
+                step.greedy if params is None else step.sampling_rule(params, draft.generator, s.get("rule", "auto"))
+            )
             builder.start(draft)
             rows.append(_Row(i, self.ids_list[i], drafter, builder, accept, self.outs[i]))
         t0 = time.perf_counter()
         prompts = [r.ids for r in rows]
-        hidden = self.bt.add(prompts, want_hidden=self.want) if self.active else self.bt.prefill(prompts, want_hidden=self.want)
+        hidden = (
+            self.bt.add(prompts, want_hidden=self.want)
+            if self.active
+            else self.bt.prefill(prompts, want_hidden=self.want)
+        )
         for r, h in zip(rows, hidden):
             r.drafter.prefill(PrefillContext(input_ids=torch.tensor(r.ids, dtype=torch.long), hidden=h))
             r.out.stats.t_prefill = time.perf_counter() - t0
@@ -152,14 +183,20 @@ class _Batch:
             rooms = [dec.room(r.committed, self.max_new - len(r.out.token_ids)) for r in self.active]
             full = [i for i, room in enumerate(rooms) if room <= 0]
             if full:
-                self._leave(full, ["max_new_tokens" if len(self.active[i].out.token_ids) >= self.max_new else "context"
-                                   for i in full])
+                self._leave(
+                    full,
+                    [
+                        "max_new_tokens" if len(self.active[i].out.token_ids) >= self.max_new else "context"
+                        for i in full
+                    ],
+                )
                 last = time.perf_counter()  # newcomers' prefill is not the next step's cost
                 continue
             active = self.active
             t_draft = time.perf_counter()
-            trees = lockstep.draft_rows(self.group, [r.builder for r in active], [r.committed[-1] for r in active],
-                                        [room - 1 for room in rooms])
+            trees = lockstep.draft_rows(
+                self.group, [r.builder for r in active], [r.committed[-1] for r in active], [room - 1 for room in rooms]
+            )
             t_draft = time.perf_counter() - t_draft
             tts = [t.tensors(int(bt.lens[i]), dtype=bt.dtype) for i, t in enumerate(trees)]
             t_verify = time.perf_counter()
@@ -168,7 +205,10 @@ class _Batch:
             if all(r.accept is step.greedy for r in active):  # one pass over [B, N_max] (verify.greedy_rows)
                 accs = greedy_rows(tts, logits)
             else:  # each row's own rule and generator
-                accs = [r.accept(tree, tt, logits[i, : len(tree)]) for i, (r, tree, tt) in enumerate(zip(active, trees, tts))]
+                accs = [
+                    r.accept(tree, tt, logits[i, : len(tree)])
+                    for i, (r, tree, tt) in enumerate(zip(active, trees, tts))
+                ]
             bt.commit([a.nodes for a in accs])
             for r, tree, acc, h in zip(active, trees, accs, hiddens):
                 r.builder.verified(tree, acc.nodes)
@@ -179,8 +219,11 @@ class _Batch:
             seconds = {"draft": t_draft, "verify": t_verify, "bookkeeping": max(0.0, now - last - t_draft - t_verify)}
             ended = []
             for i, (r, tree, acc) in enumerate(zip(active, trees, accs)):
-                done = step.Step(verdict=step.Verdict(tree=tree, acceptance=acc, hidden=None),
-                                 tokens=acc.tokens + [acc.bonus], seconds=seconds)
+                done = step.Step(
+                    verdict=step.Verdict(tree=tree, acceptance=acc, hidden=None),
+                    tokens=acc.tokens + [acc.bonus],
+                    seconds=seconds,
+                )
                 if emit(r.out, r.committed, done, self.eos, wall=now - last, note=r.builder.plan_note())[1]:
                     ended.append(i)
                 r.builder.observe(r.out.stats.steps[-1])

@@ -35,8 +35,10 @@ from treespec.tree import TreeTensors
 class BatchTarget:
     def __init__(self, target: TargetModel):
         if target.windows.smallest is not None:
-            raise ConfigError(f"target {target.name!r} has sliding-window layers: batched decoding supports full "
-                              "attention only; decode its prompts one at a time")
+            raise ConfigError(
+                f"target {target.name!r} has sliding-window layers: batched decoding supports full "
+                "attention only; decode its prompts one at a time"
+            )
         self.target = target
         self.model = target.model
         self.cache: DynamicCache | None = None
@@ -58,9 +60,15 @@ class BatchTarget:
         mask.masked_fill_(~visible.to(self.device), torch.finfo(self.dtype).min)
         try:
             with grouped_sdpa(self.target.grouped_sdpa):
-                return self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
-                                  attention_mask=mask[:, None], use_cache=True, return_dict=True,
-                                  output_hidden_states=bool(want_hidden), **{self.target.cache_keyword: self.cache})
+                return self.model(
+                    input_ids=ids.to(self.device),
+                    position_ids=pos.to(self.device),
+                    attention_mask=mask[:, None],
+                    use_cache=True,
+                    return_dict=True,
+                    output_hidden_states=bool(want_hidden),
+                    **{self.target.cache_keyword: self.cache},
+                )
         except Exception as exc:
             if self.cache is not None and self.cache.get_seq_length() > self.width:
                 crop_cache(self.cache, self.width)
@@ -153,4 +161,3 @@ class BatchTarget:
         if width < self.width:
             crop_cache(self.cache, width)
         self.width = width
-

@@ -24,7 +24,7 @@ point mass at X_i: p_i = Π P_j(X_j), S_i = p_i (1 − P_{i+1}(X_{i+1})).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -59,7 +59,11 @@ def block_verify(
     for i in range(gamma):
         P = probs[:, i].to(torch.float64)  # [B, V] P_{i+1}: the target after node i
         x = tokens[:, i + 1]  # [B] X_{i+1}
-        q0 = recorded_draft(draw_dist, int(draw_row[i]), V, dev) if draw_row is not None and int(draw_row[i]) >= 0 else None
+        q0 = (
+            recorded_draft(draw_dist, int(draw_row[i]), V, dev)
+            if draw_row is not None and int(draw_row[i]) >= 0
+            else None
+        )
         Q = drawn_from(q0, x, V)  # [B, V] Q_{i+1}: node i's child's recorded draw, else the point mass at it
         res = block_residual(p, P, Q)  # [B, V]
         h[:, i] = stop_weight(res.sum(dim=-1), p)

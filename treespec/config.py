@@ -50,8 +50,11 @@ def build_config(config_cls: type[PluginConfig], options: dict[str, Any] | None,
                 problems.append(f"unknown option {loc!r}")
             else:
                 problems.append(f"option {loc!r}: {err['msg']} (got {err.get('input')!r})")
-        known = ", ".join(
-            f"{o['name']}={o['default']!r}" if not o["required"] else f"{o['name']} (required)"
-            for o in describe_options(config_cls)
-        ) or "none"
+        known = (
+            ", ".join(
+                f"{o['name']}={o['default']!r}" if not o["required"] else f"{o['name']} (required)"
+                for o in describe_options(config_cls)
+            )
+            or "none"
+        )
         raise ConfigError(f"{owner}: {'; '.join(problems)}. Valid options: {known}") from None

@@ -59,7 +59,7 @@ class Curve:
         """Whether any point has been measured."""
         return any(c > 0 for c in self.counts)
 
-    def _at(self, x: "np.ndarray") -> "np.ndarray":
+    def _at(self, x: np.ndarray) -> np.ndarray:
         """Seconds at sizes ``x``: interpolated between measured points, extrapolated linearly beyond
         them (flat if only one is measured), never negative; 0.0 if nothing is measured yet."""
         seen = [i for i, c in enumerate(self.counts) if c > 0]
@@ -132,7 +132,7 @@ class CostModel:
         return json.dumps({"format": "treespec-cost-model/1", **asdict(self)}, indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "CostModel":
+    def from_json(cls, text: str) -> CostModel:
         """The cost model saved by ``to_json``; ``BadProfile`` naming what is wrong for anything else:
         not JSON, not an object, another format, or a curve that is not a curve (``_curve``)."""
         raw = json.loads(text)
@@ -176,7 +176,9 @@ def _curve(raw: dict[str, Any], name: str) -> Curve:
             raise BadProfile(f"curve {name!r}: {len(values)} {what} for {len(xs)} sizes")
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
         raise BadProfile(f"curve {name!r}: rate {rate!r} is not in (0, 1]")
-    return Curve(xs=[int(x) for x in xs], ys=[float(y) for y in ys], counts=[float(c) for c in counts], rate=float(rate))
+    return Curve(
+        xs=[int(x) for x in xs], ys=[float(y) for y in ys], counts=[float(c) for c in counts], rate=float(rate)
+    )
 
 
 class ProfileWarning(TreespecWarning):
@@ -246,7 +248,11 @@ def load_profile(key: dict[str, Any]) -> CostModel | None:
     except ValueError as exc:
         import warnings
 
-        warnings.warn(f"the saved cost profile {path} is not usable ({exc}): ignored, the costs are measured again "
-                      "(`treespec profile` saves a new one)", ProfileWarning, stacklevel=2)
+        warnings.warn(
+            f"the saved cost profile {path} is not usable ({exc}): ignored, the costs are measured again "
+            "(`treespec profile` saves a new one)",
+            ProfileWarning,
+            stacklevel=2,
+        )
         return None
     return model if model.key == key else None

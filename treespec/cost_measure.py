@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -47,9 +48,16 @@ def _median(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float,
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
-def measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], repeats: int = 5,
-            progress: Progress | None = None, verify_sizes: tuple[int, ...] = VERIFY_GRID,
-            expand_sizes: tuple[int, ...] = EXPAND_GRID) -> CostModel:
+def measure(
+    target: Any,
+    drafter: Any,
+    prompt: list[int],
+    key: dict[str, Any],
+    repeats: int = 5,
+    progress: Progress | None = None,
+    verify_sizes: tuple[int, ...] = VERIFY_GRID,
+    expand_sizes: tuple[int, ...] = EXPAND_GRID,
+) -> CostModel:
     """The cost model of ``target`` + ``drafter`` measured on ``prompt`` (see the module docstring). It
     decodes on the target, so it holds the target like a decode does (``TargetModel.exclusive``): a
     Decoder built while another thread decodes on the same target waits instead of breaking it."""
@@ -61,8 +69,16 @@ def measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], r
         return _measure(target, drafter, prompt, key, repeats, progress, verify_sizes, expand_sizes)
 
 
-def _measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], repeats: int,
-             progress: Progress | None, verify_sizes: tuple[int, ...], expand_sizes: tuple[int, ...]) -> CostModel:
+def _measure(
+    target: Any,
+    drafter: Any,
+    prompt: list[int],
+    key: dict[str, Any],
+    repeats: int,
+    progress: Progress | None,
+    verify_sizes: tuple[int, ...],
+    expand_sizes: tuple[int, ...],
+) -> CostModel:
     model = CostModel(key=key)
     gen = torch.Generator().manual_seed(0)
     room = (target.max_positions or 1 << 30) - len(prompt) - 16 * (repeats + 1)
@@ -79,7 +95,7 @@ def _measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], 
         return clock.seconds["verify"], clock.seconds["bookkeeping"] + time.perf_counter() - start
 
     for n in sizes:
-        forward, rest = _median(lambda: verify_once(n), repeats)
+        forward, rest = _median(lambda n=n: verify_once(n), repeats)
         model.verify.observe(n, forward)
         model.bookkeeping.observe(n, rest)
         done += 1
@@ -90,8 +106,9 @@ def _measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], 
         drafter.begin_step(prompt[-1])
         tree = DraftTree(prompt[-1])
         first = drafter.expand(tree, torch.zeros(1, dtype=torch.long), max(m, 1))  # the root's children
-        leaves = tree.add_children(torch.zeros(m, dtype=torch.long), _distinct(first, m, target.vocab_size),
-                                   torch.full((m,), 0.5))
+        leaves = tree.add_children(
+            torch.zeros(m, dtype=torch.long), _distinct(first, m, target.vocab_size), torch.full((m,), 0.5)
+        )
         start = time.perf_counter()
         drafter.expand(tree, leaves, 8)
         return time.perf_counter() - start, 0.0
@@ -121,7 +138,7 @@ def _measure(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], 
     step.prefill(target, drafter, prompt)
 
     for m in expand_sizes:
-        seconds, _ = _median(lambda: expand_once(m), repeats)
+        seconds, _ = _median(lambda m=m: expand_once(m), repeats)
         model.expand.observe(m, seconds)
         done += 1
         if progress:
@@ -139,8 +156,16 @@ def _distinct(first: Any, m: int, vocab: int) -> torch.Tensor:
     return torch.tensor(tokens[:m])
 
 
-def measure_batch(target: Any, drafter: Any, prompt: list[int], key: dict[str, Any], batch: int, repeats: int = 1,
-                  verify_sizes: tuple[int, ...] = QUICK_VERIFY, expand_sizes: tuple[int, ...] = QUICK_EXPAND) -> CostModel:
+def measure_batch(
+    target: Any,
+    drafter: Any,
+    prompt: list[int],
+    key: dict[str, Any],
+    batch: int,
+    repeats: int = 1,
+    verify_sizes: tuple[int, ...] = QUICK_VERIFY,
+    expand_sizes: tuple[int, ...] = QUICK_EXPAND,
+) -> CostModel:
     """The cost model of ONE row of a batch of ``batch`` rows in which every row does the same: T(n) is
     the batched step (``BatchTarget``) verifying n drafted nodes in every row, T_expand(m) one
     ``DraftRows.expand_together`` round in which every row expands m nodes (``treespec.batch``). A
@@ -165,11 +190,13 @@ def measure_batch(target: Any, drafter: Any, prompt: list[int], key: dict[str, A
         begin = time.perf_counter()
         logits, _ = bt.forward_trees(tts, want_hidden=want)
         end = time.perf_counter()
-        bt.commit([step.greedy(t, tt, logits[i, : len(t)]).nodes[:1] for i, (t, tt) in enumerate(zip(trees, tts))])  # the root only
+        bt.commit(
+            [step.greedy(t, tt, logits[i, : len(t)]).nodes[:1] for i, (t, tt) in enumerate(zip(trees, tts))]
+        )  # the root only
         return end - begin, (begin - start) + time.perf_counter() - end
 
     for n in [n for n in verify_sizes if n < target.max_tree_nodes and n < room]:
-        forward, rest = _median(lambda: verify_once(n), repeats)
+        forward, rest = _median(lambda n=n: verify_once(n), repeats)
         model.verify.observe(n, forward)
         model.bookkeeping.observe(n, rest)
 
@@ -177,9 +204,15 @@ def measure_batch(target: Any, drafter: Any, prompt: list[int], key: dict[str, A
         trees = [DraftTree(prompt[-1]) for _ in rows.drafters]
         for d in rows.drafters:
             d.begin_step(prompt[-1])
-        first = rows.expand_together({i: Expansion(t, torch.zeros(1, dtype=torch.long), max(m, 1)) for i, t in enumerate(trees)})
-        leaves = [t.add_children(torch.zeros(m, dtype=torch.long), _distinct(first[i], m, target.vocab_size),
-                                 torch.full((m,), 0.5)) for i, t in enumerate(trees)]
+        first = rows.expand_together(
+            {i: Expansion(t, torch.zeros(1, dtype=torch.long), max(m, 1)) for i, t in enumerate(trees)}
+        )
+        leaves = [
+            t.add_children(
+                torch.zeros(m, dtype=torch.long), _distinct(first[i], m, target.vocab_size), torch.full((m,), 0.5)
+            )
+            for i, t in enumerate(trees)
+        ]
         start = time.perf_counter()
         rows.expand_together({i: Expansion(t, leaves[i], 8) for i, t in enumerate(trees)})
         return time.perf_counter() - start, 0.0
@@ -190,13 +223,14 @@ def measure_batch(target: Any, drafter: Any, prompt: list[int], key: dict[str, A
             d.commit(Commit(tokens=prompt[-3:], hidden=h[-3:] if h is not None else None))
             d.begin_step(prompt[-1])
         start = time.perf_counter()
-        rows.expand_together({i: Expansion(DraftTree(prompt[-1]), torch.zeros(1, dtype=torch.long), 8)
-                              for i in range(batch)})
+        rows.expand_together(
+            {i: Expansion(DraftTree(prompt[-1]), torch.zeros(1, dtype=torch.long), 8) for i in range(batch)}
+        )
         return time.perf_counter() - start, 0.0
 
     model.first.observe(1, _median(first_once, repeats)[0])
     for m in expand_sizes:
-        model.expand.observe(m, _median(lambda: expand_once(m), repeats)[0])
+        model.expand.observe(m, _median(lambda m=m: expand_once(m), repeats)[0])
     return model
 
 
@@ -216,6 +250,9 @@ def quick(target: Any, drafter: Any, key: dict[str, Any], batch: int = 1) -> Cos
         vocab = target.vocab_size
         length = max(4, min(128, (target.max_positions or 512) // 4))
         prompt = [(7 + 31 * i) % max(vocab - 3, 1) + 3 for i in range(length)]  # arbitrary tokens: only the time counts
-        _QUICK[memo] = (measure(target, drafter, prompt, key, repeats=1, verify_sizes=QUICK_VERIFY, expand_sizes=QUICK_EXPAND)
-                        if batch == 1 else measure_batch(target, drafter, prompt, key, batch))
+        _QUICK[memo] = (
+            measure(target, drafter, prompt, key, repeats=1, verify_sizes=QUICK_VERIFY, expand_sizes=QUICK_EXPAND)
+            if batch == 1
+            else measure_batch(target, drafter, prompt, key, batch)
+        )
     return copy.deepcopy(_QUICK[memo])

@@ -3,25 +3,27 @@ commit). Read ``Decoder._run`` top to bottom."""
 
 from __future__ import annotations
 
-import warnings
 import time
+import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
+from treespec import inputs, step, threads
 from treespec.devices import InexactDtypeWarning, dtype_note
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
-from treespec.memory import check_fits
-from treespec import inputs, step, threads
 from treespec.interfaces import Drafter, TreeBuilder
+from treespec.memory import check_fits
 from treespec.output import Output, StreamCallback, emit, step_stats  # noqa: F401 - step_stats: public here before
+from treespec.sampling import DraftSampling, IgnoredOptionWarning, SamplingParams, check_sampling, make_generator
 from treespec.stats import RunStats
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
-from treespec.sampling import DraftSampling, IgnoredOptionWarning, SamplingParams, check_sampling, make_generator
 from treespec.verify import Acceptance
+
 
 class Decoder:
     """Lossless tree speculative decoding of one target with one drafter and one builder.
@@ -53,8 +55,15 @@ class Decoder:
         self._row_builders: dict[int, list[TreeBuilder]] = {}  # batch size -> its rows' builders (kept across batches)
         _require_models(target, drafter, drafter_options)  # offline: one line naming every missing model
         if not isinstance(target, TargetModel):
-            target = TargetModel.load(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                                      device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
+            target = TargetModel.load(
+                target,
+                device=device,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                device_map=device_map,
+                max_memory=max_memory,
+                offload_folder=offload_folder,
+            )
         self.target = target
         note = dtype_note(target.dtype)
         if note is not None:
@@ -99,8 +108,12 @@ class Decoder:
         drafted = self.builder.max_drafted
         if drafted is not None:  # the draft tree's [N, N] ancestor matrix, grown by doubling (old and new at once)
             capacity = 1 << max(drafted, 1).bit_length()
-            check_fits(2 * capacity * capacity, f"builder {type(self.builder).__name__}, which drafts up to {drafted:,} "
-                       "nodes per step before keeping its best,", "lower its top_k or depth")
+            check_fits(
+                2 * capacity * capacity,
+                f"builder {type(self.builder).__name__}, which drafts up to {drafted:,} "
+                "nodes per step before keeping its best,",
+                "lower its top_k or depth",
+            )
 
     def encode(self, prompt: str | list[int] | torch.Tensor) -> list[int]:
         """Token ids of a prompt: text, a list of ids or a [L] / [1, L] tensor (checked: one line of error)."""
@@ -113,7 +126,9 @@ class Decoder:
             raise ConfigError("the prompt is empty: give at least one token")
         limit = self.target.max_positions
         if limit is not None and len(ids) >= limit:
-            raise ConfigError(f"the prompt has {len(ids)} tokens but the target's context is {limit}: shorten the prompt")
+            raise ConfigError(
+                f"the prompt has {len(ids)} tokens but the target's context is {limit}: shorten the prompt"
+            )
         return ids
 
     def text_of(self, ids: list[int], prompt_ids: list[int] | None = None) -> str:
@@ -175,14 +190,22 @@ class Decoder:
             batch.check_batch_settings(stream)
             if seed is not None:
                 inputs.seed_value(seed)  # before any row starts (a row's seed + i would fail mid-batch)
-            sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                            draft_temperature=draft_temperature, rule=rule)
+            sampling = dict(
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                seed=seed,
+                draft_temperature=draft_temperature,
+                rule=rule,
+            )
             with self._exclusive():
                 return batch.generate_batch(self, list(prompt), max_new_tokens, sampling, batch_size)
         if batch_size is not None:
             raise ConfigError("batch_size is for a list of prompts: pass [prompt, ...], or leave batch_size out")
         with self._exclusive():
-            return self._generate(prompt, max_new_tokens, stream, temperature, top_p, top_k, seed, draft_temperature, rule)
+            return self._generate(
+                prompt, max_new_tokens, stream, temperature, top_p, top_k, seed, draft_temperature, rule
+            )
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -193,9 +216,16 @@ class Decoder:
             yield
 
     def _generate(
-        self, prompt: str | list[int] | torch.Tensor, max_new_tokens: int, stream: StreamCallback | None,
-        temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
-        draft_temperature: float | None, rule: str,
+        self,
+        prompt: str | list[int] | torch.Tensor,
+        max_new_tokens: int,
+        stream: StreamCallback | None,
+        temperature: float | None,
+        top_p: float | None,
+        top_k: int | None,
+        seed: int | None,
+        draft_temperature: float | None,
+        rule: str,
     ) -> Output:
         ids = self.prompt_ids(prompt)
         max_new_tokens = inputs.positive_int("max_new_tokens", max_new_tokens)
@@ -215,15 +245,19 @@ class Decoder:
             out.stats.stop_reason = "error"
             out.text = self.text_of(out.token_ids, ids)
             reason = str(exc) if isinstance(exc, TreespecError) else f"{type(exc).__name__}: {exc}"
-            raise DecodingError(
-                f"decoding stopped after {len(out.token_ids)} new tokens: {reason}", out
-            ) from exc
+            raise DecodingError(f"decoding stopped after {len(out.token_ids)} new tokens: {reason}", out) from exc
         out.text = self.text_of(out.token_ids, ids)
         return out
 
     def sampling(
-        self, temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
-        draft_temperature: float | None, rule: str, builder: TreeBuilder | None = None,
+        self,
+        temperature: float | None,
+        top_p: float | None,
+        top_k: int | None,
+        seed: int | None,
+        draft_temperature: float | None,
+        rule: str,
+        builder: TreeBuilder | None = None,
     ) -> tuple[SamplingParams | None, DraftSampling | None]:
         """The target's sampling settings and the draft side's (None, None: greedy), checked by
         ``sampling.check_sampling``; options greedy decoding ignores are one warning each."""
@@ -259,7 +293,9 @@ class Decoder:
         limit = self.target.max_positions
         return wanted if limit is None else min(wanted, limit - len(committed))
 
-    def _run(self, ids: list[int], max_new: int, stream: StreamCallback | None, out: Output, accept: step.AcceptRule) -> None:
+    def _run(
+        self, ids: list[int], max_new: int, stream: StreamCallback | None, out: Output, accept: step.AcceptRule
+    ) -> None:
         """prefill, then steps until max_new tokens, the context's end or EOS. ``out`` grows as it goes,
         so a failure part-way leaves what was generated in it."""
         target, drafter, builder, stats = self.target, self.drafter, self.builder, out.stats
@@ -288,8 +324,9 @@ class Decoder:
             stats.t_total = time.perf_counter() - t_start  # also when a step fails: the partial output's speed
 
 
-def _check_arguments(target: Any, drafter: Any, builder: Any, drafter_options: Any, builder_options: Any,
-                     offload_folder: Any) -> tuple[Any, Any]:
+def _check_arguments(
+    target: Any, drafter: Any, builder: Any, drafter_options: Any, builder_options: Any, offload_folder: Any
+) -> tuple[Any, Any]:
     """The Decoder's arguments have the types it takes (a path may be a ``pathlib.Path``): one
     ``ConfigError`` each otherwise, not a ``TypeError`` from deep inside (``Decoder(3)``,
     ``builder_options="k=3"``). Returns (target, drafter) with paths as strings."""
@@ -301,18 +338,27 @@ def _check_arguments(target: Any, drafter: Any, builder: Any, drafter_options: A
     if isinstance(drafter, os.PathLike):
         drafter = os.fspath(drafter)
     if not isinstance(target, (str, TargetModel)):
-        raise ConfigError(f"target must be a model name or path (str) or a TargetModel, got {target!r} "
-                          f"({type(target).__name__})")
+        raise ConfigError(
+            f"target must be a model name or path (str) or a TargetModel, got {target!r} ({type(target).__name__})"
+        )
     if not isinstance(drafter, (str, Drafter)):
-        raise ConfigError(f"drafter must be a drafter name, a draft model (str) or a Drafter, got {drafter!r} "
-                          f"({type(drafter).__name__})")
+        raise ConfigError(
+            f"drafter must be a drafter name, a draft model (str) or a Drafter, got {drafter!r} "
+            f"({type(drafter).__name__})"
+        )
     if not isinstance(builder, (str, TreeBuilder)):
-        raise ConfigError(f"builder must be a builder name (str) or a TreeBuilder, got {builder!r} ({type(builder).__name__})")
+        raise ConfigError(
+            f"builder must be a builder name (str) or a TreeBuilder, got {builder!r} ({type(builder).__name__})"
+        )
     for name, options in (("drafter_options", drafter_options), ("builder_options", builder_options)):
         if options is not None and not isinstance(options, Mapping):
-            raise ConfigError(f"{name} must be a dict of option name -> value, got {options!r} ({type(options).__name__})")
+            raise ConfigError(
+                f"{name} must be a dict of option name -> value, got {options!r} ({type(options).__name__})"
+            )
     if offload_folder is not None and not isinstance(offload_folder, (str, os.PathLike)):
-        raise ConfigError(f"offload_folder must be a folder path, got {offload_folder!r} ({type(offload_folder).__name__})")
+        raise ConfigError(
+            f"offload_folder must be a folder path, got {offload_folder!r} ({type(offload_folder).__name__})"
+        )
     return target, drafter
 
 

@@ -48,8 +48,13 @@ def prompt_for(target: str | None) -> str:
     return CHAT_PROMPT if (target or MAIN) in CHAT_TARGETS else PROMPT
 
 
-def apply(target: str | None, drafter: str | None, builder: str | None = None,
-          builder_options: dict[str, str] | None = None, main: bool = True) -> tuple[str, str | None]:
+def apply(
+    target: str | None,
+    drafter: str | None,
+    builder: str | None = None,
+    builder_options: dict[str, str] | None = None,
+    main: bool = True,
+) -> tuple[str, str | None]:
     """No target given: the target a draft alias was made for (``--drafter llama-68m``: LLaMA-2,
     ``treespec.models.DRAFT_TARGETS``), else the main job's target (``main``) or the small pair's.
     A target with a shipped head (``models.SHIPPED_HEADS``) and no drafter gets that head, and for

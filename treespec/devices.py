@@ -30,7 +30,9 @@ def device_placement(device_map: Any, max_memory: Any, offload_folder: Any, devi
     import importlib.util
 
     if importlib.util.find_spec("accelerate") is None:
-        raise ConfigError("--device-map needs accelerate: pip install 'treespec[accelerate]' (or pip install accelerate)")
+        raise ConfigError(
+            "--device-map needs accelerate: pip install 'treespec[accelerate]' (or pip install accelerate)"
+        )
     out: dict[str, Any] = {"device_map": _device_map(device_map)}
     if max_memory is not None:
         out["max_memory"] = _max_memory(max_memory)
@@ -55,9 +57,11 @@ def _device_map(value: Any) -> Any:
     try:
         mapping = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--device-map {path}: not JSON ({first_line(exc)}); give a JSON object of module -> device") from None
+        raise ConfigError(
+            f"--device-map {path}: not JSON ({first_line(exc)}); give a JSON object of module -> device"
+        ) from None
     if not isinstance(mapping, dict) or not mapping:
-        raise ConfigError(f"--device-map {path}: give a JSON object of module name -> device (\"cpu\", 0, \"disk\", ...)")
+        raise ConfigError(f'--device-map {path}: give a JSON object of module name -> device ("cpu", 0, "disk", ...)')
     return mapping
 
 
@@ -99,17 +103,23 @@ def check_device(device: Any) -> Any:
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps ({first_line(exc)[:60]}...)") from None
+        raise ConfigError(
+            f"unknown device {device!r}: use cpu, cuda, cuda:N or mps ({first_line(exc)[:60]}...)"
+        ) from None
     if parsed.type == "meta":  # shapes without values: decoding failed on the first .item()
-        raise ConfigError(f"device {device!r} holds tensor shapes but no values, so it cannot run a model: use cpu, "
-                          "cuda, cuda:N or mps")
+        raise ConfigError(
+            f"device {device!r} holds tensor shapes but no values, so it cannot run a model: use cpu, "
+            "cuda, cuda:N or mps"
+        )
     if parsed.type not in ("cpu", "cuda", "mps"):  # xpu, npu, ...: only with their backend and a device present
         available = getattr(getattr(torch, parsed.type, None), "is_available", None)
         if not (callable(available) and available()):
             raise ConfigError(f"device {device!r} is not available on this machine; use --device cpu")
     if parsed.type == "cuda" and not torch.cuda.is_available():
         why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-        raise ConfigError(f"device {device!r} is not available: {why}; use --device cpu (or install a CUDA build of torch)")
+        raise ConfigError(
+            f"device {device!r} is not available: {why}; use --device cpu (or install a CUDA build of torch)"
+        )
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
         raise ConfigError(f"device {device!r} is not available: {torch.cuda.device_count()} CUDA device(s) visible")
     if parsed.type == "mps" and not torch.backends.mps.is_available():
@@ -139,6 +149,8 @@ def dtype_note(dtype: Any) -> str | None:
 
     if dtype != torch.bfloat16:
         return None
-    return ("bfloat16: every token is the target's argmax in the tree forward, but its rounding differs from "
-            "generate()'s one-token forwards, so near-tied tokens can differ from generate(do_sample=False); "
-            "use --dtype float16 or float32 for token-for-token equality")
+    return (
+        "bfloat16: every token is the target's argmax in the tree forward, but its rounding differs from "
+        "generate()'s one-token forwards, so near-tied tokens can differ from generate(do_sample=False); "
+        "use --dtype float16 or float32 for token-for-token equality"
+    )

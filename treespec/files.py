@@ -106,8 +106,9 @@ def save_torch_atomic(obj: Any, path: str | Path, option: str | None = None) -> 
     save_atomic_with(lambda tmp: torch.save(obj, tmp), path, option)
 
 
-def save_safetensors_atomic(tensors: dict[str, Any], path: str | Path, metadata: dict[str, str] | None = None,
-                            option: str | None = None) -> None:
+def save_safetensors_atomic(
+    tensors: dict[str, Any], path: str | Path, metadata: dict[str, str] | None = None, option: str | None = None
+) -> None:
     """``safetensors.torch.save_file`` to ``path`` atomically."""
     from safetensors.torch import save_file
 
@@ -132,8 +133,9 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         _probe(path)
     except OSError as exc:
-        raise ConfigError(f"{option} {path} is not writable ({exc.strerror or type(exc).__name__}); "
-                          f"pick another {option}") from None
+        raise ConfigError(
+            f"{option} {path} is not writable ({exc.strerror or type(exc).__name__}); pick another {option}"
+        ) from None
     return path
 
 
@@ -152,8 +154,10 @@ def check_writable_file(path: str | Path, option: str) -> Path:
     try:
         _probe(parent)
     except OSError as exc:
-        raise ConfigError(f"{option} {path}: the folder {parent} is not writable "
-                          f"({exc.strerror or type(exc).__name__}); pick another {option}") from None
+        raise ConfigError(
+            f"{option} {path}: the folder {parent} is not writable "
+            f"({exc.strerror or type(exc).__name__}); pick another {option}"
+        ) from None
     return path
 
 

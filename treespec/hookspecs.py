@@ -14,9 +14,9 @@ listing hooks are called once, when plugins are first needed; each implementatio
 
 from __future__ import annotations
 
-import pluggy
-
 from typing import Any
+
+import pluggy
 
 from treespec.interfaces import PluginSpec
 
@@ -65,7 +65,12 @@ def reference() -> str:
     import sys
 
     module = sys.modules[__name__]
-    parts = ["# treespec hooks", "", "Generated from `treespec/hookspecs.py`: `python -c 'import treespec.hookspecs as h; print(h.reference(), end=\"\")' > docs/hooks.md`.", ""]
+    parts = [
+        "# treespec hooks",
+        "",
+        "Generated from `treespec/hookspecs.py`: `python -c 'import treespec.hookspecs as h; print(h.reference(), end=\"\")' > docs/hooks.md`.",
+        "",
+    ]
     parts += [inspect.cleandoc(module.__doc__ or ""), ""]
     for name, fn in inspect.getmembers(module, inspect.isfunction):
         if name.startswith("treespec_"):

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from numbers import Integral
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from treespec.errors import ConfigError
 
@@ -28,7 +29,9 @@ def token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
     ids = _tensor_ids(prompt) if _is_tensor(prompt) else _list_ids(prompt)
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise ConfigError(f"token id {bad} is outside the target's vocabulary [0, {vocab_size}): pass ids from its tokenizer")
+        raise ConfigError(
+            f"token id {bad} is outside the target's vocabulary [0, {vocab_size}): pass ids from its tokenizer"
+        )
     return ids
 
 
@@ -103,7 +106,9 @@ def json_lines(path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 row = json.loads(line)
             except ValueError as exc:
-                raise ConfigError(f"{what} {path} line {n} is not JSON ({exc}): give one JSON object per line") from None
+                raise ConfigError(
+                    f"{what} {path} line {n} is not JSON ({exc}): give one JSON object per line"
+                ) from None
             if not isinstance(row, dict):
                 raise ConfigError(f"{what} {path} line {n} is not a JSON object: give one JSON object per line")
             yield n, row
@@ -123,6 +128,8 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]], model: str = "the t
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     except Exception as exc:  # noqa: BLE001 - a template is code from the model's files: jinja errors, its raise_exception
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise ConfigError(f"{model}'s chat template fails on this conversation ({type(exc).__name__}: {first}): fix "
-                          "chat_template in its tokenizer_config.json, or drop --chat/--system") from None
+        raise ConfigError(
+            f"{model}'s chat template fails on this conversation ({type(exc).__name__}: {first}): fix "
+            "chat_template in its tokenizer_config.json, or drop --chat/--system"
+        ) from None
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)

@@ -28,16 +28,16 @@ class Proposals:
     probability given that node's path, best first. Entries with ``q == 0`` are padding.
     """
 
-    tokens: "torch.Tensor"  # [M, k] long
-    q: "torch.Tensor"  # [M, k] float
+    tokens: torch.Tensor  # [M, k] long
+    q: torch.Tensor  # [M, k] float
 
 
 @dataclass(frozen=True)
 class PrefillContext:
     """What a drafter learns about a new prompt before the first step."""
 
-    input_ids: "torch.Tensor"  # [L] long: the whole prompt; its last token is the first root
-    hidden: "torch.Tensor | None" = None  # [L-1, H] the target's hidden states of prompt[:-1],
+    input_ids: torch.Tensor  # [L] long: the whole prompt; its last token is the first root
+    hidden: torch.Tensor | None = None  # [L-1, H] the target's hidden states of prompt[:-1],
     #                                       given only to drafters with needs_target_hidden
     #                                       ([L-1, k·H] for k target_hidden_layers)
 
@@ -53,7 +53,7 @@ class Commit:
     """
 
     tokens: list[int]
-    hidden: "torch.Tensor | None" = None
+    hidden: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -92,12 +92,12 @@ class Drafter(ABC):
     #: False when q are scores (e.g. normalised match counts) rather than the draft's probabilities
     provides_probabilities: ClassVar[bool] = True
 
-    def __init__(self, config: PluginConfig, target: "TargetModel"):
+    def __init__(self, config: PluginConfig, target: TargetModel):
         self.config = config
         self.target = target
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], target: "TargetModel", owner: str) -> "Drafter":
+    def from_options(cls, options: dict[str, Any], target: TargetModel, owner: str) -> Drafter:
         """Build from raw ``name=value`` options (the registry calls this): validate them against
         ``Config`` (errors name ``owner``, e.g. ``"drafter 'ngram'"``), then ``cls(config, target)``.
         Override only when some options are not your Config's (``compose`` routes ``PART.option``
@@ -106,7 +106,7 @@ class Drafter(ABC):
 
         return cls(build_config(cls.Config, options, owner), target)
 
-    def fork(self) -> "Drafter":
+    def fork(self) -> Drafter:
         """A drafter for another sequence decoded alongside this one (a batch row), sharing this one's
         weights but none of its per-sequence state. The default is a shallow copy, which is right when
         ``prefill`` (re)creates every piece of per-sequence state, as the lifecycle above asks;
@@ -115,7 +115,7 @@ class Drafter(ABC):
 
         return copy.copy(self)
 
-    def rows(self, n: int) -> "DraftRows":
+    def rows(self, n: int) -> DraftRows:
         """Drafters for ``n`` sequences decoded together (a batch), sharing this one's weights. The
         default: ``n`` forks that expand one after another. Drafters that can expand every row's
         frontier in ONE draft forward return a ``DraftRows`` with ``batched = True`` (EAGLE's)."""
@@ -133,7 +133,7 @@ class Drafter(ABC):
         it again. The default does nothing: drafters without per-step state need not override it."""
 
     @abstractmethod
-    def expand(self, tree: "DraftTree", nodes: "torch.Tensor", k: int) -> Proposals:
+    def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         """Propose up to ``k`` children for each node id in ``nodes`` ([M] long) of ``tree``.
 
         Returns ``Proposals`` with tensors of shape [M, k]. Distinct tokens per node, best first.
@@ -144,7 +144,7 @@ class Drafter(ABC):
         """The step is over: ``commit.tokens`` were appended to the sequence. Drop draft state of
         rejected nodes, keep the rest."""
 
-    def distribution(self, tree: "DraftTree", nodes: "torch.Tensor") -> "torch.Tensor | None":
+    def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor | None:
         """The draft's full next-token distribution [M, V'] (temperature 1) after each of ``nodes``,
         which this step's ``expand`` calls have already been asked about; V' may be smaller than the
         target's vocabulary (missing tokens have probability 0). None (the default): this drafter has
@@ -159,8 +159,8 @@ class Drafter(ABC):
 class Expansion:
     """One row's ``Drafter.expand`` call, as a lockstep round of a batch collects it."""
 
-    tree: "DraftTree"
-    nodes: "torch.Tensor"  # [M] long
+    tree: DraftTree
+    nodes: torch.Tensor  # [M] long
     k: int
 
 
@@ -201,7 +201,7 @@ class TreeBuilder(ABC):
 
     Config: ClassVar[type[PluginConfig]] = PluginConfig
     #: the draft-side sampling settings kept by ``start`` (None: rank children by the draft's top-k)
-    sampling: "DraftSampling | None" = None
+    sampling: DraftSampling | None = None
     #: how many sequences are decoded together with this builder's: 1 alone, B for a row of a batch
     #: (set by the Decoder before ``attach``; cost-aware builders price a node as its share of a
     #: B-row step)
@@ -218,7 +218,7 @@ class TreeBuilder(ABC):
         return bool(getattr(self.config, "sample", False))
 
     @abstractmethod
-    def build(self, drafter: Drafter, root_token: int, max_depth: int) -> "DraftTree":
+    def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
         """Grow this step's tree from ``root_token``. No node may be deeper than ``max_depth``
         (the Decoder's cap from ``max_new_tokens`` and the context; 0 means root only)."""
 
@@ -236,10 +236,10 @@ class TreeBuilder(ABC):
         refuses settings whose draft tree would not fit this machine's memory, before anything runs."""
         return None
 
-    def observe(self, stats: "StepStats") -> None:
+    def observe(self, stats: StepStats) -> None:
         """Feedback after each step (adaptive builders override it)."""
 
-    def verified(self, tree: "DraftTree", path: "torch.Tensor") -> None:
+    def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
         """Called by ``treespec.step`` right after the target verified the tree ``build`` returned:
         ``path`` [m+1] holds the accepted node ids, root first. Builders that learn how often the
         target accepts (calibrated p̂) override it; the default ignores it."""
@@ -249,16 +249,16 @@ class TreeBuilder(ABC):
         None. The Decoder copies it into the step's ``StepStats``."""
         return None
 
-    def attach(self, target: "TargetModel", drafter: Drafter) -> None:
+    def attach(self, target: TargetModel, drafter: Drafter) -> None:
         """Called once by the ``Decoder`` that will run this builder, with its target and drafter
         (cost-aware builders look up a saved cost profile for them). The default does nothing."""
 
-    def join_batch(self, peers: list["TreeBuilder"]) -> None:
+    def join_batch(self, peers: list[TreeBuilder]) -> None:
         """Called once by the Decoder, after ``attach``, with the builders of all rows of a batch (this
         one included; ``batch_size`` of them). Builders whose rows should agree on something link up
         here (the auto planner's shared budget); the default does nothing."""
 
-    def start(self, sampling: "DraftSampling | None") -> None:
+    def start(self, sampling: DraftSampling | None) -> None:
         """Called by the Decoder at the start of every ``generate``: None for greedy decoding, else the
         draft-side settings (draft temperature, the run's ``torch.Generator``). Builders that can draw
         children at random keep it (and then record the draws in the tree, docs/sampling.md); the
@@ -277,7 +277,7 @@ class PluginSpec:
     name: str
     summary: str
     config: type[PluginConfig]
-    load: "type | str"
+    load: type | str
     aliases: tuple[str, ...] = field(default=())
 
     def resolve(self) -> type:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -121,8 +122,23 @@ def attention_windows(config: Any) -> AttentionWindows:
 #: position ids: a tree's siblings share a position but not an order, so their biases would be wrong
 ALIBI_TYPES = ("bloom", "mpt")
 #: recurrent and hybrid models: their state is a running summary, not per-token keys a tree mask can select
-RECURRENT_TYPES = ("mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "jamba", "zamba", "zamba2",
-                   "bamba", "falcon_h1", "granitemoehybrid", "lfm2", "xlstm", "nemotron_h", "qwen3_next")
+RECURRENT_TYPES = (
+    "mamba",
+    "mamba2",
+    "falcon_mamba",
+    "rwkv",
+    "recurrent_gemma",
+    "jamba",
+    "zamba",
+    "zamba2",
+    "bamba",
+    "falcon_h1",
+    "granitemoehybrid",
+    "lfm2",
+    "xlstm",
+    "nemotron_h",
+    "qwen3_next",
+)
 
 
 def tree_refusal(config: Any) -> str | None:
@@ -131,8 +147,10 @@ def tree_refusal(config: Any) -> str | None:
     kind = str(getattr(cfg, "model_type", ""))
     attn = getattr(cfg, "attn_config", None)  # MPT keeps its alibi flag there
     if kind in ALIBI_TYPES or bool(getattr(cfg, "alibi", False)) or (isinstance(attn, dict) and attn.get("alibi")):
-        return (f"{kind or 'this model'} encodes positions as ALiBi biases over the order of the cached keys, which "
-                "a tree's siblings (one position, different order) would break")
+        return (
+            f"{kind or 'this model'} encodes positions as ALiBi biases over the order of the cached keys, which "
+            "a tree's siblings (one position, different order) would break"
+        )
     layer_types = [str(t) for t in (getattr(cfg, "layer_types", None) or [])]
     if kind in RECURRENT_TYPES or any(t in ("linear_attention", "mamba", "conv") for t in layer_types):
         return f"{kind or 'this model'} is recurrent (state-space or linear attention): it has no per-token keys a tree mask can select"
@@ -154,14 +172,17 @@ def cache_keyword(module: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-
 def grouped_sdpa_helps(model: Any) -> bool:
     """Whether ``grouped_sdpa`` can speed up ``model``'s masked forwards: SDPA attention with grouped
     KV heads (fewer KV heads than query heads). Whether a layer runs on a CPU is decided per call."""
     cfg = text_config(model.config)
     heads, kv_heads = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
-    return (getattr(cfg, "_attn_implementation", None) == "sdpa"
-            and isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads < heads)
+    return (
+        getattr(cfg, "_attn_implementation", None) == "sdpa"
+        and isinstance(heads, int)
+        and isinstance(kv_heads, int)
+        and kv_heads < heads
+    )
 
 
 #: on in the thread (context) running a treespec forward that asked for grouped SDPA (``grouped_sdpa``)
@@ -252,6 +273,7 @@ def concat_caches(a: Any, width_a: int, b: Any, width_b: int, rows_a: int, rows_
     dimension; the narrower one is padded with zero columns up to the wider width (columns the rows'
     masks never show). Either may have no columns yet (prompts of one token): its rows are zeros.
     Returns the grown cache (``a``, or ``b`` if only ``b`` has tensors)."""
+
     def tensors(cache: Any) -> Any:
         return cache if cache.layers and getattr(cache.layers[0], "keys", None) is not None else None
 

@@ -56,14 +56,18 @@ def _row(drafter: Any, builder: TreeBuilder, root: int, max_depth: int) -> Any:
     return lambda: step.draft(drafter, builder, root, max_depth)
 
 
-def draft_rows(rows: DraftRows, builders: list[TreeBuilder], roots: list[int], max_depths: list[int]) -> list[DraftTree]:
+def draft_rows(
+    rows: DraftRows, builders: list[TreeBuilder], roots: list[int], max_depths: list[int]
+) -> list[DraftTree]:
     """Row i's tree, ``step.draft(rows.drafters[i], builders[i], roots[i], max_depths[i])``, for every
     row; with ``rows.batched``, all rows' expansions of a round in one ``expand_together`` call."""
     drafters = rows.drafters
     if not rows.batched or len(drafters) == 1:
         return [step.draft(d, b, r, m) for d, b, r, m in zip(drafters, builders, roots, max_depths)]
     driver = greenlet.getcurrent()
-    lets = [greenlet(_row(_RowDrafter(d, driver), b, r, m)) for d, b, r, m in zip(drafters, builders, roots, max_depths)]
+    lets = [
+        greenlet(_row(_RowDrafter(d, driver), b, r, m)) for d, b, r, m in zip(drafters, builders, roots, max_depths)
+    ]
     trees: list[Any] = [None] * len(lets)
     parked: dict[int, Expansion] = {}
 

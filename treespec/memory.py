@@ -80,6 +80,7 @@ def check_threads(threads: object, flag: str = "--threads") -> int | None:
         raise ConfigError(f"{flag} must be > 0, got {threads}")
     cap = max_threads()
     if threads > cap:
-        raise ConfigError(f"{flag} {threads} is more threads than this machine can use ({os.cpu_count()} cores): "
-                          f"use at most {cap}")
+        raise ConfigError(
+            f"{flag} {threads} is more threads than this machine can use ({os.cpu_count()} cores): use at most {cap}"
+        )
     return threads

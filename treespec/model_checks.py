@@ -42,8 +42,11 @@ def check_size(name: str, what: str, layers: int | None, dtype: Any, folder: Pat
         return  # stored in fewer bits than any dtype: the estimate below would be too high
     params = decoder_parameters(text, layers if layers is not None else have)
     item = getattr(dtype, "itemsize", 2)  # "auto": the checkpoint's own dtype, 2 bytes at least
-    check_fits(params * item, f"{what} {name!r} ({params:,} parameters by its config.json)",
-               "fix its config.json, load it in a smaller --dtype, or free memory")
+    check_fits(
+        params * item,
+        f"{what} {name!r} ({params:,} parameters by its config.json)",
+        "fix its config.json, load it in a smaller --dtype, or free memory",
+    )
 
 
 def _stored_layers(folder: Path) -> int | None:

@@ -10,9 +10,9 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from treespec import model_checks as checks
 from treespec.devices import check_device, check_dtype, device_placement, device_type
 from treespec.errors import ConfigError, ModelLoadError, TreespecError
-from treespec import model_checks as checks
 
 #: Common public draft models, by short name. Facts, not code: extend freely.
 MODEL_ALIASES: dict[str, str] = {
@@ -31,8 +31,18 @@ MODEL_ALIASES: dict[str, str] = {
 #: (Wikipedia + C4), the draft of the LLaMA-2 / Vicuna targets in the OPT-Tree paper; the Vicuna
 #: drafts were distilled from Vicuna conversations; the others share their family's tokenizer.
 DRAFT_TARGETS: dict[str, tuple[str, ...]] = {
-    "llama-68m": ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-13b-hf", "lmsys/vicuna-7b-v1.3"),
-    "llama-160m": ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-13b-hf", "lmsys/vicuna-7b-v1.3"),
+    "llama-68m": (
+        "meta-llama/Llama-2-7b-hf",
+        "meta-llama/Llama-2-7b-chat-hf",
+        "meta-llama/Llama-2-13b-hf",
+        "lmsys/vicuna-7b-v1.3",
+    ),
+    "llama-160m": (
+        "meta-llama/Llama-2-7b-hf",
+        "meta-llama/Llama-2-7b-chat-hf",
+        "meta-llama/Llama-2-13b-hf",
+        "lmsys/vicuna-7b-v1.3",
+    ),
     "vicuna-68m": ("lmsys/vicuna-7b-v1.3", "lmsys/vicuna-13b-v1.3", "lmsys/vicuna-33b-v1.3"),
     "vicuna-160m": ("lmsys/vicuna-7b-v1.3", "lmsys/vicuna-13b-v1.3", "lmsys/vicuna-33b-v1.3"),
     "tinyllama": ("meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-13b-chat-hf"),
@@ -140,11 +150,15 @@ def require_cached(models: list[tuple[str, str]]) -> None:
     if not missing or not (_offline() or not _hub_reachable()):
         return
     why = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
-    names = " and ".join(f"{what} {name!r}" + (f" ({resolve_name(name)})" if resolve_name(name) != name else "")
-                         for name, what in missing)
+    names = " and ".join(
+        f"{what} {name!r}" + (f" ({resolve_name(name)})" if resolve_name(name) != name else "")
+        for name, what in missing
+    )
     fetch = " && ".join(f"hf download {resolve_name(name)}" for name, _ in missing)
-    raise ModelLoadError(f"{names} {'is' if len(missing) == 1 else 'are'} not in the local Hugging Face cache and "
-                         f"{why}: download {'it' if len(missing) == 1 else 'them'} first with `{fetch}`, or pass local paths")
+    raise ModelLoadError(
+        f"{names} {'is' if len(missing) == 1 else 'are'} not in the local Hugging Face cache and "
+        f"{why}: download {'it' if len(missing) == 1 else 'them'} first with `{fetch}`, or pass local paths"
+    )
 
 
 def _refuse_if_offline(name: str, resolved: str, what: str) -> None:
@@ -167,26 +181,32 @@ def require_bool_consent(value: Any) -> bool:
     """``trust_remote_code`` runs a model's own code: only the literal ``True`` allows it. Anything but
     a bool (``"false"``, ``1``, ``None``) is one line of error rather than a truthy yes."""
     if not isinstance(value, bool):
-        raise ConfigError(f"trust_remote_code must be True or False, got {value!r} ({type(value).__name__}): "
-                          "pass the literal True to let a model run its own code")
+        raise ConfigError(
+            f"trust_remote_code must be True or False, got {value!r} ({type(value).__name__}): "
+            "pass the literal True to let a model run its own code"
+        )
     return value
 
 
 def _trust_fix(what: str) -> str:
     if what.startswith("draft"):
-        return ("give the drafter the option trust_remote_code=true (`treespec run -D trust_remote_code=true`, "
-                "a bench drafter spec, or drafter_options in Python)")
-    return ("pass --trust-remote-code to `treespec run` (Python: trust_remote_code=True); bench, calibrate and "
-            "train load only targets that need no code of their own")
+        return (
+            "give the drafter the option trust_remote_code=true (`treespec run -D trust_remote_code=true`, "
+            "a bench drafter spec, or drafter_options in Python)"
+        )
+    return (
+        "pass --trust-remote-code to `treespec run` (Python: trust_remote_code=True); bench, calibrate and "
+        "train load only targets that need no code of their own"
+    )
 
 
 @contextlib.contextmanager
 def quiet_transformers() -> Any:
     """transformers' own warnings and progress bars off while loading: treespec reports what matters
     in one line (a refused custom-code model would otherwise print a stray config-type warning)."""
-    from transformers.utils import logging as hf_logging
-
     import logging
+
+    from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -266,10 +286,14 @@ def _folder(name: str, what: str) -> Path | None:
 
 
 def _out_of_resources(exc: BaseException) -> str:
-    """"memory" or "threads" when ``exc`` says the machine ran out of it (not a damaged file), else ""."""
+    """ "memory" or "threads" when ``exc`` says the machine ran out of it (not a damaged file), else ""."""
     text = str(exc).lower()
-    if isinstance(exc, MemoryError) or "can't allocate memory" in text or "cannot allocate memory" in text \
-            or "out of memory" in text:
+    if (
+        isinstance(exc, MemoryError)
+        or "can't allocate memory" in text
+        or "cannot allocate memory" in text
+        or "out of memory" in text
+    ):
         return "memory"
     if "can't start new thread" in text or "resource temporarily unavailable" in text:
         return "threads"
@@ -311,7 +335,9 @@ def load_causal_lm(
     if num_hidden_layers is not None:
         from transformers import AutoConfig
 
-        checks.check_layers(name, num_hidden_layers, _load(AutoConfig, name, "model", trust_remote_code=trust_remote_code))
+        checks.check_layers(
+            name, num_hidden_layers, _load(AutoConfig, name, "model", trust_remote_code=trust_remote_code)
+        )
         kwargs["num_hidden_layers"] = num_hidden_layers
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation

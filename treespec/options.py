@@ -47,7 +47,7 @@ def parse_spec(text: str) -> list[tuple[str, dict[str, str]]]:
     try:
         parts = shlex.split(text)
     except ValueError as exc:
-        raise ConfigError(f"{text!r}: {exc}; quote a spec as \"NAME key=v1,v2\"") from None
+        raise ConfigError(f'{text!r}: {exc}; quote a spec as "NAME key=v1,v2"') from None
     if not parts:
         raise ConfigError("empty configuration spec; write e.g. 'opt-tree nodes=10,25,60'")
     name, sweeps = parts[0], {}

@@ -7,8 +7,8 @@ its ``Output``, and the step's statistics recorded. Nothing else does any of the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Callable, Collection
 
 from treespec.interfaces import PlanNote
 from treespec.stats import RunStats, StepStats
@@ -25,8 +25,9 @@ class Output:
     stats: RunStats = field(default_factory=RunStats)
 
 
-def emit(out: Output, committed: list[int], done: Step, eos: Collection[int], wall: float,
-         note: PlanNote | None = None) -> tuple[list[int], bool]:
+def emit(
+    out: Output, committed: list[int], done: Step, eos: Collection[int], wall: float, note: PlanNote | None = None
+) -> tuple[list[int], bool]:
     """Commit one finished step to a sequence: its tokens up to and including the first EOS go to
     ``committed`` and ``out``, and its statistics to ``out.stats``. Returns (the tokens kept, whether
     an EOS ended the sequence). ``wall``: seconds since the sequence's previous step ended."""

@@ -102,7 +102,9 @@ class Registry:
         return self._table(kind).get(self.aliases.get(f"{kind}:{name}", name))
 
     def get(self, kind: Kind, name: str, extra_choices: list[str] | None = None) -> Entry:
-        conflict = self.conflict_message(kind, self.aliases.get(f"{kind}:{name}", name)) or self.conflict_message(kind, name)
+        conflict = self.conflict_message(kind, self.aliases.get(f"{kind}:{name}", name)) or self.conflict_message(
+            kind, name
+        )
         if conflict is not None:
             raise PluginError(conflict)
         entry = self.find(kind, name)
@@ -115,9 +117,7 @@ class Registry:
             flag = "-D" if kind == "drafter" else "-B"
             hint = f"options are not part of the name: pass --{kind} {name.split()[0]} {flag} key=value; "
         failed = f" ({len(self.failures)} plugin(s) failed to load: see `treespec plugins`)" if self.failures else ""
-        raise ConfigError(
-            f"unknown {kind} {name!r}; {hint}available: {', '.join(self.names(kind)) or 'none'}{failed}"
-        )
+        raise ConfigError(f"unknown {kind} {name!r}; {hint}available: {', '.join(self.names(kind)) or 'none'}{failed}")
 
 
 _lock = threading.Lock()

@@ -44,13 +44,16 @@ def check_sampling(
     draft_temperature: float | None = None,
     rule: str = "auto",
     samples_children: bool = False,
-) -> tuple["SamplingParams | None", list[str]]:
+) -> tuple[SamplingParams | None, list[str]]:
     """The one place sampling settings are validated (API, ``run``, ``bench``). Returns the target's
     ``SamplingParams`` (None: greedy) and a note per option that greedy decoding ignores; a value
     that is invalid whatever the temperature is a ``ConfigError``."""
     if not isinstance(rule, str) or rule not in RULES:
         raise ConfigError(f"unknown verification rule {rule!r}; rules: {', '.join(RULES)}")
-    temperature, draft_temperature = real_number("temperature", temperature), real_number("draft_temperature", draft_temperature)
+    temperature, draft_temperature = (
+        real_number("temperature", temperature),
+        real_number("draft_temperature", draft_temperature),
+    )
     top_p = real_number("top_p", top_p)
     if temperature is not None and not temperature >= 0:  # also catches NaN
         raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
@@ -65,11 +68,16 @@ def check_sampling(
             f"rule={rule}" if rule != "auto" else "",
             "the builder's sample=true" if samples_children else "",
         ]
-        notes = [f"{what} has no effect with greedy decoding (temperature 0): set a temperature > 0 to sample"
-                 for what in ignored if what]
+        notes = [
+            f"{what} has no effect with greedy decoding (temperature 0): set a temperature > 0 to sample"
+            for what in ignored
+            if what
+        ]
         return None, notes
     params = SamplingParams(
-        temperature=float(temperature), top_k=0 if top_k is None else top_k, top_p=1.0 if top_p is None else float(top_p)
+        temperature=float(temperature),
+        top_k=0 if top_k is None else top_k,
+        top_p=1.0 if top_p is None else float(top_p),
     )
     return params, []
 
@@ -84,8 +92,12 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
-            raise ConfigError(f"temperature must be a finite number > 0 for sampling (0 = greedy), got {self.temperature}")
+        if not (
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0
+        ):
+            raise ConfigError(
+                f"temperature must be a finite number > 0 for sampling (0 = greedy), got {self.temperature}"
+            )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
         if not (isinstance(self.top_p, (int, float)) and 0.0 <= self.top_p <= 1.0):
@@ -137,8 +149,9 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     return gen
 
 
-def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device | str,
-            dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def uniform(
+    shape: tuple[int, ...], generator: torch.Generator, device: torch.device | str, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
     """U[0, 1) of ``shape`` drawn on the generator's device, moved to ``device``."""
     return torch.rand(shape, generator=generator, device=generator.device, dtype=dtype).to(device)
 
@@ -181,8 +194,9 @@ def draw_children(dist: torch.Tensor, k: int, generator: torch.Generator) -> tup
     return tokens, dist.gather(-1, tokens)
 
 
-def recorded_draft(draw_dist: torch.Tensor, rows: "int | torch.Tensor", vocab: int,
-                   device: torch.device | str) -> torch.Tensor:
+def recorded_draft(
+    draw_dist: torch.Tensor, rows: int | torch.Tensor, vocab: int, device: torch.device | str
+) -> torch.Tensor:
     """[B, V] (``rows`` an int) or [B, P, V] (``rows`` [P]) float64: the distributions children were
     drawn from (``draw_dist`` [B, R, V']), padded with q = 0 or cut to the target's vocabulary ``vocab``
     (a draft with a smaller vocabulary cannot draw the tokens it lacks)."""
@@ -192,7 +206,9 @@ def recorded_draft(draw_dist: torch.Tensor, rows: "int | torch.Tensor", vocab: i
     return q[..., :vocab]
 
 
-def drawn_from(q0: torch.Tensor | None, x: torch.Tensor, vocab: int, removed: torch.Tensor | None = None) -> torch.Tensor:
+def drawn_from(
+    q0: torch.Tensor | None, x: torch.Tensor, vocab: int, removed: torch.Tensor | None = None
+) -> torch.Tensor:
     """[..., V] float64: the distribution the child with token x [...] was drawn from: the recorded
     draft ``q0`` [..., V] with the earlier siblings' tokens (``removed`` [..., V] bool) taken out and
     renormalised; the point mass at x for a ranked child (``q0`` None), or for a token that
@@ -207,8 +223,9 @@ def drawn_from(q0: torch.Tensor | None, x: torch.Tensor, vocab: int, removed: to
     return torch.where(q.gather(-1, x[..., None]) > 0, q, point)
 
 
-def propose(drafter: "Drafter", tree: "DraftTree", nodes: torch.Tensor, k: int,
-            sampling: "DraftSampling | None") -> "Proposals":
+def propose(
+    drafter: Drafter, tree: DraftTree, nodes: torch.Tensor, k: int, sampling: DraftSampling | None
+) -> Proposals:
     """What a builder that can sample asks for: the drafter's ranked top-k (``sampling`` None), or
     children drawn from the draft (``sampled_expand``)."""
     if sampling is None:
@@ -216,8 +233,9 @@ def propose(drafter: "Drafter", tree: "DraftTree", nodes: torch.Tensor, k: int,
     return sampled_expand(drafter, tree, nodes, k, sampling)
 
 
-def sampled_expand(drafter: "Drafter", tree: "DraftTree", nodes: torch.Tensor, k: int,
-                   sampling: DraftSampling) -> "Proposals":
+def sampled_expand(
+    drafter: Drafter, tree: DraftTree, nodes: torch.Tensor, k: int, sampling: DraftSampling
+) -> Proposals:
     """``drafter.expand`` for builders that sample: up to k children per node drawn without
     replacement from the draft's distribution at ``sampling.temperature``, in draw order.
 

@@ -246,6 +246,7 @@ def root_bound(
         return (p * hit).sum(dim=-1) / p.sum(dim=-1)
     q = recorded_draft(draw_dist, int(tt.draw_row[0]), V, dev)  # [B, V]
     pairs, inverse = torch.unique(torch.cat([p, q], dim=-1), dim=0, return_inverse=True)  # [U, 2V], [B]
-    values = torch.tensor([float(optimal_acceptance(row[:V], row[V:], k)) for row in pairs],
-                          dtype=torch.float64, device=dev)  # [U]
+    values = torch.tensor(
+        [float(optimal_acceptance(row[:V], row[V:], k)) for row in pairs], dtype=torch.float64, device=dev
+    )  # [U]
     return values[inverse]

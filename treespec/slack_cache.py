@@ -42,9 +42,17 @@ class SlackLayer(DynamicLayer):
 
     def _owns(self, t: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor) -> bool:
         """``t`` is the front view of ``buf`` and ``new``'s rows fit behind it."""
-        return (buf is not None and t.dim() == 4 and t.data_ptr() == buf.data_ptr() and t.stride() == buf.stride()
-                and t.shape[:2] == buf.shape[:2] == new.shape[:2] and t.shape[3] == buf.shape[3]
-                and t.shape[2] + new.shape[2] <= buf.shape[2] and t.dtype == new.dtype and t.device == new.device)
+        return (
+            buf is not None
+            and t.dim() == 4
+            and t.data_ptr() == buf.data_ptr()
+            and t.stride() == buf.stride()
+            and t.shape[:2] == buf.shape[:2] == new.shape[:2]
+            and t.shape[3] == buf.shape[3]
+            and t.shape[2] + new.shape[2] <= buf.shape[2]
+            and t.dtype == new.dtype
+            and t.device == new.device
+        )
 
     @staticmethod
     def _grow(t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -57,7 +65,9 @@ class SlackLayer(DynamicLayer):
             buf[:, :, :s] = t
         return buf
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         s = self.keys.shape[2] if self.keys.dim() == 4 else 0  # rows held

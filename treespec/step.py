@@ -21,8 +21,9 @@ the time of each phase goes to one small ``Clock``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,7 +45,7 @@ def greedy(tree: DraftTree, tt: TreeTensors, logits: torch.Tensor) -> Acceptance
     return greedy_verify(tt, logits)
 
 
-def sampling_rule(params: "SamplingParams", generator: torch.Generator, rule: str = "auto") -> AcceptRule:
+def sampling_rule(params: SamplingParams, generator: torch.Generator, rule: str = "auto") -> AcceptRule:
     """Exact speculative sampling with ``params`` and verification ``rule`` (docs/sampling.md)."""
 
     def accept(tree: DraftTree, tt: TreeTensors, logits: torch.Tensor) -> Acceptance:
@@ -94,7 +95,7 @@ class Step:
         return self.verdict.acceptance
 
 
-def hidden_request(drafter: Drafter) -> "bool | tuple[int, ...]":
+def hidden_request(drafter: Drafter) -> bool | tuple[int, ...]:
     """What to ask the target for: False (no hidden states), True (the last layer's) or the indices of
     the layers whose hidden states the drafter wants concatenated (``Drafter.target_hidden_layers``)."""
     if not drafter.needs_target_hidden:
@@ -102,7 +103,7 @@ def hidden_request(drafter: Drafter) -> "bool | tuple[int, ...]":
     return tuple(drafter.target_hidden_layers) if drafter.target_hidden_layers else True
 
 
-def prefill(target: "TargetModel", drafter: Drafter, prompt: list[int]) -> None:
+def prefill(target: TargetModel, drafter: Drafter, prompt: list[int]) -> None:
     """Start a sequence: the target caches ``prompt[:-1]`` (the last token is the first root) and the
     drafter gets the whole prompt, with the target's hidden states of ``prompt[:-1]`` if it asks."""
     ids = torch.tensor(prompt, dtype=torch.long)  # [L]
@@ -115,12 +116,15 @@ def draft(drafter: Drafter, builder: TreeBuilder, root: int, max_depth: int) -> 
     drafter.begin_step(root)
     tree = builder.build(drafter, root, max_depth=max_depth)
     if tree.depth > max_depth:
-        raise TreespecError(f"builder {type(builder).__name__} returned a tree of depth {tree.depth} > max_depth {max_depth}")
+        raise TreespecError(
+            f"builder {type(builder).__name__} returned a tree of depth {tree.depth} > max_depth {max_depth}"
+        )
     return tree
 
 
-def verify(target: "TargetModel", tree: DraftTree, accept: AcceptRule, want_hidden: "bool | tuple[int, ...]",
-           clock: Clock) -> Verdict:
+def verify(
+    target: TargetModel, tree: DraftTree, accept: AcceptRule, want_hidden: bool | tuple[int, ...], clock: Clock
+) -> Verdict:
     """ONE target forward over every node of ``tree``, then ``accept`` decides."""
     clock.lap("bookkeeping")  # whatever came before, up to here
     tt = tree.tensors(target.past_len, dtype=target.dtype)
@@ -132,7 +136,7 @@ def verify(target: "TargetModel", tree: DraftTree, accept: AcceptRule, want_hidd
     return verdict
 
 
-def commit(target: "TargetModel", drafter: Drafter, verdict: Verdict) -> list[int]:
+def commit(target: TargetModel, drafter: Drafter, verdict: Verdict) -> list[int]:
     """Target and drafter keep the accepted path; returns accepted tokens + bonus (the next root)."""
     acc = verdict.acceptance
     target.commit(acc.nodes)
@@ -143,7 +147,7 @@ def commit(target: "TargetModel", drafter: Drafter, verdict: Verdict) -> list[in
 
 
 def step(
-    target: "TargetModel",
+    target: TargetModel,
     drafter: Drafter,
     builder: TreeBuilder,
     root: int,

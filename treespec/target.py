@@ -13,11 +13,13 @@ import contextlib
 import inspect
 import os
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 
+from treespec import threads
 from treespec.errors import ConfigError, TreespecError
 from treespec.kv import (
     attention_windows,
@@ -29,7 +31,6 @@ from treespec.kv import (
     max_positions,
     tree_refusal,
 )
-from treespec import threads
 from treespec.slack_cache import slack_cache
 from treespec.tree import TreeTensors
 
@@ -57,8 +58,10 @@ class TargetModel:
         self._has_logits_to_keep = "logits_to_keep" in params
         reason = tree_refusal(model.config)
         if reason is not None:
-            raise ConfigError(f"target {self.name!r} cannot verify draft trees: {reason}; use a transformer with "
-                              "rotary or learned positions (Llama, Qwen, Mistral, Gemma, GPT-2, ...)")
+            raise ConfigError(
+                f"target {self.name!r} cannot verify draft trees: {reason}; use a transformer with "
+                "rotary or learned positions (Llama, Qwen, Mistral, Gemma, GPT-2, ...)"
+            )
         self.windows = attention_windows(model.config)  # sliding windows, applied in our own masks
         self._max_positions = max_positions(model.config)  # read once: the Decoder asks every step
         self._where()
@@ -69,8 +72,10 @@ class TargetModel:
         threads wait their turn; a second hold from the thread already holding it (``generate`` called
         from its own ``stream`` callback) is refused instead of deadlocking."""
         if self.decoding_thread == threading.get_ident():
-            raise ConfigError("this target is already decoding on this thread (generate() called from a stream "
-                              "callback?): use a Decoder with a target of its own")
+            raise ConfigError(
+                "this target is already decoding on this thread (generate() called from a stream "
+                "callback?): use a Decoder with a target of its own"
+            )
         with self.lock, threads.following():  # torch's threads follow the machine's load meanwhile
             self.decoding_thread = threading.get_ident()
             try:
@@ -86,13 +91,19 @@ class TargetModel:
         device; each layer then moves what it reads to its own device."""
         first = next(self.model.parameters())
         self._device, self._dtype = first.device, first.dtype
-        self.grouped_sdpa = grouped_sdpa_helps(self.model)  # masked forwards pass grouped KV heads as they are (kv.grouped_sdpa)
+        self.grouped_sdpa = grouped_sdpa_helps(
+            self.model
+        )  # masked forwards pass grouped KV heads as they are (kv.grouped_sdpa)
         if getattr(self.model, "hf_device_map", None):
             emb = self.model.get_input_embeddings()
             hook = getattr(emb, "_hf_hook", None)
             device = getattr(hook, "execution_device", None) if hook is not None else None
             weight = emb.weight.device
-            self._device = torch.device(device) if device is not None else (weight if weight.type != "meta" else torch.device("cpu"))
+            self._device = (
+                torch.device(device)
+                if device is not None
+                else (weight if weight.type != "meta" else torch.device("cpu"))
+            )
 
     @property
     def device(self) -> torch.device:
@@ -139,7 +150,7 @@ class TargetModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     @classmethod
-    def load(cls, name_or_path: str, trust_remote_code: bool = False, **kwargs: Any) -> "TargetModel":
+    def load(cls, name_or_path: str, trust_remote_code: bool = False, **kwargs: Any) -> TargetModel:
         """Load model and tokenizer by alias, local path or hub id (see ``treespec.models``); the
         model's own code from the hub runs only with ``trust_remote_code=True``. ``kwargs``: ``device``,
         ``dtype``, or ``device_map`` / ``max_memory`` / ``offload_folder`` to split the model across
@@ -180,7 +191,9 @@ class TargetModel:
         return hidden[0] if hidden is not None else None
 
     @torch.inference_mode()
-    def forward_tree(self, tt: TreeTensors, want_hidden: bool | tuple[int, ...] = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_tree(
+        self, tt: TreeTensors, want_hidden: bool | tuple[int, ...] = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward over every tree node. Returns logits [N, V] (row i: the target's next-token
         logits after node i's path) and, if asked, hidden states (``hidden_of``)."""
         n = int(tt.input_ids.shape[0])
@@ -225,7 +238,7 @@ class TargetModel:
     @property
     def hidden_size(self) -> int:
         cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
-        return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
+        return int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
 
     @torch.inference_mode()
     def commit(self, nodes: torch.Tensor) -> None:

@@ -26,7 +26,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

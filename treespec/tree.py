@@ -53,13 +53,25 @@ class DraftTree:
         self._q = np.zeros(capacity, dtype=np.float32)
         self._phat = np.zeros(capacity, dtype=np.float32)
         self._anc = np.zeros((capacity, capacity), dtype=np.bool_)  # [C, C] ancestors[i, j]
-        self._tokens[0], self._parents[0], self._q[0], self._phat[0], self._anc[0, 0] = int(root_token), -1, 1.0, 1.0, True
+        self._tokens[0], self._parents[0], self._q[0], self._phat[0], self._anc[0, 0] = (
+            int(root_token),
+            -1,
+            1.0,
+            1.0,
+            True,
+        )
         self._depth = 0
 
     # ------------------------------------------------------------------ the arrays, as tensors
-    tokens = property(lambda self: torch.from_numpy(self._tokens[: self._n]), lambda self, v: self._set("_tokens", v))  # [N]
-    parents = property(lambda self: torch.from_numpy(self._parents[: self._n]), lambda self, v: self._set("_parents", v))  # [N]
-    depths = property(lambda self: torch.from_numpy(self._depths[: self._n]), lambda self, v: self._set("_depths", v))  # [N]
+    tokens = property(
+        lambda self: torch.from_numpy(self._tokens[: self._n]), lambda self, v: self._set("_tokens", v)
+    )  # [N]
+    parents = property(
+        lambda self: torch.from_numpy(self._parents[: self._n]), lambda self, v: self._set("_parents", v)
+    )  # [N]
+    depths = property(
+        lambda self: torch.from_numpy(self._depths[: self._n]), lambda self, v: self._set("_depths", v)
+    )  # [N]
     q = property(lambda self: torch.from_numpy(self._q[: self._n]), lambda self, v: self._set("_q", v))  # [N]
     phat = property(lambda self: torch.from_numpy(self._phat[: self._n]), lambda self, v: self._set("_phat", v))  # [N]
 
@@ -137,7 +149,7 @@ class DraftTree:
         self.draw_dist = dist if self.draw_dist is None else torch.cat([self.draw_dist, dist.to(self.draw_dist)])
         self.draw_row[nodes] = torch.arange(start, start + nodes.numel(), device=nodes.device)
 
-    def select(self, keep: torch.Tensor) -> "DraftTree":
+    def select(self, keep: torch.Tensor) -> DraftTree:
         """The subtree made of the node ids in ``keep`` (which must hold the root and be closed under
         parents), re-indexed in the original order."""
         idx = np.sort(_host(keep, np.int64))  # ascending
@@ -217,9 +229,12 @@ class DraftTree:
 
         if self._n == 1:  # the root alone (a plain step) sees every cached row and itself
             return TreeTensors(
-                input_ids=self.tokens, position_ids=torch.tensor([past_len]),
-                attention_mask=torch.zeros(1, 1, 1, past_len + 1, dtype=dtype), parents=self.parents,
-                depths=self.depths, ancestors=torch.ones(1, 1, dtype=torch.bool),
+                input_ids=self.tokens,
+                position_ids=torch.tensor([past_len]),
+                attention_mask=torch.zeros(1, 1, 1, past_len + 1, dtype=dtype),
+                parents=self.parents,
+                depths=self.depths,
+                ancestors=torch.ones(1, 1, dtype=torch.bool),
             )
         anc = self.ancestors  # [N, N]
         mask = tree_mask(past_len, anc, dtype)  # [N, P+N]: the whole committed prefix, then own ancestors
@@ -272,7 +287,7 @@ class DraftTree:
         return f"DraftTree(nodes={len(self)}, depth={self.depth}, E(A)={self.expected_accepted():.3f})"
 
 
-def _host(values: "torch.Tensor | np.ndarray | list[int] | list[float]", dtype: type) -> np.ndarray:
+def _host(values: torch.Tensor | np.ndarray | list[int] | list[float], dtype: type) -> np.ndarray:
     """A flat host (numpy) copy or view of ``values`` with ``dtype``."""
     if isinstance(values, torch.Tensor):
         values = values.detach()

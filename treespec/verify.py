@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -82,7 +82,7 @@ def greedy_rows(trees: list[TreeTensors], logits: torch.Tensor) -> list[Acceptan
 def sampling_verify(
     tt: TreeTensors,
     logits: torch.Tensor,
-    params: "SamplingParams",
+    params: SamplingParams,
     generator: torch.Generator,
     rule: str = "auto",
 ) -> Acceptance:
@@ -234,7 +234,9 @@ def _ranked_rates(parents: torch.Tensor, tokens: torch.Tensor, probs: torch.Tens
     par = parents.clamp(min=0)
     ids = torch.arange(N, device=dev)
     child = parents >= 0  # [N]
-    sib_before = (par[:, None] == par[None, :]) & (ids[None, :] < ids[:, None]) & child[:, None] & child[None, :]  # [N, N]
+    sib_before = (
+        (par[:, None] == par[None, :]) & (ids[None, :] < ids[:, None]) & child[:, None] & child[None, :]
+    )  # [N, N]
     rows = torch.arange(B, device=dev)[:, None]
     pt = probs[rows, par[None, :], tokens].to(torch.float64)  # [B, N] p_parent(token)
     dup = ((tokens[:, :, None] == tokens[:, None, :]) & sib_before[None]).any(dim=-1)  # [B, N]

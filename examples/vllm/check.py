@@ -61,11 +61,17 @@ def worker_treespec(args: argparse.Namespace) -> None:
     job = json.loads(Path(args.job).read_text())
     eagle3 = "speculators_model_type" in json.loads((Path(args.head_dir) / "config.json").read_text())
     if args.config == "treespec-chain" and eagle3:  # the export itself, loaded as vLLM loads it
-        dec = treespec.Decoder(args.target, drafter="eagle3", drafter_options={"head": str(args.head_dir)}, builder="chain",
-                               builder_options={"k": args.k})
+        dec = treespec.Decoder(
+            args.target,
+            drafter="eagle3",
+            drafter_options={"head": str(args.head_dir)},
+            builder="chain",
+            builder_options={"k": args.k},
+        )
     elif args.config == "treespec-chain":
-        dec = treespec.Decoder(args.target, drafter="eagle", drafter_options={"vocab": 0}, builder="chain",
-                               builder_options={"k": args.k})
+        dec = treespec.Decoder(
+            args.target, drafter="eagle", drafter_options={"vocab": 0}, builder="chain", builder_options={"k": args.k}
+        )
     else:  # `treespec run`'s default for the target
         dec = treespec.Decoder(args.target, drafter="eagle", builder="opt-tree", builder_options={"nodes": "auto"})
     dec.generate(job["prompts"][0][:32], max_new_tokens=8)  # warm-up
@@ -76,8 +82,16 @@ def worker_treespec(args: argparse.Namespace) -> None:
         out = dec.generate(ids, max_new_tokens=args.max_new_tokens)
         seconds = time.perf_counter() - t0
         steps = [s for s in out.stats.steps if s.tree_size > 0]
-        rows.append({"index": i, "tokens": out.token_ids, "seconds": seconds, "drafting_steps": len(steps),
-                     "accepted": sum(s.accepted for s in steps), "steps": len(out.stats.steps)})
+        rows.append(
+            {
+                "index": i,
+                "tokens": out.token_ids,
+                "seconds": seconds,
+                "drafting_steps": len(steps),
+                "accepted": sum(s.accepted for s in steps),
+                "steps": len(out.stats.steps),
+            }
+        )
     Path(args.out).write_text(json.dumps(rows))
 
 
@@ -99,13 +113,27 @@ def worker_vllm(args: argparse.Namespace) -> None:
         spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     elif args.config == "vllm-eagle":
         cfg = json.loads((Path(args.head_dir) / "config.json").read_text())
-        spec = {"method": "eagle3" if "speculators_model_type" in cfg else "eagle", "model": str(Path(args.head_dir).resolve()),
-                "num_speculative_tokens": args.k}
-    llm = LLM(model=job["target_folder"], dtype="float32", max_model_len=4096, enforce_eager=True,
-              gpu_memory_utilization=args.memory, speculative_config=spec, disable_log_stats=False, seed=0)
+        spec = {
+            "method": "eagle3" if "speculators_model_type" in cfg else "eagle",
+            "model": str(Path(args.head_dir).resolve()),
+            "num_speculative_tokens": args.k,
+        }
+    llm = LLM(
+        model=job["target_folder"],
+        dtype="float32",
+        max_model_len=4096,
+        enforce_eager=True,
+        gpu_memory_utilization=args.memory,
+        speculative_config=spec,
+        disable_log_stats=False,
+        seed=0,
+    )
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
-    llm.generate([TokensPrompt(prompt_token_ids=job["prompts"][0][:32])], SamplingParams(temperature=0.0, max_tokens=8),
-                 use_tqdm=False)  # warm-up
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=job["prompts"][0][:32])],
+        SamplingParams(temperature=0.0, max_tokens=8),
+        use_tqdm=False,
+    )  # warm-up
     rows = []
     for i in job["indices"]:
         before = _spec_counters(llm) if spec else {}
@@ -114,9 +142,16 @@ def worker_vllm(args: argparse.Namespace) -> None:
         seconds = time.perf_counter() - t0
         after = _spec_counters(llm) if spec else {}
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-        rows.append({"index": i, "tokens": list(out.outputs[0].token_ids), "seconds": seconds,
-                     "drafting_steps": delta.get("num_drafts", 0.0), "accepted": delta.get("num_accepted_tokens", 0.0),
-                     "draft_tokens": delta.get("num_draft_tokens", 0.0)})
+        rows.append(
+            {
+                "index": i,
+                "tokens": list(out.outputs[0].token_ids),
+                "seconds": seconds,
+                "drafting_steps": delta.get("num_drafts", 0.0),
+                "accepted": delta.get("num_accepted_tokens", 0.0),
+                "draft_tokens": delta.get("num_draft_tokens", 0.0),
+            }
+        )
     Path(args.out).write_text(json.dumps(rows))
 
 
@@ -146,12 +181,20 @@ def summarise(rows: dict[str, list[dict]], prompts: int) -> dict[str, dict]:
         for r in rs:
             want = ref.get(r["index"])
             if want is not None and want != r["tokens"]:
-                at = next((j for j, (a, b) in enumerate(zip(want, r["tokens"])) if a != b), min(len(want), len(r["tokens"])))
+                at = next(
+                    (j for j, (a, b) in enumerate(zip(want, r["tokens"])) if a != b), min(len(want), len(r["tokens"]))
+                )
                 first_diff[r["index"]] = at
-        out[name] = {"prompts": len(rs), "tokens": tokens, "seconds": round(seconds, 2),
-                     "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
-                     "tau": round(1 + acc / drafts, 3) if drafts else None, "drafting_steps": drafts,
-                     "identical_to_vllm": f"{len(same)}/{len(rs)}", "first_difference_at": first_diff}
+        out[name] = {
+            "prompts": len(rs),
+            "tokens": tokens,
+            "seconds": round(seconds, 2),
+            "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
+            "tau": round(1 + acc / drafts, 3) if drafts else None,
+            "drafting_steps": drafts,
+            "identical_to_vllm": f"{len(same)}/{len(rs)}",
+            "first_difference_at": first_diff,
+        }
     return out
 
 
@@ -170,8 +213,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--memory", type=float, default=0.12, help="vLLM CPU: the share of RAM for its KV cache")
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--vllm-preload", default="", help="LD_PRELOAD for the vLLM workers only, e.g. "
-                    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:VENV/lib/libiomp5.so (vLLM CPU asks for both)")
+    ap.add_argument(
+        "--vllm-preload",
+        default="",
+        help="LD_PRELOAD for the vLLM workers only, e.g. "
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:VENV/lib/libiomp5.so (vLLM CPU asks for both)",
+    )
     ap.add_argument("--out", default="check.json")
     args = ap.parse_args()
     if args.worker == "prompts":
@@ -188,33 +235,73 @@ def main() -> None:
     log = work / "log.txt"
     common = ["--target", args.target, "--max-new-tokens", str(args.max_new_tokens), "--k", str(args.k)]
     prompts = work / "prompts.json"
-    run([args.treespec_python, str(HERE), "--worker", "prompts", "--target", args.target, "--limit", str(args.limit),
-         "--out", str(prompts)] + (["--data-dir", args.data_dir] if args.data_dir else []), log)
+    run(
+        [
+            args.treespec_python,
+            str(HERE),
+            "--worker",
+            "prompts",
+            "--target",
+            args.target,
+            "--limit",
+            str(args.limit),
+            "--out",
+            str(prompts),
+        ]
+        + (["--data-dir", args.data_dir] if args.data_dir else []),
+        log,
+    )
     data = json.loads(prompts.read_text())
     n = len(data["prompts"])
     configs = [c for c in args.configs.split(",") if c]
     rows: dict[str, list[dict]] = {c: [] for c in configs}
     load = [os.getloadavg()]
     for r in range(args.rounds):
-        for c in (configs if r % 2 == 0 else configs[::-1]):
+        for c in configs if r % 2 == 0 else configs[::-1]:
             job = work / f"job-{c}-{r}.json"
             job.write_text(json.dumps({**data, "indices": list(range(r, n, args.rounds))}))
             res = work / f"rows-{c}-{r}.json"
             py = args.treespec_python if c.startswith("treespec") else sys.executable
             kind = "treespec" if c.startswith("treespec") else "vllm"
-            run([py, str(HERE), "--worker", kind, "--config", c, "--job", str(job), "--out", str(res),
-                 "--head-dir", args.head_dir, "--memory", str(args.memory)] + common, log,
-                args.vllm_preload if kind == "vllm" else "")
+            run(
+                [
+                    py,
+                    str(HERE),
+                    "--worker",
+                    kind,
+                    "--config",
+                    c,
+                    "--job",
+                    str(job),
+                    "--out",
+                    str(res),
+                    "--head-dir",
+                    args.head_dir,
+                    "--memory",
+                    str(args.memory),
+                ]
+                + common,
+                log,
+                args.vllm_preload if kind == "vllm" else "",
+            )
             rows[c] += json.loads(res.read_text())
             load.append(os.getloadavg())
             print(f"round {r + 1}/{args.rounds}: {c} done (load {load[-1][0]:.1f})", file=sys.stderr, flush=True)
     summary = summarise(rows, n)
-    record = {"settings": vars(args), "prompts": n, "prompt_ids": data["ids"], "load_averages": load, "summary": summary}
+    record = {
+        "settings": vars(args),
+        "prompts": n,
+        "prompt_ids": data["ids"],
+        "load_averages": load,
+        "summary": summary,
+    }
     out.write_text(json.dumps(record, indent=1))
     print("| configuration | tokens/s | τ | greedy text identical to vLLM |\n|---|---|---|---|")
     for c, s in summary.items():
         print(f"| {c} | {s['tokens_per_second']} | {s['tau'] or '—'} | {s['identical_to_vllm']} |")
-    print(f"load average (1 min) during the run: {min(x[0] for x in load):.1f}–{max(x[0] for x in load):.1f}; wrote {out}")
+    print(
+        f"load average (1 min) during the run: {min(x[0] for x in load):.1f}–{max(x[0] for x in load):.1f}; wrote {out}"
+    )
 
 
 if __name__ == "__main__":

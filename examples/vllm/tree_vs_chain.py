@@ -35,8 +35,13 @@ def main() -> None:
     shapes = {"vllm tree": tree["paths"], f"chain of {tree['nodes']}": [[0] * d for d in range(1, tree["nodes"] + 1)]}
     results = {}
     for name, paths in shapes.items():
-        dec = treespec.Decoder(args.target, drafter="eagle", drafter_options={"vocab": 0, "head": str(Path(args.export))},
-                               builder="static", builder_options={"shape": json.dumps(paths)})
+        dec = treespec.Decoder(
+            args.target,
+            drafter="eagle",
+            drafter_options={"vocab": 0, "head": str(Path(args.export))},
+            builder="static",
+            builder_options={"shape": json.dumps(paths)},
+        )
         steps = accepted = 0
         for item in load_prompts("mt-bench", None, args.limit):
             out = dec.generate(format_turns(dec.target.tokenizer, item, []), max_new_tokens=args.max_new_tokens)

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -61,8 +62,17 @@ class BatchConfig:
 
 
 class BatchBench:
-    def __init__(self, target: str, drafters: list[str], builders: list[str], sizes: list[int], max_new_tokens: int = 128,
-                 device: str | None = None, dtype: str | None = None, placement: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        target: str,
+        drafters: list[str],
+        builders: list[str],
+        sizes: list[int],
+        max_new_tokens: int = 128,
+        device: str | None = None,
+        dtype: str | None = None,
+        placement: dict[str, Any] | None = None,
+    ):
         self.sizes, self.max_new = sizes, max_new_tokens
         self.target = TargetModel.load(target, device=device, dtype=dtype, **(placement or {}))
         self.target_name = target
@@ -71,16 +81,22 @@ class BatchBench:
             for d_name, d_opts in parse_spec(spec):
                 name, opts = resolve_drafter_name(d_name, d_opts)
                 for b_name, b_opts in (v for s in builders for v in parse_spec(s)):
-                    label = " ".join([b_name, *(f"{k}={v}" for k, v in b_opts.items())]) + " | " + \
-                        " ".join([d_name, *(f"{k}={v}" for k, v in d_opts.items())])
+                    label = (
+                        " ".join([b_name, *(f"{k}={v}" for k, v in b_opts.items())])
+                        + " | "
+                        + " ".join([d_name, *(f"{k}={v}" for k, v in d_opts.items())])
+                    )
                     self.configs.append(BatchConfig(label, "treespec", self._treespec(name, opts, b_name, b_opts)))
-        self.refills = [BatchConfig(c.label + " | refill", "treespec-refill", c.run) for c in self.configs
-                        if c.kind == "treespec"]
+        self.refills = [
+            BatchConfig(c.label + " | refill", "treespec-refill", c.run) for c in self.configs if c.kind == "treespec"
+        ]
 
     def _treespec(self, name: str, opts: dict[str, Any], b_name: str, b_opts: dict[str, Any]) -> Callable:
         from treespec.decoder import Decoder
 
-        dec = Decoder(self.target, drafter=make_drafter(name, opts, self.target), builder=b_name, builder_options=b_opts)
+        dec = Decoder(
+            self.target, drafter=make_drafter(name, opts, self.target), builder=b_name, builder_options=b_opts
+        )
 
         def run(prompts: list[list[int]], max_new: int, rows: int | None = None) -> BatchRun:
             calls = [0]
@@ -92,8 +108,15 @@ class BatchBench:
             finally:
                 hook.remove()
             steps = [st for o in outs for st in o.stats.steps]
-            return BatchRun(sum(len(o.token_ids) for o in outs), seconds, calls[0], [o.token_ids for o in outs], rss_mb(),
-                            sum(st.tree_size for st in steps), len(steps))
+            return BatchRun(
+                sum(len(o.token_ids) for o in outs),
+                seconds,
+                calls[0],
+                [o.token_ids for o in outs],
+                rss_mb(),
+                sum(st.tree_size for st in steps),
+                len(steps),
+            )
 
         return run
 
@@ -107,8 +130,9 @@ class BatchBench:
         try:
             t = time.perf_counter()
             with torch.inference_mode(), threads.following():  # as treespec's rows do
-                gen = model.generate(ids.to(dev), attention_mask=att.to(dev), do_sample=False, max_new_tokens=max_new,
-                                     pad_token_id=pad)[:, ids.shape[1]:].cpu()
+                gen = model.generate(
+                    ids.to(dev), attention_mask=att.to(dev), do_sample=False, max_new_tokens=max_new, pad_token_id=pad
+                )[:, ids.shape[1] :].cpu()
             seconds = time.perf_counter() - t
         finally:
             hook.remove()
@@ -118,8 +142,12 @@ class BatchBench:
             outs.append(row[: stop + 1] if stop is not None else row)
         return BatchRun(sum(len(o) for o in outs), seconds, calls[0], outs, rss_mb())
 
-    def run(self, prompts: list[list[int]], progress: Callable[[str], None] = lambda _: None,
-            on_rows: Callable[[list[dict[str, Any]]], None] = lambda _: None) -> list[dict[str, Any]]:
+    def run(
+        self,
+        prompts: list[list[int]],
+        progress: Callable[[str], None] = lambda _: None,
+        on_rows: Callable[[list[dict[str, Any]]], None] = lambda _: None,
+    ) -> list[dict[str, Any]]:
         """Every configuration at every batch size; returns the rows of results.json. ``on_rows(rows so
         far)`` is called when a batch size is done (its rows are complete), e.g. to save partial results."""
         rows: list[dict[str, Any]] = []
@@ -135,7 +163,7 @@ class BatchBench:
                 self.warmup[(c.label, b)] = time.perf_counter() - t
             for start in range(0, len(prompts), b):
                 chunk = prompts[start : start + b]
-                order = self.configs[n % len(self.configs):] + self.configs[: n % len(self.configs)]
+                order = self.configs[n % len(self.configs) :] + self.configs[: n % len(self.configs)]
                 n += 1
                 for c in order:
                     runs[c.label].append((start, c.run(chunk, self.max_new)))
@@ -144,14 +172,19 @@ class BatchBench:
                 runs[c.label] = [(0, c.run(prompts, self.max_new, b))]
                 progress(f"B={b} {c.label[:40]}")
             if reference is None:  # the hf-greedy row at B = 1 ran exactly that
-                reference = ([o for _, r in runs["hf-greedy"] for o in r.outputs] if b == 1
-                             else [self._hf([p], self.max_new).outputs[0] for p in prompts])
+                reference = (
+                    [o for _, r in runs["hf-greedy"] for o in r.outputs]
+                    if b == 1
+                    else [self._hf([p], self.max_new).outputs[0] for p in prompts]
+                )
                 progress("references")
             rows += self._rows(b, runs, reference)
             on_rows(rows)
         return rows
 
-    def _rows(self, b: int, runs: dict[str, list[tuple[int, BatchRun]]], reference: list[list[int]]) -> list[dict[str, Any]]:
+    def _rows(
+        self, b: int, runs: dict[str, list[tuple[int, BatchRun]]], reference: list[list[int]]
+    ) -> list[dict[str, Any]]:
         """The rows of batch size ``b``: every configuration's totals, exactness against ``reference``
         and speed against Hugging Face's batched greedy at the same size."""
         rows = []
@@ -160,13 +193,27 @@ class BatchBench:
             outs = [o for start, r in got for o in r.outputs]
             tokens, seconds = sum(r.tokens for _, r in got), sum(r.seconds for _, r in got)
             mism = sum(o != ref for o, ref in zip(outs, reference))
-            rows.append({"config": c.label, "kind": c.kind, "batch_size": b, "new_tokens": tokens, "seconds": seconds,
-                         "tokens_per_s": tokens / seconds if seconds else None,
-                         "forwards": sum(r.forwards for _, r in got), "mismatches": mism, "lossless": mism == 0,
-                         "nodes_per_row_step": (sum(r.nodes for _, r in got) / sum(r.row_steps for _, r in got)
-                                                if sum(r.row_steps for _, r in got) else None),
-                         "peak_rss_mb": max(r.rss for _, r in got), "rss_growth_mb": got[-1][1].rss - got[0][1].rss,
-                         "warmup_seconds": self.warmup.get((c.label.removesuffix(" | refill"), b))})
+            rows.append(
+                {
+                    "config": c.label,
+                    "kind": c.kind,
+                    "batch_size": b,
+                    "new_tokens": tokens,
+                    "seconds": seconds,
+                    "tokens_per_s": tokens / seconds if seconds else None,
+                    "forwards": sum(r.forwards for _, r in got),
+                    "mismatches": mism,
+                    "lossless": mism == 0,
+                    "nodes_per_row_step": (
+                        sum(r.nodes for _, r in got) / sum(r.row_steps for _, r in got)
+                        if sum(r.row_steps for _, r in got)
+                        else None
+                    ),
+                    "peak_rss_mb": max(r.rss for _, r in got),
+                    "rss_growth_mb": got[-1][1].rss - got[0][1].rss,
+                    "warmup_seconds": self.warmup.get((c.label.removesuffix(" | refill"), b)),
+                }
+            )
         hf = next(r for r in rows if r["kind"] == "hf-greedy")
         for row in rows:
             row["vs_hf"] = row["tokens_per_s"] / hf["tokens_per_s"] if hf["tokens_per_s"] else None
@@ -175,15 +222,19 @@ class BatchBench:
 
 def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
     """The throughput table of a batch run (report.markdown)."""
-    out = ["| config | batch | tokens/s | × HF batched greedy | target forwards | drafted nodes per row-step | "
-           "lossless vs own greedy | peak RSS MiB | RSS growth MiB |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| config | batch | tokens/s | × HF batched greedy | target forwards | drafted nodes per row-step | "
+        "lossless vs own greedy | peak RSS MiB | RSS growth MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         cell = r["config"].replace("|", "\\|")
         same = "yes" if r["lossless"] else "no ({} rows differ)".format(r["mismatches"])
         nodes = f"{r['nodes_per_row_step']:.1f}" if r.get("nodes_per_row_step") is not None else "—"
-        out.append(f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {r['vs_hf']:.2f} | {r['forwards']} | {nodes} | "
-                   f"{same} | {r['peak_rss_mb']:.0f} | {r['rss_growth_mb']:+.0f} |")
+        out.append(
+            f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {r['vs_hf']:.2f} | {r['forwards']} | {nodes} | "
+            f"{same} | {r['peak_rss_mb']:.0f} | {r['rss_growth_mb']:+.0f} |"
+        )
     return out
 
 
@@ -216,6 +267,6 @@ def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Te
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [B, W]
     att = torch.zeros(len(prompts), width, dtype=torch.long)  # [B, W]
     for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p)
-        att[r, width - len(p):] = 1
+        ids[r, width - len(p) :] = torch.tensor(p)
+        att[r, width - len(p) :] = 1
     return ids, att

@@ -72,8 +72,10 @@ def load_prompts(
         wanted = [c.strip() for c in category.split(",") if c.strip()]
         missing = [c for c in wanted if c not in cats]
         if missing:
-            raise ConfigError(f"dataset {dataset!r} has no category {', '.join(map(repr, missing))}; "
-                              f"categories: {', '.join(cats) or 'none'}")
+            raise ConfigError(
+                f"dataset {dataset!r} has no category {', '.join(map(repr, missing))}; "
+                f"categories: {', '.join(cats) or 'none'}"
+            )
         items = [i for i in items if i.category in wanted]
     if not items:
         raise ConfigError(f"dataset {dataset!r} ({path}) holds no prompts")
@@ -86,8 +88,10 @@ def _mix(folder: Path, limit: int | None) -> list[PromptItem]:
     need = [folder / f for f in ("tinystories_val.txt", "gsm8k_test.jsonl", "spec_bench.jsonl")]
     missing = [p.name for p in need if not p.is_file()]
     if missing:
-        raise ConfigError(f"dataset {MIX!r} is made from {', '.join(missing)}, not found in {folder}; "
-                          "point --data-dir (or TREESPEC_DATA_DIR) at the folder holding them")
+        raise ConfigError(
+            f"dataset {MIX!r} is made from {', '.join(missing)}, not found in {folder}; "
+            "point --data-dir (or TREESPEC_DATA_DIR) at the folder holding them"
+        )
     rows = instruct_mix(folder, size=max(SIZE, limit or 0))
     return [PromptItem(r["id"], r["turns"], r["category"]) for r in rows][: limit or None]
 
@@ -108,7 +112,10 @@ def _parse(path: Path, fmt: str) -> list[PromptItem]:
     if path.suffix == ".txt":
         blocks = [b.strip() for b in path.read_text(encoding="utf-8").split("\n\n") if b.strip()]
         if fmt == "story":
-            return [PromptItem(f"story-{i}", [" ".join(b.split()[:STORY_PROMPT_WORDS])], raw=True) for i, b in enumerate(blocks)]
+            return [
+                PromptItem(f"story-{i}", [" ".join(b.split()[:STORY_PROMPT_WORDS])], raw=True)
+                for i, b in enumerate(blocks)
+            ]
         return [PromptItem(f"{path.stem}-{i}", [b], raw=True) for i, b in enumerate(blocks)]
     return [_record(row, n - 1, path) for n, row in json_lines(path, "dataset file")]
 
@@ -119,14 +126,18 @@ def _record(row: dict[str, Any], n: int, path: Path) -> PromptItem:
     if "turns" in row:
         turns = row["turns"]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-            raise ConfigError(f"{path} line {n + 1}: 'turns' must be a non-empty list of texts, got "
-                              f'{json.dumps(turns)[:60]}: give "turns": ["first user turn", ...]')
+            raise ConfigError(
+                f"{path} line {n + 1}: 'turns' must be a non-empty list of texts, got "
+                f'{json.dumps(turns)[:60]}: give "turns": ["first user turn", ...]'
+            )
         return PromptItem(rid, turns, cat)
     for key in ("question", "prompt", "text"):
         if key in row:
             if not isinstance(row[key], str):  # {"prompt": null} was decoded as the prompt "None"
-                raise ConfigError(f"{path} line {n + 1}: {key!r} must be text, got {json.dumps(row[key])[:60]}: give "
-                                  f'"{key}": "..." (or drop the line)')
+                raise ConfigError(
+                    f"{path} line {n + 1}: {key!r} must be text, got {json.dumps(row[key])[:60]}: give "
+                    f'"{key}": "..." (or drop the line)'
+                )
             return PromptItem(rid, [row[key]], cat, raw=key == "text" or (key == "prompt" and "task_id" in row))
     raise ConfigError(f"{path} line {n + 1}: no 'turns', 'question', 'prompt' or 'text' field")
 
@@ -134,7 +145,7 @@ def _record(row: dict[str, Any], n: int, path: Path) -> PromptItem:
 #: how ``treespec bench --chat`` asks an instruct model for a completion prompt's continuation
 CHAT_REQUESTS = {
     "humaneval": "Complete the following Python function. Reply with the whole function in a code block.\n\n"
-                 "```python\n{prompt}```",
+    "```python\n{prompt}```",
     "": "Continue the following text.\n\n{prompt}",
 }
 

@@ -13,7 +13,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from treespec.errors import ConfigError
 
@@ -36,9 +36,15 @@ def background_load(n: int) -> Iterator[list[subprocess.Popen]]:
     procs: list[subprocess.Popen] = []
     try:
         for _ in range(n):
-            procs.append(subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          env={**os.environ, "PYTHONPATH": ""}))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", SPIN],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONPATH": ""},
+                )
+            )
         yield procs
     finally:
         for p in procs:

@@ -39,7 +39,9 @@ def summary(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
         "plain_share": 1 - len(spec) / len(planned),
         "predicted_ms": 1000 * statistics.mean(s["predicted_seconds"] for s in planned),
         "measured_ms": 1000 * statistics.mean(s["t_wall"] for s in planned),
-        "fit_error": statistics.mean(abs(s["predicted_seconds"] - s["t_wall"]) / s["t_wall"] for s in planned if s["t_wall"] > 0),
+        "fit_error": statistics.mean(
+            abs(s["predicted_seconds"] - s["t_wall"]) / s["t_wall"] for s in planned if s["t_wall"] > 0
+        ),
         "planned_expected": expected,
         "accepted": accepted,
         "calibration": expected / accepted if accepted > 0 else None,
@@ -66,7 +68,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for r in planned:
         p = r["plan"]
-        cal = f"{p['planned_expected']:.2f} / {p['accepted']:.2f} ({p['calibration']:.2f}×)" if p["calibration"] else "–"
+        cal = (
+            f"{p['planned_expected']:.2f} / {p['accepted']:.2f} ({p['calibration']:.2f}×)" if p["calibration"] else "–"
+        )
         share = f"{p['planner_share']:.1%}" if p["planner_share"] is not None else "–"
         lines.append(
             f"| {r['config'].replace('|', chr(92) + '|')} | {p['mean_nodes']:.1f} ({p['mean_nodes_speculative']:.1f}) | "
@@ -91,7 +95,9 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]], budget:
     fixed = [r for r in result["rows"] if r["builder"] and not r.get("plan") and budget(r) is not None]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for builder, drafter in sorted({(r["builder"], r["drafter"]) for r in fixed}):
-        pts = sorted((budget(r), r["tokens_per_s"]) for r in fixed if r["builder"] == builder and r["drafter"] == drafter)
+        pts = sorted(
+            (budget(r), r["tokens_per_s"]) for r in fixed if r["builder"] == builder and r["drafter"] == drafter
+        )
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{builder} | {drafter}")
     greedy = next((r["tokens_per_s"] for r in result["rows"] if r["config"] in ("hf-greedy", "hf-sample")), None)
     if greedy:
@@ -121,12 +127,16 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     greedy = next((r for r in rows if r["config"] in ("hf-greedy", "hf-sample")), None)
     for r in (r for r in rows if r.get("plan")):
-        fixed = [o for o in rows if o["drafter"] == r["drafter"] and o["builder"] and not o.get("plan") and o["tokens_per_s"]]
+        fixed = [
+            o for o in rows if o["drafter"] == r["drafter"] and o["builder"] and not o.get("plan") and o["tokens_per_s"]
+        ]
         best = max(fixed, key=lambda o: o["tokens_per_s"], default=None)
         parts = [f"- {r['config']}: {r['tokens_per_s']:.0f} tokens/s"]
         if best is not None:
-            parts.append(f"{r['tokens_per_s'] / best['tokens_per_s']:.2f}× the best fixed row ({best['config']}, "
-                         f"{best['tokens_per_s']:.0f})")
+            parts.append(
+                f"{r['tokens_per_s'] / best['tokens_per_s']:.2f}× the best fixed row ({best['config']}, "
+                f"{best['tokens_per_s']:.0f})"
+            )
         if greedy and greedy["tokens_per_s"]:
             parts.append(f"{r['tokens_per_s'] / greedy['tokens_per_s']:.2f}× {greedy['config']}")
         p = r["plan"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ def environment() -> dict[str, Any]:
     except OSError:
         pass
     return {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -86,7 +86,9 @@ def print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{result['dataset']} · {result['prompts']} prompts · {result['max_new_tokens']} new tokens · {result['target']}")
+    table = Table(
+        title=f"{result['dataset']} · {result['prompts']} prompts · {result['max_new_tokens']} new tokens · {result['target']}"
+    )
     for title, _, _ in COLUMNS:
         table.add_column(title, justify="left" if title == "config" else "right", no_wrap=True)
     for row in result["rows"]:
@@ -123,7 +125,7 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list
     files = []
     rows = [r for r in result["rows"] if r["builder"] and budget(r) is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (builder, drafter) in sorted({(r["builder"], r["drafter"]) for r in rows}):
+    for builder, drafter in sorted({(r["builder"], r["drafter"]) for r in rows}):
         pts = sorted((budget(r), r["tau"]) for r in rows if r["builder"] == builder and r["drafter"] == drafter)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{builder} | {drafter}")
     ax.set_xlabel("node budget (nodes / k)")
@@ -154,7 +156,7 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list
             ax.set_title(c, fontsize=7)
             ax.set_xlabel("E(A) = Σ p̂")
             ax.set_ylabel("accepted draft tokens")
-        for ax in list(axes.flat)[len(configs):]:
+        for ax in list(axes.flat)[len(configs) :]:
             ax.axis("off")
         fig.tight_layout()
         files.append(out / "ea_vs_accepted.png")
@@ -184,26 +186,35 @@ def targets(result: dict[str, Any]) -> list[str]:
     rows = result["rows"]
     for drafter in sorted({r["drafter"] for r in rows if r["builder"]}):
         mine = [r for r in rows if r["drafter"] == drafter]
-        opt = [r for r in mine if r["builder"] == "opt-tree" and (r.get("options") or {}).get("nodes") != "auto"
-               and budget(r) is not None]
+        opt = [
+            r
+            for r in mine
+            if r["builder"] == "opt-tree" and (r.get("options") or {}).get("nodes") != "auto" and budget(r) is not None
+        ]
         for other in (r for r in mine if r["builder"] not in (None, "opt-tree") and budget(r) is not None):
             same = [r for r in opt if budget(r) <= budget(other)]
             if not same:
-                lines.append(f"- not measured: no opt-tree row with ≤ {budget(other):g} nodes to compare with {other['config']}")
+                lines.append(
+                    f"- not measured: no opt-tree row with ≤ {budget(other):g} nodes to compare with {other['config']}"
+                )
                 continue
             best = max(same, key=lambda r: (budget(r), r["tau"]))
             gap = best["tau"] - other["tau"]
             # the target is "at equal budget": a smaller opt-tree that wins meets it a fortiori; one that
             # loses to a larger tree says nothing about it
             verdict = "met" if gap >= 0 else "MISSED" if budget(best) == budget(other) else "not at equal budget"
-            lines.append(f"- {verdict}: τ {best['config']} = {best['tau']:.2f} vs {other['config']} = "
-                         f"{other['tau']:.2f} ({gap:+.2f}; {budget(best):g} vs {budget(other):g} nodes)")
+            lines.append(
+                f"- {verdict}: τ {best['config']} = {best['tau']:.2f} vs {other['config']} = "
+                f"{other['tau']:.2f} ({gap:+.2f}; {budget(best):g} vs {budget(other):g} nodes)"
+            )
         for chain in (r for r in mine if r["builder"] == "chain"):
             a = next((r for r in rows if r["config"] == chain.get("assisted_config")), None)
             if a is not None:
                 ok = chain["tokens_per_s"] >= a["tokens_per_s"]
-                lines.append(f"- {'met' if ok else 'MISSED'}: {chain['config']} {chain['tokens_per_s']:.0f} tokens/s vs "
-                             f"{a['config']} {a['tokens_per_s']:.0f} tokens/s")
+                lines.append(
+                    f"- {'met' if ok else 'MISSED'}: {chain['config']} {chain['tokens_per_s']:.0f} tokens/s vs "
+                    f"{a['config']} {a['tokens_per_s']:.0f} tokens/s"
+                )
     for r in rows:
         share = r.get("share_bookkeeping")
         if share is not None and share >= 0.10:
@@ -214,7 +225,9 @@ def targets(result: dict[str, Any]) -> list[str]:
     lines += planning.target_lines(rows)
     lossy = [r["config"] for r in rows if r["lossless"] is False]
     if all(r["lossless"] is None for r in rows):  # sampling: exact in distribution, not token for token
-        lines.append("- lossless: not compared token for token under sampling (exactness in distribution: docs/sampling.md)")
+        lines.append(
+            "- lossless: not compared token for token under sampling (exactness in distribution: docs/sampling.md)"
+        )
     else:
         lines.append(f"- lossless: {'every row' if not lossy else 'NOT ' + ', '.join(lossy)}")
     return lines
@@ -234,7 +247,8 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path, out: Pat
         "output equals `hf-greedy`'s token for token.",
         "",
         "Regenerate this page from the runs' results: `treespec bench-report "
-        + " ".join(os.path.relpath(p.parent, Path.cwd()) for p, _ in results) + f" --out {target}`.",
+        + " ".join(os.path.relpath(p.parent, Path.cwd()) for p, _ in results)
+        + f" --out {target}`.",
         "",
     ]
     for path, res in results:
@@ -274,9 +288,16 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path, out: Pat
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in res["rows"]:
-            shares = (" / ".join(_fmt(r.get(f"share_{p}"), ".0%") for p in ("draft", "verify", "bookkeeping"))
-                      if r.get("share_draft") is not None else "–")
-            settings = "" if r["builder"] else (" (" + ", ".join(f"{k}={v}" for k, v in r["options"].items()) + ")" if r["options"] else "")
+            shares = (
+                " / ".join(_fmt(r.get(f"share_{p}"), ".0%") for p in ("draft", "verify", "bookkeeping"))
+                if r.get("share_draft") is not None
+                else "–"
+            )
+            settings = (
+                ""
+                if r["builder"]
+                else (" (" + ", ".join(f"{k}={v}" for k, v in r["options"].items()) + ")" if r["options"] else "")
+            )
             cell = f"{r['config']}{settings}".replace("|", "\\|")  # a literal pipe inside a table cell
             parts.append(
                 f"| {cell} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'], '.0f')} | {_fmt(r['speedup'])} | "

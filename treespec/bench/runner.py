@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -20,8 +21,8 @@ from treespec import threads
 from treespec.bench import planning
 from treespec.bench.datasets import PromptItem, format_turns
 from treespec.errors import ConfigError
-from treespec.options import parse_spec
 from treespec.factory import make_builder, make_drafter, resolve_drafter_name
+from treespec.options import parse_spec
 from treespec.target import TargetModel
 
 BASELINES = {"hf-greedy", "hf-assisted", "hf-lookup"}
@@ -32,10 +33,18 @@ LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
 def default_baselines(builders: list[str]) -> list[str]:
     """hf-assisted with transformers' defaults, hf-assisted drafting exactly k tokens for every chain k
     (the like-for-like comparison), and hf-lookup."""
-    ks = sorted({int(make_builder(name, opts).config.k) for spec in builders for name, opts in parse_spec(spec)
-                 if name == "chain"})  # through the registry: chain's own default k
-    fixed = [f"hf-assisted num_assistant_tokens={k} num_assistant_tokens_schedule=constant assistant_confidence_threshold=0"
-             for k in ks]
+    ks = sorted(
+        {
+            int(make_builder(name, opts).config.k)
+            for spec in builders
+            for name, opts in parse_spec(spec)
+            if name == "chain"
+        }
+    )  # through the registry: chain's own default k
+    fixed = [
+        f"hf-assisted num_assistant_tokens={k} num_assistant_tokens_schedule=constant assistant_confidence_threshold=0"
+        for k in ks
+    ]
     return ["hf-assisted", *fixed, "hf-lookup"]
 
 
@@ -47,8 +56,11 @@ def _assisted_for(row: dict[str, Any], assisted: list[dict[str, Any]]) -> dict[s
         k = row["options"].get("k")
         for a in same:
             o = a["options"]
-            if o.get("num_assistant_tokens") == k and o.get("num_assistant_tokens_schedule") == "constant" \
-                    and not o.get("assistant_confidence_threshold"):
+            if (
+                o.get("num_assistant_tokens") == k
+                and o.get("num_assistant_tokens_schedule") == "constant"
+                and not o.get("assistant_confidence_threshold")
+            ):
                 return a
     return same[0] if same else None
 
@@ -67,7 +79,7 @@ class Config:
     options: dict[str, Any] = field(default_factory=dict)  # builder options, or the baseline's settings
     drafter: str | None = None  # drafter label
     drafter_options: dict[str, Any] = field(default_factory=dict)
-    run: Callable[[list[int], int, int], "Sample"] | None = field(default=None, repr=False)  # (ids, max_new, seed)
+    run: Callable[[list[int], int, int], Sample] | None = field(default=None, repr=False)  # (ids, max_new, seed)
 
 
 @dataclass
@@ -118,8 +130,9 @@ class Bench:
         hf_drafts = self._add_treespec(drafters, builders, pairs or [])
         self._add_baselines(baselines, hf_drafts)
 
-    def _add_treespec(self, drafters: list[str], builders: list[str],
-                      pairs: list[tuple[str, str]]) -> list[tuple[Any, str, Any]]:
+    def _add_treespec(
+        self, drafters: list[str], builders: list[str], pairs: list[tuple[str, str]]
+    ) -> list[tuple[Any, str, Any]]:
         """One configuration per (builder variant, drafter variant), then per variant of each pair;
         returns the draft models seen, ``((model, layers), drafter label, HF model)``, for the
         assisted-generation baseline."""
@@ -134,18 +147,27 @@ class Bench:
                 if name == "compose":  # a+b: the parts' short names
                     short = "+".join(Path(p).name for p in drafter.config.parts)
                 d_label = _label(short, {k: v for k, v in opts.items() if k not in ("model", "parts")})
-                if getattr(drafter, "model", None) is not None and name == "model" \
-                        and (opts["model"], opts.get("layers")) not in {key for key, _, _ in hf_drafts}:
+                if (
+                    getattr(drafter, "model", None) is not None
+                    and name == "model"
+                    and (opts["model"], opts.get("layers")) not in {key for key, _, _ in hf_drafts}
+                ):
                     hf_drafts.append(((opts["model"], opts.get("layers")), d_label, drafter.model))  # once per model
                 for b_name, b_opts in builder_variants:
                     for rule in self.rules:
                         builder = make_builder(b_name, b_opts)
                         options = dict(builder.config) | ({"rule": rule} if rule else {})
-                        self.configs.append(Config(
-                            f"{_label(b_name, b_opts)} | {d_label}" + (f" | rule={rule}" if rule else ""), "treespec",
-                            b_name, options, d_label, {k: v for k, v in dict(drafter.config).items() if v is not None},
-                            run=self._treespec_runner(drafter, builder, rule),
-                        ))
+                        self.configs.append(
+                            Config(
+                                f"{_label(b_name, b_opts)} | {d_label}" + (f" | rule={rule}" if rule else ""),
+                                "treespec",
+                                b_name,
+                                options,
+                                d_label,
+                                {k: v for k, v in dict(drafter.config).items() if v is not None},
+                                run=self._treespec_runner(drafter, builder, rule),
+                            )
+                        )
         return hf_drafts
 
     def _add_baselines(self, baselines: list[str], hf_drafts: list[tuple[Any, str, Any]]) -> None:
@@ -157,25 +179,43 @@ class Bench:
                 if b_name == "hf-assisted":
                     unknown = set(b_opts) - ASSISTED_KEYS
                     if unknown:
-                        raise ConfigError(f"hf-assisted: unknown setting(s) {sorted(unknown)}; settings: {sorted(ASSISTED_KEYS)}")
+                        raise ConfigError(
+                            f"hf-assisted: unknown setting(s) {sorted(unknown)}; settings: {sorted(ASSISTED_KEYS)}"
+                        )
                     for _, d_label, model in hf_drafts:
                         settings = _assistant_settings(model, b_opts)
-                        short = {"num_assistant_tokens": "k", "num_assistant_tokens_schedule": "schedule",
-                                 "assistant_confidence_threshold": "confidence"}
+                        short = {
+                            "num_assistant_tokens": "k",
+                            "num_assistant_tokens_schedule": "schedule",
+                            "assistant_confidence_threshold": "confidence",
+                        }
                         name = _label("hf-assisted", {short[k]: v for k, v in b_opts.items()})
-                        self.configs.append(Config(f"{name} | {d_label}", "hf-assisted",
-                                                   options=settings, drafter=d_label,
-                                                   run=self._hf_runner({"assistant_model": model}, model, settings)))
+                        self.configs.append(
+                            Config(
+                                f"{name} | {d_label}",
+                                "hf-assisted",
+                                options=settings,
+                                drafter=d_label,
+                                run=self._hf_runner({"assistant_model": model}, model, settings),
+                            )
+                        )
                 elif b_name == "hf-lookup":
                     unknown = set(b_opts) - set(LOOKUP_DEFAULTS)
                     if unknown:
-                        raise ConfigError(f"hf-lookup: unknown setting(s) {sorted(unknown)}; settings: {sorted(LOOKUP_DEFAULTS)}")
+                        raise ConfigError(
+                            f"hf-lookup: unknown setting(s) {sorted(unknown)}; settings: {sorted(LOOKUP_DEFAULTS)}"
+                        )
                     settings = {**LOOKUP_DEFAULTS, **{k: _whole(f"hf-lookup {k}", v) for k, v in b_opts.items()}}
-                    self.configs.append(Config(_label("hf-lookup", b_opts), "hf-lookup", options=settings,
-                                               run=self._hf_runner(settings)))
+                    self.configs.append(
+                        Config(
+                            _label("hf-lookup", b_opts), "hf-lookup", options=settings, run=self._hf_runner(settings)
+                        )
+                    )
 
     # ------------------------------------------------------------------ runners
-    def _treespec_runner(self, drafter: Any, builder: Any, rule: str | None = None) -> Callable[[list[int], int], Sample]:
+    def _treespec_runner(
+        self, drafter: Any, builder: Any, rule: str | None = None
+    ) -> Callable[[list[int], int], Sample]:
         from treespec.decoder import Decoder
 
         dec = Decoder(self.target, drafter=drafter, builder=builder)
@@ -192,10 +232,16 @@ class Bench:
         model = self.target.model
         pad = next(iter(self.target.eos_token_ids), 0)
 
-        sampling = {"do_sample": False} if self.sampling is None else {
-            "do_sample": True, "temperature": self.sampling["temperature"],
-            "top_k": self.sampling.get("top_k") or 0, "top_p": self.sampling.get("top_p", 1.0),
-        }
+        sampling = (
+            {"do_sample": False}
+            if self.sampling is None
+            else {
+                "do_sample": True,
+                "temperature": self.sampling["temperature"],
+                "top_k": self.sampling.get("top_k") or 0,
+                "top_p": self.sampling.get("top_p", 1.0),
+            }
+        )
 
         def run(ids: list[int], max_new: int, seed: int) -> Sample:
             if assistant is not None:  # HF reads the assistant's settings from its generation_config
@@ -208,12 +254,18 @@ class Bench:
                 torch.manual_seed(seed)  # Hugging Face samples from torch's global RNG
                 t = time.perf_counter()
                 with torch.inference_mode(), threads.following():  # as treespec's rows do
-                    out = model.generate(x, attention_mask=torch.ones_like(x), **sampling,
-                                         max_new_tokens=max_new, pad_token_id=pad, **kwargs)
+                    out = model.generate(
+                        x,
+                        attention_mask=torch.ones_like(x),
+                        **sampling,
+                        max_new_tokens=max_new,
+                        pad_token_id=pad,
+                        **kwargs,
+                    )
                 seconds = time.perf_counter() - t
             finally:
                 hook.remove()
-            return Sample(out[0, len(ids):].tolist(), seconds, calls[0])
+            return Sample(out[0, len(ids) :].tolist(), seconds, calls[0])
 
         return run
 
@@ -225,14 +277,19 @@ class Bench:
             return ids[-(limit - self.max_new) :]
         return ids
 
-    def run(self, items: list[PromptItem], on_sample: Callable[[Config, int, Sample, bool], None] | None = None,
-            warmup: bool = True, on_prompt: Callable[[dict[str, list[Sample | None]]], None] | None = None,
-            ) -> dict[str, list[Sample | None]]:
+    def run(
+        self,
+        items: list[PromptItem],
+        on_sample: Callable[[Config, int, Sample, bool], None] | None = None,
+        warmup: bool = True,
+        on_prompt: Callable[[dict[str, list[Sample | None]]], None] | None = None,
+    ) -> dict[str, list[Sample | None]]:
         """Every configuration on every prompt (turn by turn), interleaved; returns samples per label.
         ``on_prompt(samples so far)`` is called after every prompt (e.g. to save partial results)."""
         tok = self.target.tokenizer
-        prompts: list[tuple[PromptItem, int]] = [(it, t) for t in range(max(len(i.turns) for i in items))
-                                                 for it in items if t < len(it.turns)]
+        prompts: list[tuple[PromptItem, int]] = [
+            (it, t) for t in range(max(len(i.turns) for i in items)) for it in items if t < len(it.turns)
+        ]
         samples: dict[str, list[Sample | None]] = {c.label: [] for c in self.configs}
         answers: dict[str, list[str]] = {it.id: [] for it in items}
         self.truncated = 0
@@ -244,7 +301,7 @@ class Bench:
             ids = format_turns(tok, item, answers[item.id][:turn])
             fitted = self.prompts_fit(ids)
             self.truncated += len(fitted) < len(ids)
-            order = self.configs[n % len(self.configs):] + self.configs[: n % len(self.configs)]
+            order = self.configs[n % len(self.configs) :] + self.configs[: n % len(self.configs)]
             results = {c.label: c.run(fitted, self.max_new, self.seed + n) for c in order}
             reference = results[self.reference].token_ids
             answers[item.id].append(tok.decode(reference, skip_special_tokens=True))
@@ -298,32 +355,43 @@ class Bench:
             row["speedup"] = row["tokens_per_s"] / base if base and row["tokens_per_s"] else None
             assisted = _assisted_for(row, assisted_rows)
             row["assisted_config"] = assisted["config"] if assisted else None
-            row["speedup_vs_assisted"] = (row["tokens_per_s"] / assisted["tokens_per_s"]
-                                          if assisted and row["tokens_per_s"] else None)
+            row["speedup_vs_assisted"] = (
+                row["tokens_per_s"] / assisted["tokens_per_s"] if assisted and row["tokens_per_s"] else None
+            )
         return [per_config[c.label] for c in self.configs]
 
 
 def _assistant_settings(model: Any, options: dict[str, str]) -> dict[str, Any]:
     """The assistant's settings: the options given, else its generation_config, else transformers' defaults."""
     gc = model.generation_config
-    defaults = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4}
+    defaults = {
+        "num_assistant_tokens": 20,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.4,
+    }
     if hasattr(gc, "_get_default_generation_params"):
         defaults.update({k: v for k, v in gc._get_default_generation_params().items() if k in defaults})
-    value = {k: options.get(k, getattr(gc, k, None) if getattr(gc, k, None) is not None else defaults[k]) for k in defaults}
+    value = {
+        k: options.get(k, getattr(gc, k, None) if getattr(gc, k, None) is not None else defaults[k]) for k in defaults
+    }
     try:
         threshold = float(value["assistant_confidence_threshold"])
     except ValueError:
         threshold = math.nan
     if not 0 <= threshold <= 1:  # also NaN
-        raise ConfigError(f"hf-assisted: assistant_confidence_threshold must be a number in [0, 1], got "
-                          f"{value['assistant_confidence_threshold']!r}")
+        raise ConfigError(
+            f"hf-assisted: assistant_confidence_threshold must be a number in [0, 1], got "
+            f"{value['assistant_confidence_threshold']!r}"
+        )
     settings = {
         "num_assistant_tokens": _whole("hf-assisted num_assistant_tokens", value["num_assistant_tokens"]),
         "num_assistant_tokens_schedule": str(value["num_assistant_tokens_schedule"]),
         "assistant_confidence_threshold": threshold,
     }
     if settings["num_assistant_tokens_schedule"] not in ("constant", "heuristic", "heuristic_transient"):
-        raise ConfigError("hf-assisted: num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient")
+        raise ConfigError(
+            "hf-assisted: num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient"
+        )
     return settings
 
 

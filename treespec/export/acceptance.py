@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -69,8 +70,14 @@ class RankChain(TreeBuilder):
         return tree
 
 
-def measure_depth_rank(decoder: Any, prompts: list[list[int]], max_new_tokens: int, depth: int = 8, ranks: int = 8,
-                       progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def measure_depth_rank(
+    decoder: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    depth: int = 8,
+    ranks: int = 8,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Decode ``prompts`` greedily with ``decoder``'s target and drafter through ``RankChain`` and
     return ``{"format", "acceptance": p [depth+1][ranks], "tests": [depth+1], "chain_tau", "steps",
     "tokens", "seconds", ...}`` (module docstring). ``decoder``: a ``treespec.Decoder``."""
@@ -87,8 +94,11 @@ def measure_depth_rank(decoder: Any, prompts: list[list[int]], max_new_tokens: i
         for i, prompt in enumerate(prompts):
             steps.prefill(target, drafter, prompt)
             root, made = prompt[-1], 0
-            limit = min(max_new_tokens, target.max_positions - len(prompt)) if getattr(target, "max_positions", None) \
+            limit = (
+                min(max_new_tokens, target.max_positions - len(prompt))
+                if getattr(target, "max_positions", None)
                 else max_new_tokens
+            )
             while made < limit:
                 cap = max(0, min(depth, limit - made - 1))
                 result = steps.step(target, drafter, builder, root, cap, steps.greedy)
@@ -150,8 +160,15 @@ def load(path: str) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"acceptance file {file} is not a depth-by-rank measurement ({FORMAT}); {hint}")
     p = data.get("acceptance")
-    if not isinstance(p, list) or not p or not all(
-            isinstance(row, list) and row and all(isinstance(x, (int, float)) and math.isfinite(x) and 0 <= x <= 1 for x in row)
-            for row in p):
+    if (
+        not isinstance(p, list)
+        or not p
+        or not all(
+            isinstance(row, list)
+            and row
+            and all(isinstance(x, (int, float)) and math.isfinite(x) and 0 <= x <= 1 for x in row)
+            for row in p
+        )
+    ):
         raise ConfigError(f"acceptance file {file}: 'acceptance' must be rows of probabilities in [0, 1]; {hint}")
     return data

@@ -36,7 +36,9 @@ class HeadFiles:
     folder: Path
     version: int  # 1: EAGLE-1/2, 3: EAGLE-3
     config: dict[str, Any]  # config.json as read
-    state: dict[str, torch.Tensor]  # published keys (EAGLE-1: fc.*, layers.N.*; EAGLE-3: fc, midlayer.*, norm, lm_head, d2t, t2d)
+    state: dict[
+        str, torch.Tensor
+    ]  # published keys (EAGLE-1: fc.*, layers.N.*; EAGLE-3: fc, midlayer.*, norm, lm_head, d2t, t2d)
     draft_vocab: torch.Tensor | None  # EAGLE-1: the ranked target ids of draft_vocab.safetensors
     layers: tuple[int, ...] | None  # EAGLE-3: feature layers as hidden_states indices (= vLLM's ids)
 
@@ -50,18 +52,32 @@ def read_target(name: str) -> TargetInfo:
     from treespec.models import _locate, snapshot_dir
 
     folder = _locate(name, "target")
-    path = Path(folder) / "config.json" if Path(folder).is_dir() else snapshot_dir(folder, ["config.json"], "target") / "config.json"
+    path = (
+        Path(folder) / "config.json"
+        if Path(folder).is_dir()
+        else snapshot_dir(folder, ["config.json"], "target") / "config.json"
+    )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"target {name!r}: cannot read {path} ({type(exc).__name__}); pass a model folder") from None
+        raise ModelLoadError(
+            f"target {name!r}: cannot read {path} ({type(exc).__name__}); pass a model folder"
+        ) from None
     text = raw.get("text_config") or raw
     try:
-        return TargetInfo(name=name, folder=str(folder), layers=int(text["num_hidden_layers"]), hidden=int(text["hidden_size"]),
-                          vocab=int(text["vocab_size"]), architecture=(raw.get("architectures") or ["?"])[0],
-                          tie_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))))
+        return TargetInfo(
+            name=name,
+            folder=str(folder),
+            layers=int(text["num_hidden_layers"]),
+            hidden=int(text["hidden_size"]),
+            vocab=int(text["vocab_size"]),
+            architecture=(raw.get("architectures") or ["?"])[0],
+            tie_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        )
     except (KeyError, TypeError, ValueError) as exc:
-        raise ModelLoadError(f"target {name!r}: {path} lacks {exc} (num_hidden_layers, hidden_size, vocab_size)") from None
+        raise ModelLoadError(
+            f"target {name!r}: {path} lacks {exc} (num_hidden_layers, hidden_size, vocab_size)"
+        ) from None
 
 
 def read_head(name: str, target: TargetInfo) -> HeadFiles:
@@ -84,9 +100,23 @@ def read_head(name: str, target: TargetInfo) -> HeadFiles:
 
 def llama_config(head: HeadFiles) -> dict[str, Any]:
     """The head's Llama fields, without treespec's own block and without keys engines read differently."""
-    drop = {"treespec", "bias", "architectures", "eagle_config", "eagle_aux_hidden_state_layer_ids", "draft_vocab_size",
-            "target_hidden_size", "_name_or_path", "id2label", "label2id", "dtype", "torch_dtype", "transformers_version",
-            "norm_before_residual", "speculators_model_type"}
+    drop = {
+        "treespec",
+        "bias",
+        "architectures",
+        "eagle_config",
+        "eagle_aux_hidden_state_layer_ids",
+        "draft_vocab_size",
+        "target_hidden_size",
+        "_name_or_path",
+        "id2label",
+        "label2id",
+        "dtype",
+        "torch_dtype",
+        "transformers_version",
+        "norm_before_residual",
+        "speculators_model_type",
+    }
     cfg = {k: v for k, v in head.config.items() if k not in drop}
     cfg["model_type"] = "llama"
     rope = cfg.get("rope_parameters")
@@ -97,14 +127,24 @@ def llama_config(head: HeadFiles) -> dict[str, Any]:
 
 def cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """Floating tensors cast to ``dtype`` (None: kept), contiguous, on the CPU; integer maps kept."""
-    return {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous().cpu() for k, v in state.items()}
+    return {
+        k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous().cpu()
+        for k, v in state.items()
+    }
 
 
 def parse_dtype(name: str | None) -> torch.dtype | None:
     if name in (None, "", "keep"):
         return None
-    table = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32, "float64": torch.float64}
+    table = {
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float64": torch.float64,
+    }
     if name not in table:
         raise ConfigError(f"--dtype {name!r}: use one of keep, float16, bfloat16, float32, float64")
     return table[name]

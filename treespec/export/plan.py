@@ -14,8 +14,9 @@ figure ranks shapes, it does not predict the engine's throughput.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from treespec.export import tree as trees
 
@@ -33,14 +34,24 @@ class Plan:
 
     def summary(self) -> dict[str, Any]:
         def one(t: trees.Tree) -> dict[str, Any]:
-            return {"nodes": t.nodes, "depth": t.depth, "expected_accepted": round(t.expected_accepted, 4),
-                    "tau": round(1 + t.expected_accepted, 4), "paths": [list(p) for p in t.paths]}
+            return {
+                "nodes": t.nodes,
+                "depth": t.depth,
+                "expected_accepted": round(t.expected_accepted, 4),
+                "tau": round(1 + t.expected_accepted, 4),
+                "paths": [list(p) for p in t.paths],
+            }
 
         return {
-            "chain": one(self.chain), "vllm_tree": {**one(self.vllm_tree), "speculative_token_tree": trees.to_vllm_string(self.vllm_tree.paths)},
+            "chain": one(self.chain),
+            "vllm_tree": {**one(self.vllm_tree), "speculative_token_tree": trees.to_vllm_string(self.vllm_tree.paths)},
             "optimum": {**one(self.optimum), "speculative_token_tree": trees.to_vllm_string(self.optimum.paths)},
-            "sglang": {"steps": self.sglang.steps, "topk": self.sglang.topk, "num_draft_tokens": self.sglang.draft_tokens,
-                       **one(self.sglang.tree)},
+            "sglang": {
+                "steps": self.sglang.steps,
+                "topk": self.sglang.topk,
+                "num_draft_tokens": self.sglang.draft_tokens,
+                **one(self.sglang.tree),
+            },
             "predicted_tokens_per_second": {**self.rates, "plain": self.plain_rate},
         }
 
@@ -85,12 +96,15 @@ def plan(p: Sequence[Sequence[float]], nodes: int, cost: Any | None = None, max_
     vtree = _best([trees.vllm_tree(p, n, max_depth) for n in sizes], cost)
     step = None
     if cost is not None:
+
         def step(n: int, steps: int, topk: int) -> float:  # noqa: E306 - SGLang drafts steps levels of topk nodes
             draft = cost.first.predict(1) + sum(cost.expand.predict(topk) for _ in range(steps - 1))
             return cost.verify.predict(n) + cost.bookkeeping.predict(n) + draft
+
     sg = trees.sglang_shape(p, nodes, step)
-    rates = {name: (rate(cost, t) if cost is not None else None) for name, t in
-             (("chain", chain), ("vllm_tree", vtree), ("optimum", optimum), ("sglang", sg.tree))}
+    rates = {
+        name: (rate(cost, t) if cost is not None else None)
+        for name, t in (("chain", chain), ("vllm_tree", vtree), ("optimum", optimum), ("sglang", sg.tree))
+    }
     plain = 1.0 / max(cost.plain_seconds(), 1e-9) if cost is not None else None
     return Plan(chain, vtree, optimum, sg, rates, plain)
-

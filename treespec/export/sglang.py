@@ -44,21 +44,34 @@ TOKEN_MAP = "hot_token_map.pt"
 
 def eagle3_config(head: HeadFiles, target: TargetInfo) -> dict[str, Any]:
     cfg = llama_config(head)
-    cfg.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, vocab_size=target.vocab,
-               tie_word_embeddings=False, draft_vocab_size=int(head.state["lm_head.weight"].shape[0]),
-               target_hidden_size=int(head.state["fc.weight"].shape[1] // 3),
-               eagle_config={"eagle_aux_hidden_state_layer_ids": [int(i) - 1 for i in head.layers or ()],
-                             "use_aux_hidden_state": True})
-    cfg["treespec"] = {**head.meta, "exported_for": "sglang",
-                       "layer_ids": "SGLang: the decoder layer whose output is taken (hidden_states index - 1)"}
+    cfg.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        num_hidden_layers=1,
+        vocab_size=target.vocab,
+        tie_word_embeddings=False,
+        draft_vocab_size=int(head.state["lm_head.weight"].shape[0]),
+        target_hidden_size=int(head.state["fc.weight"].shape[1] // 3),
+        eagle_config={
+            "eagle_aux_hidden_state_layer_ids": [int(i) - 1 for i in head.layers or ()],
+            "use_aux_hidden_state": True,
+        },
+    )
+    cfg["treespec"] = {
+        **head.meta,
+        "exported_for": "sglang",
+        "layer_ids": "SGLang: the decoder layer whose output is taken (hidden_states index - 1)",
+    }
     return cfg
 
 
 def eagle1_config(head: HeadFiles) -> dict[str, Any]:
     cfg = llama_config(head)
     cfg.update(architectures=["LlamaForCausalLMEagle"], bias=False, attention_bias=bool(cfg.get("attention_bias")))
-    cfg["treespec"] = {**head.meta, "exported_for": "sglang",
-                       "draft_vocab": f"{TOKEN_MAP} (--speculative-token-map)" if head.draft_vocab is not None else "full"}
+    cfg["treespec"] = {
+        **head.meta,
+        "exported_for": "sglang",
+        "draft_vocab": f"{TOKEN_MAP} (--speculative-token-map)" if head.draft_vocab is not None else "full",
+    }
     return cfg
 
 
@@ -72,13 +85,17 @@ def write(head: HeadFiles, target: TargetInfo, out: Path, dtype: torch.dtype | N
         if any(i < 1 for i in head.layers or ()):
             from treespec.errors import ConfigError
 
-            raise ConfigError(f"EAGLE-3 head {head.name!r} reads hidden_states {list(head.layers or ())}: SGLang can only "
-                              "capture the output of a decoder layer (index ≥ 1); retrain with --layers of 1 or more")
+            raise ConfigError(
+                f"EAGLE-3 head {head.name!r} reads hidden_states {list(head.layers or ())}: SGLang can only "
+                "capture the output of a decoder layer (index ≥ 1); retrain with --layers of 1 or more"
+            )
         if head.config.get("norm_before_residual"):
             from treespec.errors import ConfigError
 
-            raise ConfigError(f"EAGLE-3 head {head.name!r} normalises before its residual (a speculators variant): "
-                              "SGLang's LlamaForCausalLMEagle3 takes the residual before hidden_norm; serve it with vLLM")
+            raise ConfigError(
+                f"EAGLE-3 head {head.name!r} normalises before its residual (a speculators variant): "
+                "SGLang's LlamaForCausalLMEagle3 takes the residual before hidden_norm; serve it with vLLM"
+            )
         config = eagle3_config(head, target)
     else:
         if "fc.bias" not in state:
@@ -95,14 +112,27 @@ def write(head: HeadFiles, target: TargetInfo, out: Path, dtype: torch.dtype | N
     return files
 
 
-def launch(target: TargetInfo, head_dir: Path, version: int, steps: int, topk: int, draft_tokens: int,
-           token_map: bool) -> str:
+def launch(
+    target: TargetInfo, head_dir: Path, version: int, steps: int, topk: int, draft_tokens: int, token_map: bool
+) -> str:
     """The ``python -m sglang.launch_server`` command line serving ``target`` with the exported head."""
-    parts = ["python", "-m", "sglang.launch_server", "--model-path", target.folder,
-             "--speculative-algorithm", "EAGLE3" if version == 3 else "EAGLE",
-             "--speculative-draft-model-path", str(head_dir.resolve()),
-             "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
-             "--speculative-num-draft-tokens", str(draft_tokens)]
+    parts = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        target.folder,
+        "--speculative-algorithm",
+        "EAGLE3" if version == 3 else "EAGLE",
+        "--speculative-draft-model-path",
+        str(head_dir.resolve()),
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        str(topk),
+        "--speculative-num-draft-tokens",
+        str(draft_tokens),
+    ]
     if token_map:
         parts += ["--speculative-token-map", str((head_dir / TOKEN_MAP).resolve())]
     return " ".join(shlex.quote(p) for p in parts)

@@ -38,8 +38,8 @@ from __future__ import annotations
 import ast
 import heapq
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from treespec.errors import ConfigError
 
@@ -156,8 +156,13 @@ def vllm_tree(p: Sequence[Sequence[float]], nodes: int, max_depth: int = 16) -> 
 
 def to_vllm_string(paths: Sequence[Path]) -> str:
     """vLLM's ``speculative_token_tree``: the paths as a Python literal list of tuples, breadth-first."""
-    return "[" + ", ".join("(" + ", ".join(str(r) for r in path) + ("," if len(path) == 1 else "") + ")"
-                           for path in bfs(paths)) + "]"
+    return (
+        "["
+        + ", ".join(
+            "(" + ", ".join(str(r) for r in path) + ("," if len(path) == 1 else "") + ")" for path in bfs(paths)
+        )
+        + "]"
+    )
 
 
 def parse_vllm_string(text: str) -> tuple[Path, ...]:
@@ -166,9 +171,14 @@ def parse_vllm_string(text: str) -> tuple[Path, ...]:
     try:
         data = ast.literal_eval(text)
     except (ValueError, SyntaxError) as exc:
-        raise ConfigError(f"speculative_token_tree {text[:60]!r} is not a list of tuples ({type(exc).__name__})") from None
-    if not isinstance(data, (list, tuple)) or not data or not all(
-            isinstance(t, tuple) and t and all(isinstance(r, int) and r >= 0 for r in t) for t in data):
+        raise ConfigError(
+            f"speculative_token_tree {text[:60]!r} is not a list of tuples ({type(exc).__name__})"
+        ) from None
+    if (
+        not isinstance(data, (list, tuple))
+        or not data
+        or not all(isinstance(t, tuple) and t and all(isinstance(r, int) and r >= 0 for r in t) for t in data)
+    ):
         raise ConfigError(f"speculative_token_tree {text[:60]!r} must be a non-empty list of tuples of ranks ≥ 0")
     paths = bfs(data)
     have = set(paths)
@@ -216,8 +226,13 @@ class SGLangShape:
     tokens_per_second: float | None  # predicted, when a cost model is given
 
 
-def sglang_shape(p: Sequence[Sequence[float]], nodes: int, step_seconds: Callable[[int, int, int], float] | None = None,
-                 max_steps: int = 8, max_topk: int = 8) -> SGLangShape:
+def sglang_shape(
+    p: Sequence[Sequence[float]],
+    nodes: int,
+    step_seconds: Callable[[int, int, int], float] | None = None,
+    max_steps: int = 8,
+    max_topk: int = 8,
+) -> SGLangShape:
     """(steps, topk, num-draft-tokens) for a budget of ``nodes`` drafted nodes: the best predicted
     tokens per second if ``step_seconds(verified nodes, steps, topk)`` is given, else the best E(A)
     within the budget; ties go to fewer nodes, then fewer steps, then a smaller topk."""

@@ -76,7 +76,9 @@ def eagle1_state(head: HeadFiles) -> dict[str, torch.Tensor]:
 def speculators_config(head: HeadFiles, target: TargetInfo, tokens: int) -> dict[str, Any]:
     """config.json of an EAGLE-3 head in the speculators layout (module docstring for each field)."""
     layer = llama_config(head)
-    layer.update(architectures=["LlamaForCausalLM"], num_hidden_layers=1, vocab_size=target.vocab, tie_word_embeddings=False)
+    layer.update(
+        architectures=["LlamaForCausalLM"], num_hidden_layers=1, vocab_size=target.vocab, tie_word_embeddings=False
+    )
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -93,7 +95,11 @@ def speculators_config(head: HeadFiles, target: TargetInfo, tokens: int) -> dict
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(tokens)}],
             "verifier": {"name_or_path": target.folder, "architectures": [target.architecture]},
         },
-        "treespec": {**head.meta, "exported_for": "vllm", "layer_ids": "vLLM: hidden_states index (input of decoder layer i)"},
+        "treespec": {
+            **head.meta,
+            "exported_for": "vllm",
+            "layer_ids": "vLLM: hidden_states index (input of decoder layer i)",
+        },
     }
 
 
@@ -101,9 +107,12 @@ def eagle1_config(head: HeadFiles) -> dict[str, Any]:
     cfg = llama_config(head)
     folded = "fc.bias" in head.state
     cfg.update(architectures=["LlamaForCausalLM"], bias=False, attention_bias=folded or bool(cfg.get("attention_bias")))
-    cfg["treespec"] = {**head.meta, "exported_for": "vllm",
-                       "fc_bias": "folded into the attention biases" if folded else "none",
-                       "draft_vocab": "full (vLLM's EAGLE-1 has none of its own)"}
+    cfg["treespec"] = {
+        **head.meta,
+        "exported_for": "vllm",
+        "fc_bias": "folded into the attention biases" if folded else "none",
+        "draft_vocab": "full (vLLM's EAGLE-1 has none of its own)",
+    }
     return cfg
 
 
@@ -112,7 +121,9 @@ def write(head: HeadFiles, target: TargetInfo, out: Path, tokens: int, dtype: to
     from safetensors.torch import save_file
 
     if head.version == 3:
-        state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in head.state.items()}
+        state = {
+            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in head.state.items()
+        }
         state.pop("t2d", None)  # vLLM skips it (llama_eagle3.py); d2t carries the map
         config = speculators_config(head, target, tokens)
     else:
@@ -124,10 +135,13 @@ def write(head: HeadFiles, target: TargetInfo, out: Path, tokens: int, dtype: to
 
 def launch(target: TargetInfo, head_dir: Path, version: int, tokens: int, tree: str | None) -> tuple[str, str]:
     """(a Python snippet, a ``vllm serve`` command line) that serve ``target`` with the exported head."""
-    spec: dict[str, Any] = {"method": "eagle3" if version == 3 else "eagle", "model": str(head_dir.resolve()),
-                            "num_speculative_tokens": tokens}
+    spec: dict[str, Any] = {
+        "method": "eagle3" if version == 3 else "eagle",
+        "model": str(head_dir.resolve()),
+        "num_speculative_tokens": tokens,
+    }
     if tree is not None:
         spec["speculative_token_tree"] = tree
-    python = (f"from vllm import LLM\nllm = LLM(model={target.folder!r}, speculative_config={spec!r})\n")
+    python = f"from vllm import LLM\nllm = LLM(model={target.folder!r}, speculative_config={spec!r})\n"
     serve = f"vllm serve {shlex.quote(target.folder)} --speculative-config {shlex.quote(json.dumps(spec))}"
     return python, serve

@@ -90,8 +90,8 @@ class BuilderDriver:
         if got != want:
             j = first_difference(got, want)
             raise self.fail(
-                f"{where} differs from the target's own greedy generate() at new token {j}: got {got[j:j + 5]}, "
-                f"expected {want[j:j + 5]} (lengths {len(got)} vs {len(want)}). Decoding must be lossless whatever "
+                f"{where} differs from the target's own greedy generate() at new token {j}: got {got[j : j + 5]}, "
+                f"expected {want[j : j + 5]} (lengths {len(got)} vs {len(want)}). Decoding must be lossless whatever "
                 "the tree: does the builder touch the target, its cache, or the drafter's state?"
             )
 
@@ -124,8 +124,10 @@ def contract(driver: BuilderDriver) -> None:
     id; the Decoder alone starts sequences and ends steps."""
     watch = driver.watched("contract", {"tree", "protocol"})
     if driver.settings.expect_drafting and watch.drafted == 0:
-        raise driver.fail(f"contract: none of the {watch.builds} trees had a drafted node (expect_drafting = True): "
-                          "a builder that never drafts passes every other check")
+        raise driver.fail(
+            f"contract: none of the {watch.builds} trees had a drafted node (expect_drafting = True): "
+            "a builder that never drafts passes every other check"
+        )
 
 
 def budget(driver: BuilderDriver) -> None:
@@ -158,8 +160,10 @@ def max_depth(driver: BuilderDriver) -> None:
                     driver.generate(dec, prompt, n, watch.where, watch)
     missing = set(driver.settings.depth_caps) - watch.caps
     if missing:
-        raise driver.fail(f"max_depth: build was never called with max_depth in {sorted(missing)} (the prompts leave "
-                          "no room?); the check could not test those caps")
+        raise driver.fail(
+            f"max_depth: build was never called with max_depth in {sorted(missing)} (the prompts leave "
+            "no room?); the check could not test those caps"
+        )
 
 
 def batch(driver: BuilderDriver) -> None:
@@ -210,4 +214,6 @@ def lossless(driver: BuilderDriver) -> None:
 
 
 #: every check, in the order ``check_builder`` runs them (the order gives the numbers)
-BUILDER_ORDER: list[Check] = [Check(i, fn.__name__, fn) for i, fn in enumerate([contract, budget, max_depth, batch, lossless], 1)]
+BUILDER_ORDER: list[Check] = [
+    Check(i, fn.__name__, fn) for i, fn in enumerate([contract, budget, max_depth, batch, lossless], 1)
+]

@@ -30,7 +30,9 @@ CheckFunction = Callable[..., None]
 
 def _function(check: Check) -> CheckFunction:
     def run(make_builder: BuilderMaker, target: TargetModel | None = None, **settings: Any) -> None:
-        check.run(BuilderDriver(make_builder, target if target is not None else tiny_target(), BuilderSettings(**settings)))
+        check.run(
+            BuilderDriver(make_builder, target if target is not None else tiny_target(), BuilderSettings(**settings))
+        )
 
     run.__name__ = run.__qualname__ = f"check_builder_{check.name}"
     run.__doc__ = f"Builder check {check.number}, {check.name.replace('_', ' ')}. {check.run.__doc__}"
@@ -74,7 +76,8 @@ def check_builder(
             failures.append(f"[{name}] {exc}")
     if failures:
         raise ConformanceError(
-            f"{len(failures)} of {len(BUILDER_CHECKS) - len(skip)} builder conformance checks failed:\n\n" + "\n\n".join(failures)
+            f"{len(failures)} of {len(BUILDER_CHECKS) - len(skip)} builder conformance checks failed:\n\n"
+            + "\n\n".join(failures)
         )
 
 

@@ -17,8 +17,8 @@ from treespec.tree import DraftTree
 
 from .driver import Driver, Other, accept_path
 from .reference import first_difference, greedy_reference
-from .settings import ConformanceError
 from .rows import describe_node, describe_row, row, unproposed_token
+from .settings import ConformanceError
 
 
 def _ids(tokens: list[int]) -> torch.Tensor:
@@ -54,8 +54,9 @@ def contract(driver: Driver) -> None:
     at_root = ask([0])  # M = 1: the root
     top = at_root.tokens[0][at_root.q[0] > 0][:2].tolist()
     other = unproposed_token(at_root, 0, vocab, salt=1)
-    children = tree.add_children(torch.zeros(len(top) + 1, dtype=torch.long), _ids(top + [other]),
-                                 torch.tensor([0.5] * (len(top) + 1)))  # proposed children + one it did not propose
+    children = tree.add_children(
+        torch.zeros(len(top) + 1, dtype=torch.long), _ids(top + [other]), torch.tensor([0.5] * (len(top) + 1))
+    )  # proposed children + one it did not propose
     at_children = ask(children.flip(0).tolist())  # several nodes in one call, newest first: row r is children[-1 - r]
     parents, tokens = [], []
     if top:  # below the best proposed child: its own best proposal (or any token if it has none)
@@ -66,13 +67,29 @@ def contract(driver: Driver) -> None:
     parents.append(int(children[-1]))  # below the unproposed child: another unproposed token
     tokens.append(unproposed_token(at_children, 0, vocab, salt=3))
     grandchildren = tree.add_children(_ids(parents), _ids(tokens), torch.full((len(tokens),), 0.25))
-    mixed = list(dict.fromkeys([int(grandchildren[-1]), 0, int(children[-1]), int(grandchildren[0])]))  # depths 2, 0, 1, 2
+    mixed = list(
+        dict.fromkeys([int(grandchildren[-1]), 0, int(children[-1]), int(grandchildren[0])])
+    )  # depths 2, 0, 1, 2
     at_mixed = ask(mixed)
     root = torch.tensor([0])
-    driver.same(ask([0]), at_root, tree, root, k, f"{where}, root asked for again",
-                "its own first answer for the root in this step")
-    driver.same(row(at_mixed, 1), at_root, tree, root, k, f"{where}, root asked among other nodes (row 1 of expand(nodes={mixed}))",
-                "its answer for the root alone")
+    driver.same(
+        ask([0]),
+        at_root,
+        tree,
+        root,
+        k,
+        f"{where}, root asked for again",
+        "its own first answer for the root in this step",
+    )
+    driver.same(
+        row(at_mixed, 1),
+        at_root,
+        tree,
+        root,
+        k,
+        f"{where}, root asked among other nodes (row 1 of expand(nodes={mixed}))",
+        "its answer for the root alone",
+    )
     drafter.close()
 
 
@@ -92,9 +109,18 @@ def budget(driver: Driver) -> None:
     five_answer = driver.expand(drafter, tree, root, five, where)
     big_answer = driver.expand(drafter, tree, root, big, where)
     head = Proposals(tokens=five_answer.tokens[:, :1], q=five_answer.q[:, :1])
-    driver.same(one_answer, head, tree, root, 1, f"{where}, k=1 vs k={five}", f"the first column of its answer for k={five}")
-    driver.same(five_answer, Proposals(tokens=big_answer.tokens[:, :five], q=big_answer.q[:, :five]), tree, root, five,
-                f"{where}, k={five} vs k={big}", f"the first {five} columns of its answer for k={big}")
+    driver.same(
+        one_answer, head, tree, root, 1, f"{where}, k=1 vs k={five}", f"the first column of its answer for k={five}"
+    )
+    driver.same(
+        five_answer,
+        Proposals(tokens=big_answer.tokens[:, :five], q=big_answer.q[:, :five]),
+        tree,
+        root,
+        five,
+        f"{where}, k={five} vs k={big}",
+        f"the first {five} columns of its answer for k={big}",
+    )
     top = five_answer.tokens[0][five_answer.q[0] > 0][:2].tolist() + [unproposed_token(five_answer, 0, vocab, salt=3)]
     children = tree.add_children(torch.zeros(len(top), dtype=torch.long), _ids(top), torch.full((len(top),), 0.5))
     driver.expand(drafter, tree, children, 1, f"{where}, several nodes with k=1")
@@ -107,8 +133,14 @@ def determinism(driver: Driver) -> None:
     checks compare a drafter with a fresh one, and a benchmark must be reproducible."""
     first, second = driver.new("determinism"), driver.new("determinism")
     twin = Other(second, "a second fresh drafter given the same calls", exact=True, driven=True)
-    driver.drive(first, driver.prompts[0], driver.settings.builders[0], driver.settings.plan[:3],
-                 "determinism (prompt #0)", twin=twin)
+    driver.drive(
+        first,
+        driver.prompts[0],
+        driver.settings.builders[0],
+        driver.settings.plan[:3],
+        "determinism (prompt #0)",
+        twin=twin,
+    )
     first.close()
     second.close()
 
@@ -124,8 +156,14 @@ def prefill_starts_over(driver: Driver) -> None:
     driver.drive(used, other, settings.builders[0], settings.plan[:2], "prefill starts over (first sequence)")
     fresh = driver.new("prefill starts over")
     twin = Other(fresh, "a fresh drafter (this one had decoded another sequence before its prefill)", driven=True)
-    driver.drive(used, prompts[0], settings.builders[0], settings.plan[:3],
-                 "prefill starts over (second sequence, prompt #0)", twin=twin)
+    driver.drive(
+        used,
+        prompts[0],
+        settings.builders[0],
+        settings.plan[:3],
+        "prefill starts over (second sequence, prompt #0)",
+        twin=twin,
+    )
     used.close()
     fresh.close()
 
@@ -170,7 +208,9 @@ def unproposed_nodes(driver: Driver) -> None:
     at_root = driver.expand(drafter, tree, torch.tensor([0]), k, where)
     token_u = unproposed_token(at_root, 0, vocab, salt=5)
     (node_u,) = tree.add_children(torch.tensor([0]), _ids([token_u]), torch.tensor([0.5])).tolist()
-    at_u = driver.expand(drafter, tree, torch.tensor([node_u]), k, f"{where}, child {token_u} that the drafter did not propose")
+    at_u = driver.expand(
+        drafter, tree, torch.tensor([node_u]), k, f"{where}, child {token_u} that the drafter did not propose"
+    )
     token_u2 = unproposed_token(at_u, 0, vocab, salt=6)
     (node_u2,) = tree.add_children(torch.tensor([node_u]), _ids([token_u2]), torch.tensor([0.5])).tolist()
     nodes = [node_u2]
@@ -188,22 +228,30 @@ def unproposed_nodes(driver: Driver) -> None:
     fresh = driver.fresh(committed, where)
     driver.target.prefill(torch.tensor(committed[:-1]))  # the fresh prefill replaced the target's cache
     name, make_builder = driver.settings.builders[0]
-    probe.where = f"{where}, builder {name}, after accepting {committed[len(prompt):-1]} (never proposed) + bonus {committed[-1]}"
+    probe.where = f"{where}, builder {name}, after accepting {committed[len(prompt) : -1]} (never proposed) + bonus {committed[-1]}"
     probe.others = [Other(fresh, f"a fresh drafter prefilled with the {len(committed)} committed tokens")]
     driver.draft(make_builder(), name, probe, committed[-1], driver.room(committed))
     fresh.close()
     drafter.close()
 
 
-def _same_as_fresh_at_path(driver: Driver, tree: DraftTree, node: int, got: Proposals, k: int,
-                           prompt: list[int], where: str) -> None:
+def _same_as_fresh_at_path(
+    driver: Driver, tree: DraftTree, node: int, got: Proposals, k: int, prompt: list[int], where: str
+) -> None:
     """``got`` (the answer at ``node``) equals a fresh drafter's for prompt + the node's path."""
     path = tree.path_tokens(node)
     fresh = driver.new(where)
     _, alone = driver.hand_built(fresh, prompt + path[1:], f"{where} [fresh drafter]")
     want = driver.expand(fresh, alone, torch.tensor([0]), k, f"{where} [fresh drafter]")
-    driver.same(got, want, tree, torch.tensor([node]), k, f"{where} (path_exact)",
-                "a fresh drafter prefilled with prompt + this node's path, asked for its root")
+    driver.same(
+        got,
+        want,
+        tree,
+        torch.tensor([node]),
+        k,
+        f"{where} (path_exact)",
+        "a fresh drafter prefilled with prompt + this node's path, asked for its root",
+    )
     fresh.close()
 
 
@@ -220,13 +268,21 @@ def flags(driver: Driver) -> None:
             raise driver.fail(f"flags: {flag} = {value!r}; it must be a bool class attribute")
     record: list = []
     try:
-        driver.drive(drafter, driver.prompts[0], driver.settings.builders[0], driver.settings.plan[:3],
-                     "flags (prompt #0)", record=record)
+        driver.drive(
+            drafter,
+            driver.prompts[0],
+            driver.settings.builders[0],
+            driver.settings.plan[:3],
+            "flags (prompt #0)",
+            record=record,
+        )
     except ConformanceError as exc:
         if drafter.needs_target_hidden:
             raise
-        raise ConformanceError(f"{exc}\n  (it declares needs_target_hidden = False, so it is given PrefillContext.hidden = "
-                        f"None and Commit.hidden = None, and must work without them)") from exc
+        raise ConformanceError(
+            f"{exc}\n  (it declares needs_target_hidden = False, so it is given PrefillContext.hidden = "
+            f"None and Commit.hidden = None, and must work without them)"
+        ) from exc
     if drafter.provides_probabilities:
         for tree, nodes, k, props in record:
             sums = props.q.double().sum(dim=1)  # [M]
@@ -256,7 +312,11 @@ def lossless(driver: Driver) -> None:
         drafter = driver.new("lossless")
         decoder = Decoder(target, drafter=drafter, builder=make_builder())
         for i, prompt in enumerate(driver.prompts):
-            n = driver.settings.max_new_tokens if limit is None else min(driver.settings.max_new_tokens, limit - len(prompt))
+            n = (
+                driver.settings.max_new_tokens
+                if limit is None
+                else min(driver.settings.max_new_tokens, limit - len(prompt))
+            )
             if n <= 0:
                 continue
             where = f"lossless: Decoder(builder {name}).generate(prompt #{i}, max_new_tokens={n})"
@@ -269,7 +329,7 @@ def lossless(driver: Driver) -> None:
                 j = first_difference(got.token_ids, want)
                 raise driver.fail(
                     f"{where} differs from the target's own greedy generate() at new token {j}: "
-                    f"got {got.token_ids[j:j + 5]}, expected {want[j:j + 5]} (lengths {len(got.token_ids)} vs {len(want)}). "
+                    f"got {got.token_ids[j : j + 5]}, expected {want[j : j + 5]} (lengths {len(got.token_ids)} vs {len(want)}). "
                     "Decoding must be lossless whatever the drafter proposes: does it modify the tree, the target "
                     "or its cache?"
                 )

@@ -11,8 +11,9 @@ policy: ``target`` is the real greedy rule, the others force an outcome the targ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -77,8 +78,9 @@ RULES: dict[str, steps.AcceptRule] = {"target": steps.greedy, "reject": reject, 
 class Probe(Drafter):
     """The drafter under test, as builders and ``treespec.step`` see it (see the module docstring)."""
 
-    def __init__(self, driver: "Driver", drafter: Drafter, where: str, others: Sequence[Other] = (),
-                 record: list | None = None):
+    def __init__(
+        self, driver: Driver, drafter: Drafter, where: str, others: Sequence[Other] = (), record: list | None = None
+    ):
         self.driver, self.drafter, self.where, self.record = driver, drafter, where, record
         self.others = list(others)
         self.config, self.target = drafter.config, drafter.target
@@ -168,8 +170,9 @@ class Driver:
         self.start(drafter, committed, f"{where} [prefilling a fresh drafter with {len(committed)} tokens]")
         return drafter
 
-    def expand(self, drafter: Drafter, tree: DraftTree, nodes: torch.Tensor, k: int, where: str,
-               strict: bool = True) -> Proposals:
+    def expand(
+        self, drafter: Drafter, tree: DraftTree, nodes: torch.Tensor, k: int, where: str, strict: bool = True
+    ) -> Proposals:
         """``drafter.expand`` and the contract on its answer: structure always, the row rules
         (``rows.row_problem``) if ``strict``."""
         nodes = nodes.to(torch.long).reshape(-1)  # [M]
@@ -189,11 +192,22 @@ class Driver:
                 tokens, q_row = props.tokens[i].tolist(), q[i].tolist()
                 why = row_problem(tokens, q_row, self.vocab)
                 if why is not None:
-                    raise self.fail(f"{call}: row {i} = {describe_node(tree, node)}: {describe_row(tokens, q_row)}: {why}")
+                    raise self.fail(
+                        f"{call}: row {i} = {describe_node(tree, node)}: {describe_row(tokens, q_row)}: {why}"
+                    )
         return props
 
-    def same(self, got: Proposals, want: Proposals, tree: DraftTree, nodes: torch.Tensor, k: int, where: str,
-             desc: str, exact: bool = False) -> None:
+    def same(
+        self,
+        got: Proposals,
+        want: Proposals,
+        tree: DraftTree,
+        nodes: torch.Tensor,
+        k: int,
+        where: str,
+        desc: str,
+        exact: bool = False,
+    ) -> None:
         """Fail unless ``got`` equals ``want`` (exactly, or up to tolerance and ties)."""
         call = f"{where}: expand(nodes={nodes.tolist()}, k={k})"
         if tuple(got.tokens.shape) != tuple(want.tokens.shape):
@@ -215,8 +229,9 @@ class Driver:
         except ConformanceError:
             raise
         except Exception as exc:
-            raise self.fail(f"{probe.where}: builder {name} failed on this drafter's proposals: "
-                            f"{type(exc).__name__}: {exc}") from exc
+            raise self.fail(
+                f"{probe.where}: builder {name} failed on this drafter's proposals: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def finish(self, probe: Probe, tree: DraftTree, accept: steps.AcceptRule) -> list[int]:
         """Verify ``tree`` with ONE target forward and commit as ``accept`` says (``treespec.step``);
@@ -228,9 +243,18 @@ class Driver:
         probe.where = where
         return tokens
 
-    def drive(self, drafter: Drafter, prompt: list[int], builder_factory: BuilderFactory, plan: Sequence[str],
-              where: str, *, reference: bool = False, twin: Other | None = None,
-              record: list | None = None) -> list[int]:
+    def drive(
+        self,
+        drafter: Drafter,
+        prompt: list[int],
+        builder_factory: BuilderFactory,
+        plan: Sequence[str],
+        where: str,
+        *,
+        reference: bool = False,
+        twin: Other | None = None,
+        record: list | None = None,
+    ) -> list[int]:
         """Decode ``len(plan)`` steps from ``prompt`` like ``Decoder._run``, each step ending as its
         policy says, then grow one more tree. Every ``expand`` is compared with ``twin`` (driven
         identically) and, if ``reference``, from the first commit on, with a fresh drafter
@@ -249,7 +273,9 @@ class Driver:
             fresh = None
             if reference and number > 0:
                 fresh = self.fresh(committed, probe.where)
-                probe.others.append(Other(fresh, f"a fresh drafter prefilled with the {len(committed)} committed tokens"))
+                probe.others.append(
+                    Other(fresh, f"a fresh drafter prefilled with the {len(committed)} committed tokens")
+                )
                 self.target.prefill(torch.tensor(committed[:-1]))  # the fresh prefill replaced the target's cache
             if self.room(committed) < 0:  # the target's context is full
                 break

@@ -9,13 +9,14 @@ means rounding between two near-tied tokens, more means a bug).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from treespec.target import TargetModel
 
-_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple, list[int]]]" = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple, list[int]]] = weakref.WeakKeyDictionary()
 
 
 def greedy_reference(target: TargetModel, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
@@ -53,6 +54,6 @@ class GreedyReference:
             logits = self.target.model(ids).logits[0, -1]  # [V]
         top2 = logits.topk(2).values
         return (
-            f"first difference at new token {i}: got {list(got[i:i + 3])} want {list(want[i:i + 3])} "
+            f"first difference at new token {i}: got {list(got[i : i + 3])} want {list(want[i : i + 3])} "
             f"(lengths {len(got)} vs {len(want)}); target logit gap there {float(top2[0] - top2[1]):.3g}"
         )

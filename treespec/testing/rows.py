@@ -85,8 +85,9 @@ def row_problem(tokens: list[int], q: list[float], vocab: int) -> str | None:
     return None
 
 
-def row_mismatch(got: tuple[list[int], list[float]], want: tuple[list[int], list[float]],
-                 rtol: float, atol: float, exact: bool) -> str | None:
+def row_mismatch(
+    got: tuple[list[int], list[float]], want: tuple[list[int], list[float]], rtol: float, atol: float, exact: bool
+) -> str | None:
     """Why two proposal rows differ, or None. Exact: q and the real tokens identical. Tolerant:
     q within rtol/atol; tokens equal as sets within each run of tied q (a tie that reaches the last
     column may be cut differently)."""
@@ -97,7 +98,9 @@ def row_mismatch(got: tuple[list[int], list[float]], want: tuple[list[int], list
     if exact:
         if got_q != want_q:
             j = next(j for j, (a, b) in enumerate(zip(got_q, want_q)) if a != b)
-            return f"q differ at column {j} ({got_q[j]!r} vs {want_q[j]!r}); identical calls must give identical proposals"
+            return (
+                f"q differ at column {j} ({got_q[j]!r} vs {want_q[j]!r}); identical calls must give identical proposals"
+            )
         n = real_columns(want_q)
         if got_tokens[:n] != want_tokens[:n]:
             j = next(j for j, (a, b) in enumerate(zip(got_tokens[:n], want_tokens[:n])) if a != b)

@@ -3,8 +3,9 @@ class (``DrafterConformance``: one test per check, generated from ``checks.ORDER
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 from treespec.target import TargetModel
 
@@ -78,7 +79,8 @@ def check_drafter(
             failures.append(f"[{name}] {exc}")
     if failures:
         raise ConformanceError(
-            f"{len(failures)} of {len(CHECKS) - len(skip)} drafter conformance checks failed:\n\n" + "\n\n".join(failures)
+            f"{len(failures)} of {len(CHECKS) - len(skip)} drafter conformance checks failed:\n\n"
+            + "\n\n".join(failures)
         )
 
 

@@ -64,8 +64,10 @@ def budget_problem(tree: DraftTree, max_nodes: int | None) -> str | None:
 def max_nodes_problem(max_nodes: Any) -> str | None:
     """Why a builder's ``max_nodes`` is no usable budget: it must be an int ≥ 1."""
     if isinstance(max_nodes, bool) or not isinstance(max_nodes, int):
-        return (f"max_nodes is {max_nodes!r}: declare the most drafted nodes one tree can have (an int), so that "
-                "the Decoder can refuse a target that cannot verify such a tree before anything runs")
+        return (
+            f"max_nodes is {max_nodes!r}: declare the most drafted nodes one tree can have (an int), so that "
+            "the Decoder can refuse a target that cannot verify such a tree before anything runs"
+        )
     if max_nodes < 1:
         return f"max_nodes is {max_nodes}: it must be at least 1"
     return None
@@ -84,7 +86,9 @@ def expand_problem(tree: Any, nodes: Any, k: Any) -> str | None:
     if not isinstance(tree, DraftTree):
         return f"tree is {type(tree).__name__}, not a treespec.DraftTree"
     if not isinstance(nodes, torch.Tensor) or nodes.dtype.is_floating_point or nodes.dtype == torch.bool:
-        return f"nodes is {type(nodes).__name__} {getattr(nodes, 'dtype', '')}: pass a 1-D torch.long tensor of node ids"
+        return (
+            f"nodes is {type(nodes).__name__} {getattr(nodes, 'dtype', '')}: pass a 1-D torch.long tensor of node ids"
+        )
     if nodes.dim() != 1 or nodes.numel() == 0:
         return f"nodes has shape {list(nodes.shape)}: pass a 1-D tensor of at least one node id"
     ids = nodes.tolist()

@@ -114,8 +114,10 @@ class WatchedDrafter(Drafter):
         if problem is None and self.tree is None and int(tree.tokens[0]) != self.root:
             problem = f"the tree's root is {int(tree.tokens[0])}, not this step's root {self.root}"
         elif problem is None and self.tree is not None and tree is not self.tree:
-            problem = ("a different tree than this step's earlier expand calls: grow ONE append-only tree per step, "
-                       "or call drafter.begin_step(root) before starting a new one")
+            problem = (
+                "a different tree than this step's earlier expand calls: grow ONE append-only tree per step, "
+                "or call drafter.begin_step(root) before starting a new one"
+            )
         elif problem is None and self.seen is not None:
             problem = grew_only(self.seen, tree)
         if problem is not None:

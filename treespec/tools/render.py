@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from treespec.files import savefig_atomic
 from treespec.tree import DraftTree
@@ -111,22 +112,43 @@ def to_png(tree: DraftTree, acc: Acceptance, decode: Callable[[int], str], path:
     fig, ax = plt.subplots(figsize=(2.2 * (tree.depth + 2), max(3, 0.32 * leaves[0] + 1)))
     for a, b in g.edges():
         color = "#2e8b57" if a in accepted and b in accepted else "#bbbbbb"
-        ax.plot([g.nodes[a]["depth"], g.nodes[b]["depth"]], [y[a], y[b]], color=color, lw=1.5 if color != "#bbbbbb" else 0.8)
+        ax.plot(
+            [g.nodes[a]["depth"], g.nodes[b]["depth"]], [y[a], y[b]], color=color, lw=1.5 if color != "#bbbbbb" else 0.8
+        )
     for n, d in g.nodes(data=True):
         on = n in accepted
         text = _token_text(decode, d["token"]) + ("" if n == 0 else f"\n{d['phat']:.2f}")
-        ax.text(d["depth"], y[n], text, ha="center", va="center", fontsize=7, family="monospace",
-                bbox=dict(boxstyle="round", fc="#b7e4b2" if on else "white", ec="#2e8b57" if on else "#999999"))
+        ax.text(
+            d["depth"],
+            y[n],
+            text,
+            ha="center",
+            va="center",
+            fontsize=7,
+            family="monospace",
+            bbox=dict(boxstyle="round", fc="#b7e4b2" if on else "white", ec="#2e8b57" if on else "#999999"),
+        )
     last = int(acc.nodes[-1])
     ax.plot([g.nodes[last]["depth"], g.nodes[last]["depth"] + 1], [y[last], y[last]], color="#9c36b5", ls="--", lw=1)
-    ax.text(g.nodes[last]["depth"] + 1, y[last], _token_text(decode, acc.bonus) + "\n(bonus)", ha="center",
-            va="center", fontsize=7, family="monospace", bbox=dict(boxstyle="round", fc="#f3d9fa", ec="#9c36b5", ls="--"))
+    ax.text(
+        g.nodes[last]["depth"] + 1,
+        y[last],
+        _token_text(decode, acc.bonus) + "\n(bonus)",
+        ha="center",
+        va="center",
+        fontsize=7,
+        family="monospace",
+        bbox=dict(boxstyle="round", fc="#f3d9fa", ec="#9c36b5", ls="--"),
+    )
     ax.set_xlim(-0.7, tree.depth + 1.7)
     ax.set_ylim(-1, leaves[0])
     ax.invert_yaxis()
     ax.axis("off")
-    ax.set_title(f"{tree.size} drafted nodes · depth {tree.depth} · E(A) {tree.expected_accepted():.2f} · "
-                 f"accepted {acc.accepted} + bonus", fontsize=9)
+    ax.set_title(
+        f"{tree.size} drafted nodes · depth {tree.depth} · E(A) {tree.expected_accepted():.2f} · "
+        f"accepted {acc.accepted} + bonus",
+        fontsize=9,
+    )
     fig.tight_layout()
     savefig_atomic(fig, path, "--png", format="png", dpi=120)
     plt.close(fig)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -15,7 +16,11 @@ def _causal_lm(obj: Any) -> Any:
 
 def _name(model: Any) -> str:
     inner = _causal_lm(model)
-    name = getattr(model, "name", None) or getattr(getattr(inner, "config", None), "_name_or_path", "") or type(inner).__name__
+    name = (
+        getattr(model, "name", None)
+        or getattr(getattr(inner, "config", None), "_name_or_path", "")
+        or type(inner).__name__
+    )
     layers = getattr(getattr(inner, "config", None), "num_hidden_layers", None)
     return f"{name} ({layers} layers)" if layers else str(name)
 
@@ -38,7 +43,9 @@ def greedy_positions(
         if not ids:
             continue
         prompt = torch.tensor([list(ids)], dtype=torch.long, device=t_dev)  # [1, L]
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=max_new_tokens)
+        out = model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=max_new_tokens
+        )
         seq = out[0].to(d_dev)  # [L + G]
         plen = prompt.shape[1]
         if seq.shape[0] <= plen:

@@ -20,8 +20,9 @@ accepted is decided by the target, so decoding stays lossless at any T.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -83,8 +84,12 @@ MAX_LOGITS = 1 << 26  # logits kept for the fit: 256 MB in float32 (16,384 posit
 
 @torch.inference_mode()
 def greedy_logits(
-    target_model: Any, draft_model: Any, prompts_ids: list[list[int]], max_new_tokens: int,
-    max_positions: int | None = None, progress: Callable[[int, int], None] | None = None,
+    target_model: Any,
+    draft_model: Any,
+    prompts_ids: list[list[int]],
+    max_new_tokens: int,
+    max_positions: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The draft's logits [n, V] before every token the target generates greedily, that token [n],
     and how many prompts were used (``treespec.acceptance.greedy_positions``). Stops once
@@ -109,8 +114,12 @@ def greedy_logits(
 
 
 def calibrate_draft(
-    target_model: Any, draft_model: Any, prompts_ids: list[list[int]], max_new_tokens: int,
-    max_positions: int | None = None, progress: Callable[[int, int], None] | None = None,
+    target_model: Any,
+    draft_model: Any,
+    prompts_ids: list[list[int]],
+    max_new_tokens: int,
+    max_positions: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Calibration:
     """Fit the draft model's greedy-acceptance temperature on the target's own greedy continuations
     (``target_model``/``draft_model``: causal LMs, or a ``TargetModel`` / ``model`` drafter)."""
@@ -119,6 +128,12 @@ def calibrate_draft(
     q1 = torch.softmax(z, dim=-1).amax(dim=-1).mean()  # [n] → mean top-1 q at T = 1
     qt = torch.softmax(z / t, dim=-1).amax(dim=-1).mean()
     return Calibration(
-        temperature=t, positions=int(y.shape[0]), prompts=used, nll_t1=nll(z, y, 1.0), nll=nll(z, y, t),
-        top1=float((z.argmax(dim=-1) == y).float().mean()), mean_q_top1_t1=float(q1), mean_q_top1=float(qt),
+        temperature=t,
+        positions=int(y.shape[0]),
+        prompts=used,
+        nll_t1=nll(z, y, 1.0),
+        nll=nll(z, y, t),
+        top1=float((z.argmax(dim=-1) == y).float().mean()),
+        mean_q_top1_t1=float(q1),
+        mean_q_top1=float(qt),
     )

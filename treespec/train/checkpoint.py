@@ -14,7 +14,6 @@ from typing import Any
 from treespec.errors import ConfigError
 from treespec.files import check_writable_dir
 
-
 #: Files that make a folder a model someone saved (a target, a draft, a head): training never writes over them.
 MODEL_FILES = ("config.json", "*.safetensors", "*.bin", "*.gguf", "*.pt")
 #: What a treespec training run leaves in its ``--out``: a folder holding one of these is ours to resume or redo.
@@ -50,8 +49,11 @@ def load_data(path: str | Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - UnpicklingError, a truncated file, ...
-        why = "it holds more than plain tensors and numbers" if "weights_only" in str(exc) or "Unsupported" in str(exc) \
+        why = (
+            "it holds more than plain tensors and numbers"
+            if "weights_only" in str(exc) or "Unsupported" in str(exc)
             else f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else 'unreadable'}"
+        )
         raise ConfigError(
             f"{path} cannot be read safely ({why}; treespec never unpickles code); delete it to start that part over"
         ) from None

@@ -10,8 +10,8 @@ from __future__ import annotations
 import ast
 import json
 import random
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from treespec.files import write_text_atomic, writing
 

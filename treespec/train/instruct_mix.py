@@ -120,8 +120,14 @@ def instruct_mix(data_dir: Path, size: int = SIZE, seed: int = 0) -> list[dict[s
         story = stories[i % len(stories)]
         sentences = [s.strip() + "." for s in story.split(".") if len(s.split()) >= 5]
         task = rng.choice(_STORY_TASKS)
-        add("stories", task.format(story=story, head=" ".join(sentences[:3]) or story,
-                                   sentence=rng.choice(sentences) if sentences else story))
+        add(
+            "stories",
+            task.format(
+                story=story,
+                head=" ".join(sentences[:3]) or story,
+                sentence=rng.choice(sentences) if sentences else story,
+            ),
+        )
     for i in range(int(size * SHARES["code"])):
         stub, source = funcs[i % len(funcs)]
         add("code", rng.choice(_CODE_TASKS).format(stub=stub, source=source))
@@ -129,7 +135,11 @@ def instruct_mix(data_dir: Path, size: int = SIZE, seed: int = 0) -> list[dict[s
     while len(rows) < size:
         module, doc = rng.choice(modules)
         story = rng.choice(stories)
-        add("general", rng.choice(_GENERAL_TASKS).format(module=module, doc=doc, topic=rng.choice(topics),
-                                                          sentence=story.split(".")[0].strip() + "."))
+        add(
+            "general",
+            rng.choice(_GENERAL_TASKS).format(
+                module=module, doc=doc, topic=rng.choice(topics), sentence=story.split(".")[0].strip() + "."
+            ),
+        )
     rng.shuffle(rows)
     return rows

@@ -21,17 +21,26 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from treespec.errors import ConfigError
 from treespec.files import save_torch_atomic, write_text_atomic, writing
 from treespec.memory import check_fits, check_threads
 from treespec.train.checkpoint import load_data, prepare_out
 from treespec.train.pair_data import EOT_ID, PAD_ID, PairData, prepare
-from treespec.train.pair_settings import (WHICH, ModelSize, PairSettings, check_settings, llama_config,  # noqa: F401 - ModelSize: imported from here before
-                                          llama_parameters, parameter_count, training_bytes)
+from treespec.train.pair_settings import (
+    WHICH,
+    ModelSize,  # noqa: F401 - imported from here before
+    PairSettings,
+    check_settings,
+    llama_config,
+    llama_parameters,
+    parameter_count,
+    training_bytes,
+)
 
 Progress = Callable[[str, int, int, str], None]  # (task, done, total, info)
 
@@ -105,8 +114,11 @@ class _Trainer:
         self.model = LlamaForCausalLM(llama_config(s, which)).float().train()
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         rest = [p for p in self.model.parameters() if p.dim() < 2]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                                      {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": s.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+            lr=s.lr,
+            betas=(0.9, 0.95),
+        )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule(s, self.total))
         self.state = RunState()
         self.call_start, self.seconds_before = time.perf_counter(), 0.0
@@ -120,7 +132,9 @@ class _Trainer:
         ckpt = load_data(self.ckpt_file)
         old, new = ckpt["key"], self.s.key(self.which)
         if old != new:
-            diff = ", ".join(f"{k} {old.get(k)} → {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
+            diff = ", ".join(
+                f"{k} {old.get(k)} → {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+            )
             raise ConfigError(
                 f"{self.ckpt_file} was written with other settings ({diff}); pass the same options to resume, or another --out"
             )
@@ -142,9 +156,17 @@ class _Trainer:
         import torch
 
         self.clock()
-        save_torch_atomic({"key": self.s.key(self.which), "model": self.model.state_dict(), "opt": self.opt.state_dict(),
-                     "sched": self.sched.state_dict(), "rng": {"torch": torch.get_rng_state()},
-                     "state": asdict(self.state)}, self.ckpt_file)
+        save_torch_atomic(
+            {
+                "key": self.s.key(self.which),
+                "model": self.model.state_dict(),
+                "opt": self.opt.state_dict(),
+                "sched": self.sched.state_dict(),
+                "rng": {"torch": torch.get_rng_state()},
+                "state": asdict(self.state),
+            },
+            self.ckpt_file,
+        )
 
     def evaluate(self) -> None:
         """Held-out loss now, appended to the state and to ``OUT/log.jsonl``."""
@@ -152,10 +174,19 @@ class _Trainer:
         loss = held_out_loss(self.model, self.held_stream, s)
         self.clock()
         state.held_out.append((state.step, loss))
-        entry = {"which": self.which, "step": state.step, "train_loss": state.train_loss, "held_out_loss": loss,
-                 "lr": self.sched.get_last_lr()[0], "tokens": state.step * s.batch_size * self.length,
-                 "seconds": round(state.seconds, 1)}
-        with writing(self.out / "log.jsonl", "--out"), open(self.out / "log.jsonl", "a") as f:  # appended: a log, not a state
+        entry = {
+            "which": self.which,
+            "step": state.step,
+            "train_loss": state.train_loss,
+            "held_out_loss": loss,
+            "lr": self.sched.get_last_lr()[0],
+            "tokens": state.step * s.batch_size * self.length,
+            "seconds": round(state.seconds, 1),
+        }
+        with (
+            writing(self.out / "log.jsonl", "--out"),
+            open(self.out / "log.jsonl", "a") as f,
+        ):  # appended: a log, not a state
             f.write(json.dumps(entry) + "\n")
         trained = "" if state.step == 0 else f"train loss {state.train_loss:.4f} · "
         self.log(f"{self.which} step {state.step}/{self.total}: {trained}held-out loss {loss:.4f}")
@@ -186,8 +217,15 @@ class _Trainer:
             self.checkpoint()
 
 
-def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None = None, deadline: float = math.inf,
-                progress: Progress | None = None, log: Callable[[str], None] = print) -> RunState:
+def train_model(
+    s: PairSettings,
+    which: str,
+    data: PairData,
+    stop_at: int | None = None,
+    deadline: float = math.inf,
+    progress: Progress | None = None,
+    log: Callable[[str], None] = print,
+) -> RunState:
     """Train (or resume) one model until its last step, step ``stop_at`` or ``time.monotonic()`` passing
     ``deadline`` (then checkpointed); write ``OUT/<which>/`` when its last step is done."""
     run = _Trainer(s, which, data, log)
@@ -207,11 +245,17 @@ def train_model(s: PairSettings, which: str, data: PairData, stop_at: int | None
     while state.step < end and time.monotonic() < deadline:
         run.step()
         if progress:
-            progress(f"{which} ({n_params / 1e6:.2f}M)", state.step, total,
-                     f"loss {state.train_loss:.3f} · held-out {state.held_out[-1][1]:.3f} · lr {run.sched.get_last_lr()[0]:.1e}")
+            progress(
+                f"{which} ({n_params / 1e6:.2f}M)",
+                state.step,
+                total,
+                f"loss {state.train_loss:.3f} · held-out {state.held_out[-1][1]:.3f} · lr {run.sched.get_last_lr()[0]:.1e}",
+            )
     if state.step < total:
         run.checkpoint()
-        log(f"{which}: stopped at step {state.step}/{total} (checkpoint {run.ckpt_file}); run the same command to continue")
+        log(
+            f"{which}: stopped at step {state.step}/{total} (checkpoint {run.ckpt_file}); run the same command to continue"
+        )
         return state
     export(run.model, data.tokenizer, out / which)
     run.clock()
@@ -239,14 +283,28 @@ def export(model: Any, tokenizer: Any, folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------- the pair
-def train_pair(s: PairSettings, which: str = "both", stop_at: int | None = None, progress: Progress | None = None,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+def train_pair(
+    s: PairSettings,
+    which: str = "both",
+    stop_at: int | None = None,
+    progress: Progress | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Prepare the data, train the target and/or the draft (resuming), write ``OUT/training.json``."""
     import torch
 
     if which not in ("both", *WHICH):
         raise ConfigError(f"--which must be target, draft or both, got {which!r}")
-    for name in ("steps", "draft_steps", "batch_size", "context", "eval_every", "eval_windows", "checkpoint_every", "threads"):
+    for name in (
+        "steps",
+        "draft_steps",
+        "batch_size",
+        "context",
+        "eval_every",
+        "eval_windows",
+        "checkpoint_every",
+        "threads",
+    ):
         if getattr(s, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(s, name)}")
     s.target.check("target")
@@ -255,21 +313,30 @@ def train_pair(s: PairSettings, which: str = "both", stop_at: int | None = None,
     check_threads(s.threads)
     for w in WHICH if which == "both" else (which,):  # before building even a meta model: 10⁷ layers are 10⁷ objects
         n = llama_parameters(s, w)
-        check_fits(training_bytes(s, w, n), f"training the {w} ({n:,} parameters, --batch-size {s.batch_size} × "
-                   f"--context {s.context})", f"lower the {w}'s sizes, --batch-size or --context")
+        check_fits(
+            training_bytes(s, w, n),
+            f"training the {w} ({n:,} parameters, --batch-size {s.batch_size} × --context {s.context})",
+            f"lower the {w}'s sizes, --batch-size or --context",
+        )
     params = {w: parameter_count(llama_config(s, w)) for w in WHICH}
     torch.set_num_threads(s.threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(s.threads))  # the tokenizers library's thread pool
     out = prepare_out(s.out, "pair training")
     if params["draft"] * 10 > params["target"]:
-        log(f"note: the draft has {params['draft']:,} parameters, more than a tenth of the target's {params['target']:,}")
+        log(
+            f"note: the draft has {params['draft']:,} parameters, more than a tenth of the target's {params['target']:,}"
+        )
     data = prepare(s.held_out, s.max_files, s.vocab_size, s.context, out / "data", log=log)
     deadline = time.monotonic() + s.minutes * 60 if s.minutes else math.inf  # training time of the whole call
-    states = {w: train_model(s, w, data, stop_at, deadline, progress, log) for w in (WHICH if which == "both" else (which,))}
+    states = {
+        w: train_model(s, w, data, stop_at, deadline, progress, log) for w in (WHICH if which == "both" else (which,))
+    }
     return write_summary(s, data, params, states)
 
 
-def write_summary(s: PairSettings, data: PairData, params: dict[str, int], states: dict[str, RunState]) -> dict[str, Any]:
+def write_summary(
+    s: PairSettings, data: PairData, params: dict[str, int], states: dict[str, RunState]
+) -> dict[str, Any]:
     """``OUT/training.json``: corpus facts, sizes, steps, tokens seen, losses, wall-clock, versions.
     Models not trained in this call keep the entry an earlier call wrote."""
     import tokenizers
@@ -285,20 +352,33 @@ def write_summary(s: PairSettings, data: PairData, params: dict[str, int], state
     models = summary.get("models", {})
     for which, st in states.items():
         models[which] = {
-            "size": asdict(s.size(which)), "parameters": params[which],
+            "size": asdict(s.size(which)),
+            "parameters": params[which],
             "float32_megabytes": round(params[which] * 4 / 1e6, 2),
-            "steps": st.step, "steps_planned": s.steps_of(which), "finished": st.step >= s.steps_of(which),
-            "tokens_seen": st.step * s.batch_size * length, "train_loss_ema": st.train_loss,
+            "steps": st.step,
+            "steps_planned": s.steps_of(which),
+            "finished": st.step >= s.steps_of(which),
+            "tokens_seen": st.step * s.batch_size * length,
+            "train_loss_ema": st.train_loss,
             "held_out_loss_initial": st.held_out[0][1] if st.held_out else None,
             "held_out_loss": st.held_out[-1][1] if st.held_out else None,
-            "held_out_history": st.held_out, "wall_clock_seconds": round(st.seconds, 1),
+            "held_out_history": st.held_out,
+            "wall_clock_seconds": round(st.seconds, 1),
         }
     settings = asdict(replace(s, minutes=None))
     summary |= {
-        "command": "treespec train pair", "settings": settings, "corpus": data.facts,
-        "models": models, "draft_to_target_parameters": round(params["draft"] / params["target"], 4),
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
-                     "tokenizers": tokenizers.__version__, "treespec": treespec.__version__},
+        "command": "treespec train pair",
+        "settings": settings,
+        "corpus": data.facts,
+        "models": models,
+        "draft_to_target_parameters": round(params["draft"] / params["target"], 4),
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+            "treespec": treespec.__version__,
+        },
     }
     write_text_atomic(path, json.dumps(summary, indent=2) + "\n", "--out")
     return summary

@@ -31,22 +31,34 @@ import json
 import os
 import sys
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any
 
-from treespec.train.code_prompts import write_prompts
 from treespec.errors import ConfigError
 from treespec.files import save_atomic_with, write_text_atomic, writing
+from treespec.train.code_prompts import write_prompts
 
 EOT, PAD = "<|endoftext|>", "<|pad|>"
 EOT_ID, PAD_ID = 0, 1
-SKIPPED_DIRS = frozenset({
-    "site-packages", "dist-packages",  # installed packages
-    "test", "tests", "idle_test",  # test suites
-    "idlelib", "tkinter", "turtledemo", "lib2to3", "distutils", "ensurepip",  # split off / dropped
-    "encodings", "pydoc_data",  # data, not code
-})
+SKIPPED_DIRS = frozenset(
+    {
+        "site-packages",
+        "dist-packages",  # installed packages
+        "test",
+        "tests",
+        "idle_test",  # test suites
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "lib2to3",
+        "distutils",
+        "ensurepip",  # split off / dropped
+        "encodings",
+        "pydoc_data",  # data, not code
+    }
+)
 DATA_VERSION = 1
 MAX_TOKEN_BYTES = 16  # longest merge the BPE trainer may make: long runs of '#' or '-' waste vocabulary
 
@@ -70,11 +82,16 @@ class Corpus:
             return sum(len(f.text.encode("utf-8")) for f in files)
 
         return {
-            "source": "Python standard library *.py (treespec.train.pair_data)", "python": sys.version.split()[0],
-            "implementation": sys.implementation.name, "stdlib": self.root,
-            "train_files": len(self.train), "held_out_files": len(self.held_out),
-            "train_bytes": size(self.train), "held_out_bytes": size(self.held_out),
-            "undecodable_skipped": self.skipped, "corpus_sha256": self.sha256,
+            "source": "Python standard library *.py (treespec.train.pair_data)",
+            "python": sys.version.split()[0],
+            "implementation": sys.implementation.name,
+            "stdlib": self.root,
+            "train_files": len(self.train),
+            "held_out_files": len(self.held_out),
+            "train_bytes": size(self.train),
+            "held_out_bytes": size(self.held_out),
+            "undecodable_skipped": self.skipped,
+            "corpus_sha256": self.sha256,
             "held_out_file_names": [f.rel for f in self.held_out],
         }
 
@@ -135,13 +152,19 @@ def train_tokenizer(texts: list[str], vocab_size: int, context: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     if not 258 < vocab_size <= 65535:
-        raise ConfigError(f"--vocab-size must be between 259 and 65535 (256 bytes, 2 special tokens, uint16 streams), got {vocab_size}")
+        raise ConfigError(
+            f"--vocab-size must be between 259 and 65535 (256 bytes, 2 special tokens, uint16 streams), got {vocab_size}"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT, PAD], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), max_token_length=MAX_TOKEN_BYTES,
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOT, PAD],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        max_token_length=MAX_TOKEN_BYTES,
     )
     tok.train_from_iterator(texts, trainer, length=len(texts))
     tok.post_processor = processors.TemplateProcessing(
@@ -157,8 +180,12 @@ def wrap_tokenizer(backend: Any, context: int) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token=EOT, eos_token=EOT, pad_token=PAD,
-        clean_up_tokenization_spaces=False, model_max_length=context,
+        tokenizer_object=backend,
+        bos_token=EOT,
+        eos_token=EOT,
+        pad_token=PAD,
+        clean_up_tokenization_spaces=False,
+        model_max_length=context,
     )
 
 
@@ -184,16 +211,24 @@ class PairData:
     facts: dict[str, Any]  # corpus facts + token counts
 
 
-def prepare(held_out: float, max_files: int | None, vocab_size: int, context: int, out: Path,
-            log: Callable[[str], None] = print) -> PairData:
+def prepare(
+    held_out: float, max_files: int | None, vocab_size: int, context: int, out: Path, log: Callable[[str], None] = print
+) -> PairData:
     """Corpus → tokenizer → token streams, reusing ``out`` (``OUT/data``) when its key matches."""
     import numpy as np
     from tokenizers import Tokenizer
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     corpus = load_corpus(held_out, max_files)
-    key = {"v": DATA_VERSION, "corpus_sha256": corpus.sha256, "held_out": held_out, "max_files": max_files,
-           "vocab_size": vocab_size, "context": context, "max_token_bytes": MAX_TOKEN_BYTES}
+    key = {
+        "v": DATA_VERSION,
+        "corpus_sha256": corpus.sha256,
+        "held_out": held_out,
+        "max_files": max_files,
+        "vocab_size": vocab_size,
+        "context": context,
+        "max_token_bytes": MAX_TOKEN_BYTES,
+    }
     meta_file, tok_dir = out / "meta.json", out / "tokenizer"
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
     if meta.get("key") == key:
@@ -205,8 +240,10 @@ def prepare(held_out: float, max_files: int | None, vocab_size: int, context: in
         out.mkdir(parents=True, exist_ok=True)
         meta_file.unlink(missing_ok=True)  # a half-written cache is never taken for a valid one
         facts = corpus.facts()
-        log(f"corpus: {facts['train_files']} train files ({facts['train_bytes']:,} bytes), "
-            f"{facts['held_out_files']} held out ({facts['held_out_bytes']:,} bytes) from {corpus.root}")
+        log(
+            f"corpus: {facts['train_files']} train files ({facts['train_bytes']:,} bytes), "
+            f"{facts['held_out_files']} held out ({facts['held_out_bytes']:,} bytes) from {corpus.root}"
+        )
         tokenizer = train_tokenizer([f.text for f in corpus.train], vocab_size, context)
         with writing(tok_dir, "--out"):
             tokenizer.save_pretrained(tok_dir)
@@ -214,13 +251,20 @@ def prepare(held_out: float, max_files: int | None, vocab_size: int, context: in
         save_atomic_with(train.tofile, out / "train.u16", "--out")
         save_atomic_with(held.tofile, out / "held_out.u16", "--out")
         tok_hash = hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()
-        meta = {"key": key, "facts": facts | {"train_tokens": int(train.size), "held_out_tokens": int(held.size),
-                                             "tokenizer_sha256": tok_hash}}
+        meta = {
+            "key": key,
+            "facts": facts
+            | {"train_tokens": int(train.size), "held_out_tokens": int(held.size), "tokenizer_sha256": tok_hash},
+        }
         write_text_atomic(meta_file, json.dumps(meta, indent=2) + "\n", "--out")  # last: it marks the cache valid
-        log(f"tokenizer: {vocab_size} tokens; {train.size:,} train tokens "
-            f"({facts['train_bytes'] / max(1, train.size):.2f} bytes/token), {held.size:,} held-out tokens → {out}")
+        log(
+            f"tokenizer: {vocab_size} tokens; {train.size:,} train tokens "
+            f"({facts['train_bytes'] / max(1, train.size):.2f} bytes/token), {held.size:,} held-out tokens → {out}"
+        )
     for split, files in (("train", corpus.train), ("held-out", corpus.held_out)):  # cheap: always rewritten
         write_prompts([(f.rel, f.text) for f in files], out / f"code-prompts-{split}.jsonl", limit=3000)
     if held.size < 2 or train.size < 2:
-        raise ConfigError(f"the token streams are too short ({train.size} train, {held.size} held out); raise --max-files")
+        raise ConfigError(
+            f"the token streams are too short ({train.size} train, {held.size} held out); raise --max-files"
+        )
     return PairData(tokenizer=tokenizer, train=train, held_out=held, facts=meta["facts"])

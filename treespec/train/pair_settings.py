@@ -67,8 +67,18 @@ class PairSettings:
     def key(self, which: str) -> dict[str, Any]:
         """Everything that shapes this model's weights; a checkpoint written with another key is refused."""
         d = asdict(self)
-        for name in ("out", "threads", "minutes", "eval_every", "eval_windows", "checkpoint_every",
-                     "target", "draft", "steps", "draft_steps"):
+        for name in (
+            "out",
+            "threads",
+            "minutes",
+            "eval_every",
+            "eval_windows",
+            "checkpoint_every",
+            "target",
+            "draft",
+            "steps",
+            "draft_steps",
+        ):
             d.pop(name)
         return d | {"which": which, "size": asdict(self.size(which)), "steps": self.steps_of(which)}
 
@@ -78,11 +88,21 @@ def llama_config(s: PairSettings, which: str) -> Any:
 
     m = s.size(which)
     return LlamaConfig(
-        vocab_size=s.vocab_size, hidden_size=m.hidden, intermediate_size=m.intermediate,
-        num_hidden_layers=m.layers, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
-        head_dim=m.hidden // m.heads, max_position_embeddings=s.context, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
-        bos_token_id=EOT_ID, eos_token_id=EOT_ID, pad_token_id=PAD_ID, initializer_range=0.02,
+        vocab_size=s.vocab_size,
+        hidden_size=m.hidden,
+        intermediate_size=m.intermediate,
+        num_hidden_layers=m.layers,
+        num_attention_heads=m.heads,
+        num_key_value_heads=m.kv_heads,
+        head_dim=m.hidden // m.heads,
+        max_position_embeddings=s.context,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        bos_token_id=EOT_ID,
+        eos_token_id=EOT_ID,
+        pad_token_id=PAD_ID,
+        initializer_range=0.02,
         architectures=["LlamaForCausalLM"],
     )
 
@@ -110,8 +130,10 @@ def check_settings(s: PairSettings) -> None:
     if s.max_files is not None and s.max_files <= 0:
         raise ConfigError(f"--max-files must be > 0, got {s.max_files}")
     if not 259 <= s.vocab_size <= 65535:
-        raise ConfigError(f"--vocab-size must be between 259 and 65535 (256 bytes, 2 special tokens, uint16 streams), "
-                          f"got {s.vocab_size}")
+        raise ConfigError(
+            f"--vocab-size must be between 259 and 65535 (256 bytes, 2 special tokens, uint16 streams), "
+            f"got {s.vocab_size}"
+        )
 
 
 def llama_parameters(s: PairSettings, which: str) -> int:

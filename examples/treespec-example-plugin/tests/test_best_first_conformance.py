@@ -30,7 +30,11 @@ class TestBestFirstConformance(BuilderConformance):
         return BestFirstBuilder(BestFirstBuilder.Config(nodes=12, branch=3))
 
 
-STORIES260K = Path(os.environ.get("TREESPEC_SHARED", Path(__file__).resolve().parents[3].parent / "shared")) / "models" / "stories260K"
+STORIES260K = (
+    Path(os.environ.get("TREESPEC_SHARED", Path(__file__).resolve().parents[3].parent / "shared"))
+    / "models"
+    / "stories260K"
+)
 
 
 @pytest.mark.skipif(not STORIES260K.is_dir(), reason=f"{STORIES260K} not found")

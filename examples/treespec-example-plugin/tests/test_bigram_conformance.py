@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 
 import pytest
+from treespec_example.bigram import BigramDrafter
 
 import treespec
 from treespec.testing import DrafterConformance
-from treespec_example.bigram import BigramDrafter
 
 
 class TestBigramConformance(DrafterConformance):
@@ -32,7 +32,11 @@ class TestBigramConformance(DrafterConformance):
 
 # A real model: here the treespec repository's stories260K, if present (set TREESPEC_SHARED to
 # the directory that holds models/stories260K). Use your own target and prompts.
-STORIES260K = Path(os.environ.get("TREESPEC_SHARED", Path(__file__).resolve().parents[3].parent / "shared")) / "models" / "stories260K"
+STORIES260K = (
+    Path(os.environ.get("TREESPEC_SHARED", Path(__file__).resolve().parents[3].parent / "shared"))
+    / "models"
+    / "stories260K"
+)
 
 
 @pytest.mark.skipif(not STORIES260K.is_dir(), reason=f"{STORIES260K} not found")

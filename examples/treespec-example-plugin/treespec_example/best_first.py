@@ -14,7 +14,6 @@ import torch
 
 import treespec
 from treespec import DraftTree
-
 from treespec_example.configs import BestFirstConfig
 
 
@@ -42,9 +41,7 @@ class BestFirstBuilder(treespec.TreeBuilder):
             keep = (q > 0).nonzero().flatten()  # padding (q == 0) is never added
             if keep.numel() == 0:
                 continue
-            new = tree.add_children(
-                torch.full((keep.numel(),), node, dtype=torch.long), prop.tokens[0, keep], q[keep]
-            )
+            new = tree.add_children(torch.full((keep.numel(),), node, dtype=torch.long), prop.tokens[0, keep], q[keep])
             if depth + 1 < depth_cap:
                 for child, phat in zip(new.tolist(), tree.phat[new].tolist()):
                     heapq.heappush(frontier, (-phat, child, depth + 1))

@@ -22,7 +22,6 @@ import torch
 
 import treespec
 from treespec import Commit, PrefillContext, Proposals
-
 from treespec_example.configs import BigramConfig
 
 
@@ -32,7 +31,7 @@ class BigramDrafter(treespec.Drafter):
     needs_target_hidden = False
     provides_probabilities = False
 
-    def __init__(self, config: BigramConfig, target: "treespec.TargetModel"):
+    def __init__(self, config: BigramConfig, target: treespec.TargetModel):
         super().__init__(config, target)
         self.followers: defaultdict[int, Counter[int]] = defaultdict(Counter)
         self.last: int | None = None  # the last committed token (the next root)
@@ -51,7 +50,7 @@ class BigramDrafter(treespec.Drafter):
         self.last = None
         self._extend(context.input_ids.tolist())
 
-    def expand(self, tree: "treespec.DraftTree", nodes: torch.Tensor, k: int) -> Proposals:
+    def expand(self, tree: treespec.DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         m = int(nodes.shape[0])
         tokens = torch.zeros(m, k, dtype=torch.long)  # [M, k]; padding: token 0 with q = 0
         q = torch.zeros(m, k, dtype=torch.float32)  # [M, k]

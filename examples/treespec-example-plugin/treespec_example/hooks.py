@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import treespec
 from treespec import PluginSpec
-
 from treespec_example.configs import BestFirstConfig, BigramConfig
 
 
