@@ -22,7 +22,8 @@ import os
 import typer
 
 from treespec.cli.bench import EPILOG as BENCH_EPILOG
-from treespec.cli.bench import bench, bench_report
+from treespec.cli.bench import bench
+from treespec.cli.bench_report import bench_report
 from treespec.cli.calibrate import EPILOG as CALIBRATE_EPILOG
 from treespec.cli.calibrate import calibrate
 from treespec.cli.datastore import datastore_app

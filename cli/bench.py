@@ -3,9 +3,7 @@ write results.json / steps.jsonl / plots, and regenerate docs/benchmarks.md."""
 
 from __future__ import annotations
 
-import json
 import shlex
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -13,6 +11,8 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
+from treespec.cli.bench_inputs import baselines_for, load_items, parse_pairs, parse_rules, parse_sampling
+from treespec.cli.bench_report import write_report
 from treespec.cli.common import (
     DEVICE_HELP,
     DEVICE_MAP_HELP,
@@ -143,8 +143,8 @@ def bench(
     load = _checked(check_load, background_load)
     check_seed(seed)
     check_threads(threads)
-    sampling = _sampling(temperature, top_p, top_k)
-    rules = _rules(sampling_rule, sampling)
+    sampling = parse_sampling(temperature, top_p, top_k)
+    rules = parse_rules(sampling_rule, sampling)
     if limit is not None and limit <= 0:
         fail(f"--limit must be > 0, got {limit}")
     if max_new_tokens <= 0:
@@ -158,12 +158,12 @@ def bench(
         if per_category <= 0:
             fail(f"--per-category must be > 0, got {per_category}")
         limit = None
-    items = _prompts(dataset, data_dir, limit, category, turns, chat, per_category)
+    items = load_items(dataset, data_dir, limit, category, turns, chat, per_category)
     if target is None:  # the default pair: its draft model and its EAGLE head, at their measured budgets
         target = defaults.TARGET
         drafter = drafter or defaults.bench_drafters()
         builder = builder or defaults.bench_builders()
-    pairs = _pairs(config)
+    pairs = parse_pairs(config)
     if not drafter and not pairs:
         fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]" or --config "BUILDER | DRAFTER"')
     drafter = drafter or []
@@ -199,10 +199,10 @@ def bench(
                 sampling,
             )
         if report_to is not None:
-            _write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
+            write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
         return
     given = baseline
-    baseline = _baselines(baseline, builder)
+    baseline = baselines_for(baseline, builder)
     runner = _runner(
         target,
         drafter,
@@ -260,85 +260,7 @@ def bench(
     with busy(load):
         _measure(runner, items, result, out)
     if report_to is not None:
-        _write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
-
-
-def _rules(value: str | None, sampling: dict[str, Any] | None) -> list[str] | None:
-    """--sampling-rule a,b,...: every treespec configuration once per rule (same prompts, same seeds)."""
-    if value is None:
-        return None
-    from treespec.sampling import RULES
-
-    rules = [r.strip() for r in value.split(",") if r.strip()]
-    unknown = [r for r in rules if r not in RULES]
-    if not rules or unknown:
-        fail(f"--sampling-rule {value!r}: rules are {', '.join(RULES)} (several: separated by commas)")
-    if sampling is None:
-        fail("--sampling-rule needs sampling: add --temperature T (T > 0); greedy decoding has no rule to choose")
-    return list(dict.fromkeys(rules))
-
-
-def _sampling(temperature: float, top_p: float, top_k: int) -> dict[str, Any] | None:
-    from treespec.sampling import check_sampling
-
-    try:
-        params, notes = check_sampling(temperature, top_p, top_k)
-    except TreespecError as exc:
-        fail(str(exc))
-    for note in notes:
-        typer.secho(f"warning: {note}", fg=typer.colors.YELLOW, err=True)
-    return {"temperature": temperature, "top_p": top_p, "top_k": top_k} if params is not None else None
-
-
-def _prompts(
-    dataset: str,
-    data_dir: Path | None,
-    limit: int | None,
-    category: str | None,
-    turns: int | None = None,
-    chat: bool = False,
-    per_category: int | None = None,
-) -> list:
-    from treespec.bench.datasets import as_chat, load_prompts
-
-    try:
-        items = load_prompts(dataset, data_dir, limit, category)
-    except TreespecError as exc:
-        fail(str(exc))
-    if per_category is not None:
-        kept: dict[str, list] = {}
-        for item in items:
-            kept.setdefault(item.category, [])
-            if len(kept[item.category]) < per_category:
-                kept[item.category].append(item)
-        items = [i for group in kept.values() for i in group]
-    if turns is not None:
-        items = [replace(i, turns=i.turns[:turns]) for i in items]
-    return [as_chat(i, dataset) for i in items] if chat else items
-
-
-def _baselines(baseline: list[str] | None, builder: list[str]) -> list[str]:
-    if baseline == ["none"]:
-        return []
-    if baseline is not None:
-        return baseline
-    from treespec.bench.runner import default_baselines
-
-    try:
-        return default_baselines(builder)
-    except TreespecError as exc:
-        fail(str(exc))
-
-
-def _pairs(config: list[str] | None) -> list[tuple[str, str]]:
-    """--config "BUILDER | DRAFTER" → (builder spec, drafter spec) pairs; one line for a malformed one."""
-    pairs = []
-    for c in config or []:
-        parts = [p.strip() for p in c.split("|")]
-        if len(parts) != 2 or not all(parts):
-            fail(f'--config {c!r}: expected "BUILDER-SPEC | DRAFTER-SPEC", e.g. "opt-tree nodes=auto | eagle"')
-        pairs.append((parts[0], parts[1]))
-    return pairs
+        write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
 
 
 def _runner(
@@ -448,39 +370,6 @@ def _stopped(out: Path, why: str, code: int) -> None:
         f"the prompts finished so far are in {out / 'results.json'} (marked partial)" if saved else "no prompt finished"
     )
     fail(f"bench stopped ({why}); {kept}", code=code)
-
-
-def _write_report(paths: list[Path], out: Path, flag: str = "--out") -> None:
-    from treespec.bench import report
-    from treespec.files import write_text_atomic
-
-    loaded = []
-    for path in paths:
-        if not path.is_file():
-            fail(f"{path}: no such results.json; run `treespec bench --out DIR` first")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            fail(f"{path} is not a valid results.json ({exc}); rerun the bench that wrote it")
-        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-            fail(f"{path} is not a treespec results.json (no rows); rerun the bench that wrote it")
-        loaded.append((path.resolve(), data))
-    writable_file(out, flag)
-    try:
-        write_text_atomic(out, report.markdown(loaded, out.resolve().parent, out), flag)
-    except TreespecError as exc:
-        fail(str(exc), code=1)
-    typer.echo(f"wrote {out}")
-
-
-def bench_report(
-    runs: Annotated[
-        list[Path], typer.Argument(help="bench output folders (or results.json files), in the order to show")
-    ],
-    out: Annotated[Path, typer.Option(help="the Markdown file to write")] = Path("docs/benchmarks.md"),
-) -> None:
-    """Regenerate docs/benchmarks.md from the results.json of bench runs."""
-    _write_report([r / "results.json" if r.is_dir() else r for r in runs], out)
 
 
 def _checked(check: Any, value: Any) -> Any:

@@ -22,7 +22,7 @@ is judged by its measured rate (tokens over wall, decayed) instead. Widths are t
 every ``EXPLORE_EVERY``-th step drafts one round deeper than the shape, alternately at its width and
 at another, so the tables can show when another shape pays (a shape changes only where drafted trees
 say it does). When plain decoding wins, every row decodes plainly, and a probe every ``gap`` steps
-(doubling to ``GAP_MAX``) drafts the last shape again. The plan changes tree shapes, never tokens.
+(doubling, ``plugins/probe.py``) drafts the last shape again. The plan changes tree shapes, never tokens.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from treespec.plugins.drafted import Drafted
+from treespec.plugins.probe import ProbeSchedule
 from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -46,8 +47,6 @@ EXPLORE_EVERY = 8  # steps between exploring steps (an exploring step drafts mor
 EMA = 0.25  # weight of a step's mean table in the moving average
 MEASURED_MIN = 16  # row-steps after which a shape is judged by its measured rate, not the model's
 RATE_DECAY = 0.98  # per row-step: a measured rate follows the last ~50 row-steps of its shape
-GAP_START, GAP_MAX = 16, 256  # plain steps between probes while the batch decodes plainly (a probe after a
-# plain stretch also pays every row's draft catch-up of that stretch)
 
 
 @dataclass(frozen=True)
@@ -174,7 +173,7 @@ class BatchPlan:
         self.cost = StepCost()
         self.step_tables: list[np.ndarray] = []  # this step's reports
         self.steps = 0
-        self.gap, self.probe_in, self.spec_run = GAP_START, 0, 0
+        self.probes = ProbeSchedule.for_batch()  # while the batch decodes plainly: when to probe (plugins/probe.py)
         self.turn = 0  # which width the next exploring step tries
         self.predicted = 0.0  # the current shape's predicted step seconds
         # per shape verified as drafted: decayed Σ tokens, Σ seconds, row-steps (a measured rate)
@@ -216,17 +215,19 @@ class BatchPlan:
         if self.step_tables:
             self.tables.setdefault(self.draft.width, _Average()).fold(self.step_tables)
         self.step_tables = []
-        if self.current == PLAIN and self.probe_in > 0:
-            self.probe_in -= 1  # plain, until the next probe
-        elif self.current == PLAIN:  # a probe: draft the last shape again, and see
-            self.current = self.draft = self.last_spec
-        else:
+        if self.current != PLAIN:
             self._choose(planner)
+        elif self.probes.due():  # plain until now; a probe: draft the last shape again, and see
+            self.current = self.draft = self.last_spec
 
     def _choose(self, planner: AutoPlanner) -> None:
         """argmax over (N, D, W) of (1 + Ē_W[D, N]) / C(N, D, W), against the root alone; then explore."""
-        t, x, first = planner._t, planner._x, planner._first  # T(n) [cap + 2], T_expand(m) [cap + 2], T_first
-        if not planner._known:
+        t, x, first = (
+            planner.t_step,
+            planner.t_expand,
+            planner.t_first,
+        )  # T(n) [cap + 2], T_expand(m) [cap + 2], T_first
+        if not planner.known:
             return
         self.cost.prior(t, x, first)
         best, best_rate, best_seconds = None, 0.0, 0.0
@@ -256,12 +257,10 @@ class BatchPlan:
         plain = 1.0 / self.cost.plain if self.cost.plain > 0 else 0.0
         if best is None or best_rate <= plain:  # the root alone wins: every row decodes plainly until a probe
             self.current = self.draft = PLAIN
-            self.probe_in, self.gap = self.gap, min(2 * self.gap, GAP_MAX)
-            self.predicted, self.spec_run = self.cost.plain, 0
+            self.probes.lost()
+            self.predicted = self.cost.plain
             return
-        self.spec_run += 1
-        if self.spec_run >= 16:  # speculation keeps winning: probes start from a short gap again
-            self.gap = GAP_START
+        self.probes.won()  # speculation keeps winning: after a stretch, probes start from a short gap again
         self.current = self.last_spec = best
         self.predicted = best_seconds
         self.draft = best
@@ -283,14 +282,14 @@ def grow_row(
     planner.probing = False
     # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up):
     # not what a round costs
-    catching_up = planner._fresh or (bool(planner.decisions) and planner.decisions[-1]["off"])
-    planner._fresh = False
+    catching_up = planner.fresh or (bool(planner.decisions) and planner.decisions[-1]["off"])
+    planner.fresh = False
     if shape.nodes <= 0 or max_depth <= 0:
-        planner._decide(
+        planner.decide(
             n=0,
             depth=0,
             off=True,
-            predicted=float(planner._t[0]) if planner._known else 0.0,
+            predicted=float(planner.t_step[0]) if planner.known else 0.0,
             expected=0.0,
             own=time.perf_counter() - began,
         )
@@ -321,7 +320,7 @@ def grow_row(
     n = min(shape.nodes, drafted.size)
     expected = float(np.sort(phat)[::-1][:n].sum())
     chosen = drafted.top(tree, n)
-    planner._decide(
+    planner.decide(
         n=n,
         depth=chosen.depth,
         off=n == 0,

@@ -53,6 +53,7 @@ from treespec.cost import CostModel, load_profile, user_profile
 from treespec.interfaces import PlanNote
 from treespec.plugins.batch_budget import BatchPlan, grow_row
 from treespec.plugins.drafted import Drafted
+from treespec.plugins.probe import ProbeSchedule
 from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -65,8 +66,6 @@ EXPLORE_DEPTH = 4  # layers a step drafts while no expansion has been measured (
 CHILDREN = 8  # children asked per expanded node
 MIN_STEPS_OFF = 12  # speculative steps measured before speculation may be judged a loss
 TRIAL_STEPS = 4  # speculative steps after (re)turning on that verify a tree even if the plan says none
-WIN_STEPS = 64  # winning speculative steps in a row that reset the probe gap
-GAP_START, GAP_MAX = 4, 256  # plain steps between probes
 PLAIN_MIN = 4  # plain steps measured before speculation is judged against them (not against the model)
 REFRESH = 32  # steps between refreshes of the cost tables (the curves move slowly)
 RATE_EMA = 0.05  # λ: moving averages of tokens and seconds (about the last 20 steps)
@@ -114,7 +113,8 @@ class AutoPlanner:
         self.run_rate = _Average(RATE_EMA)  # every step: λ
         self.spec = _Average(JUDGE_EMA)  # speculative steps of the current on-phase
         self.plain = _Average(JUDGE_EMA)  # plain (root-only) steps
-        self.off, self.probe_in, self.gap = False, 0, GAP_START
+        self.off = False
+        self.probes = ProbeSchedule.for_row()  # when speculation is off: when to probe (plugins/probe.py)
         self.spec_steps = 0  # speculative steps since speculation was (re)turned on
         self.probing = False  # the current step is a probe
         self.recheck = False  # off only to measure the plain rate, then back on to be judged again
@@ -124,7 +124,7 @@ class AutoPlanner:
         self.decisions: list[dict[str, Any]] = []  # per step: n, depth, off, predicted seconds, calibrated E
         self.note: PlanNote | None = None
         self.plan: BatchPlan | None = None  # a batch row's: the shape the rows share (batch_budget.py)
-        self._fresh = False  # a new prompt: the next step's drafter also feeds it (a batch row's catch-up)
+        self.fresh = False  # a new prompt: the next step's drafter also feeds it (a batch row's catch-up)
 
     # ------------------------------------------------------------------ setup
     def attach(self, target: TargetModel, drafter: Drafter, batch: int = 1) -> None:
@@ -161,11 +161,11 @@ class AutoPlanner:
             self._tables_age += 1
             return
         self._seen = seen
-        self._t = np.add(cost.verify.table(size), cost.bookkeeping.table(size))  # [cap+2] T(n)
-        self._x = np.asarray(cost.expand.table(size))  # [cap+2] T_expand(m)
-        self._first = cost.first.predict(1)
-        self._known = cost.verify.known and cost.bookkeeping.known
-        self._slope = _slope(self._t)
+        self.t_step = np.add(cost.verify.table(size), cost.bookkeeping.table(size))  # [cap+2] T(n)
+        self.t_expand = np.asarray(cost.expand.table(size))  # [cap+2] T_expand(m)
+        self.t_first = cost.first.predict(1)
+        self.known = cost.verify.known and cost.bookkeeping.known
+        self._slope = _slope(self.t_step)
         self._tables_age = 0
 
     @property
@@ -173,7 +173,7 @@ class AutoPlanner:
         """λ, tokens per second: the run's measured rate, and never less than plain decoding's (a rate
         any run can have: the root alone every step); 0 while nothing is known (every node is free,
         and the first steps explore)."""
-        plain = float(self._t[0]) if self._known else 0.0
+        plain = float(self.t_step[0]) if self.known else 0.0
         floor = 1.0 / plain if plain > 0 else 0.0
         rate = self.run_rate.rate
         return max(rate, floor) if rate is not None else floor
@@ -185,17 +185,15 @@ class AutoPlanner:
         if self.plan is not None:  # a row of a batch: the batch chose the step's shape
             return grow_row(self, drafter, root, *self.plan.shape(self), max_depth, began)
         self.probing = False
-        if max_depth > 0 and self.off:
-            if self.probe_in > 0:
-                self.probe_in -= 1
-            elif self.recheck:  # the plain rate is measured now: judge the on-phase again, against it
+        if max_depth > 0 and self.off and self.probes.due():
+            if self.recheck:  # the plain rate is measured now: judge the on-phase again, against it
                 self.off = self.recheck = False
             else:
                 self.probing = True
-        if max_depth <= 0 or (self.off and not self.probing) or not self._known:  # plain decoding: the root alone
+        if max_depth <= 0 or (self.off and not self.probing) or not self.known:  # plain decoding: the root alone
             # (with nothing measured yet, the first step is plain: it measures the rate to beat)
-            seconds = float(self._t[0]) if self._known else 0.0
-            self._decide(n=0, depth=0, off=True, predicted=seconds, expected=0.0, own=time.perf_counter() - began)
+            seconds = float(self.t_step[0]) if self.known else 0.0
+            self.decide(n=0, depth=0, off=True, predicted=seconds, expected=0.0, own=time.perf_counter() - began)
             return DraftTree(root, capacity=1)
         depth_cap = min(max_depth, self.max_depth if self.cost.expand.known else EXPLORE_DEPTH)
         return self._grow(drafter, DraftTree(root), depth_cap, began)
@@ -209,7 +207,7 @@ class AutoPlanner:
         lam, cap, calib, slope = self.price, self.step_cap, self.calibration, self._slope
         floor = lam * slope  # the p̂ a node needs to pay for its verification
         # what expanding the j best frontier nodes costs, in tokens: λ · (T_expand(j) + j · ΔT), j = 1..cap
-        layer_cost = lam * (self._x[1:] + slope * np.arange(1, self._x.size))  # [cap+1]
+        layer_cost = lam * (self.t_expand[1:] + slope * np.arange(1, self.t_expand.size))  # [cap+1]
         drafted = Drafted(cap * depth_cap)
         spent, drafting, typical = 0.0, 0.0, 0.0  # typical: the drafting by the model's curves
         frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
@@ -238,7 +236,7 @@ class AutoPlanner:
             took = time.perf_counter() - start  # the layer: drafting and this planner's own work on it
             if self.refine:
                 (self.cost.first.observe(1, took) if depth == 1 else self.cost.expand.observe(m, took))
-            predicted = self._first if depth == 1 else float(self._x[min(m, cap + 1)])
+            predicted = self.t_first if depth == 1 else float(self.t_expand[min(m, cap + 1)])
             spent += took if self.refine else predicted
             typical += predicted
             start += took
@@ -246,7 +244,7 @@ class AutoPlanner:
                 break
         n, expected, seconds = self._cut(drafted.phat[: drafted.size + 1], spent, lam, typical)
         chosen = drafted.top(tree, n)
-        self._decide(
+        self.decide(
             n=n,
             depth=chosen.depth,
             off=False,
@@ -273,7 +271,7 @@ class AutoPlanner:
         drafted = min(phat.size - 1, self.step_cap)  # at most cap nodes are verified
         values = -np.sort(-phat[1:])[:drafted]  # [N] descending
         tokens = np.concatenate([[0.0], np.cumsum(values)])  # [N+1] E_n
-        t = self._t[: drafted + 1]  # [N+1] T(n)
+        t = self.t_step[: drafted + 1]  # [N+1] T(n)
         value = tokens - lam * t
         n = int(np.argmax(value))
         # the plan's own verdict, before the rules below: would this step, drafting included, beat the
@@ -298,7 +296,7 @@ class AutoPlanner:
                 return size
         return n
 
-    def _decide(self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float) -> None:
+    def decide(self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float) -> None:
         self.decisions.append(
             {
                 "n": n,
@@ -315,7 +313,7 @@ class AutoPlanner:
     # ------------------------------------------------------------------ feedback
     def start(self) -> None:
         """A new generate (nothing to reset: prices and curves carry over between prompts)."""
-        self._fresh = True  # the next step's first round also feeds the new prompt to the drafter
+        self.fresh = True  # the next step's first round also feeds the new prompt to the drafter
 
     def observe(self, stats: StepStats) -> None:
         """Refine the cost curves with the step's measured times, update λ, then judge speculation.
@@ -345,21 +343,21 @@ class AutoPlanner:
         plain = (
             self.plain.rate
             if self.plain.rate is not None
-            else (1.0 / self._t[0] if self._known and self._t[0] > 0 else 0.0)
+            else (1.0 / self.t_step[0] if self.known and self.t_step[0] > 0 else 0.0)
         )
         self.spec_steps += 1
+        self.probes.won()
         if self.spec_steps > TRIAL_STEPS:  # the trial steps (forced trees, a catch-up) are not the policy
             self.spec.add(stats.emitted, wall)
         if self.spec_steps < MIN_STEPS_OFF:
             return
         if self.spec.rate is not None and self.spec.rate < plain:  # speculation loses: off until a probe says otherwise
             if self.plain.count < PLAIN_MIN:  # only against the cost model's plain rate: measure the real one first
-                self.off, self.probe_in, self.recheck = True, PLAIN_MIN, True
+                self.off = self.recheck = True
+                self.probes.wait = PLAIN_MIN
                 return
-            self.off, self.probe_in = True, self.gap
-            self.gap = min(2 * self.gap, GAP_MAX)
-        elif self.spec_steps >= WIN_STEPS:
-            self.gap = GAP_START
+            self.off = True
+            self.probes.lost()
 
     def _after_probe(self) -> None:
         """Speculation resumes if the probe's own plan, made with everything calibrated so far, expected
@@ -367,8 +365,7 @@ class AutoPlanner:
         if self.wanted:
             self.off, self.spec_steps, self.spec = False, 0, _Average(JUDGE_EMA)
         else:
-            self.probe_in = self.gap
-            self.gap = min(2 * self.gap, GAP_MAX)
+            self.probes.lost()
 
 
 def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:

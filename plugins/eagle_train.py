@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from treespec.errors import ConfigError
 from treespec.files import save_torch_atomic, write_text_atomic
@@ -38,6 +37,7 @@ from treespec.kv import causal_mask
 from treespec.memory import check_fits, decoder_parameters
 from treespec.plugins.eagle_data import DATA_VERSION, Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_head import EagleHead, head_config_for
+from treespec.plugins.eagle_loss import DraftOut, batch_tensors, head_step
 from treespec.target import TargetModel
 from treespec.train import calibration
 from treespec.train.checkpoint import load_data, prepare_out
@@ -62,9 +62,8 @@ class TrainSettings:
     seed: int = 0
     draft_vocab: int | None = None  # draft over the N most frequent target tokens (plugins/draft_vocab.py)
     gen_batch_size: int | None = None  # prompts per batch while the target generates [default: batch_size]
-    save_dtype: str = (
-        "float32"  # the saved head's weights (float16 halves a shipped head; loading casts to the target's)
-    )
+    # the saved head's weights (float16 halves a shipped head; loading casts to the target's)
+    save_dtype: str = "float32"
 
     def data_key(self) -> dict[str, Any]:
         return {
@@ -75,88 +74,6 @@ class TrainSettings:
             "limit": self.limit,
             "max_new_tokens": self.max_new_tokens,
         }
-
-
-def _batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, T], feats [B, T, H], valid [B, T-1] (item j and j+1 exist), generated [B, T-1]."""
-    width = max(s.ids.numel() for s in seqs)
-    h = seqs[0].feats.shape[-1]
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    feats = torch.zeros(len(seqs), width, h)
-    valid = torch.zeros(len(seqs), width - 1, dtype=torch.bool)
-    gen = torch.zeros(len(seqs), width - 1, dtype=torch.bool)
-    for r, s in enumerate(seqs):
-        n = s.ids.numel()
-        ids[r, :n], feats[r, :n] = s.ids, s.feats
-        valid[r, : n - 1] = True
-        gen[r, max(0, s.prompt_len - 2) : n - 1] = True  # item j predicts x_{j+2}: generated from j = prompt_len - 2
-    return ids, feats, valid, gen
-
-
-# ---------------------------------------------------------------------- loss
-class DraftOut(torch.nn.Module):
-    """The target's output layer restricted to a draft vocabulary: logits over ``ids`` only ([.., N]);
-    ``ids`` maps a draft index back to the target's token id."""
-
-    def __init__(self, lm_head: Any, ids: torch.Tensor):
-        super().__init__()
-        self.ids = ids
-        self.weight = lm_head.weight[ids].detach()  # [N, H] a copy: N/V of the output layer
-        self.bias = lm_head.bias[ids].detach() if getattr(lm_head, "bias", None) is not None else None
-
-    @staticmethod
-    def of(lm_head: Any, ids: torch.Tensor | None) -> Any:
-        return lm_head if ids is None else DraftOut(lm_head, ids)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
-def head_step(
-    head: EagleHead,
-    embed: Any,
-    lm_head: Any,
-    seqs: list[Sequence],
-    noise: float,
-    s: TrainSettings,
-    full_head: Any = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss over a batch, and its parts: feature loss, token loss, top-1 agreement (generated positions).
-
-    ``lm_head`` may be a draft vocabulary's rows of the target's output layer (``DraftOut``): the token
-    loss is then against the target's distribution renormalised over those tokens, and agreement (with
-    ``full_head``, the whole output layer) counts the target's greedy token outside them as a miss."""
-    ids, feats, valid, gen = _batch(seqs)
-    dev = next(head.parameters()).device
-    ids, feats, valid, gen = ids.to(dev), feats.to(dev), valid.to(dev), gen.to(dev)
-    b, t = ids.shape
-    inp = feats[:, :-1]  # [B, T-1, H] f_j
-    if noise > 0:
-        scale = noise * feats[:, :-1][valid].std()
-        inp = inp + (torch.rand_like(inp) - 0.5) * 2 * scale
-    with torch.no_grad():
-        emb = embed(ids[:, 1:])  # [B, T-1, H] x_{j+1}
-        target_p = torch.softmax(lm_head(feats[:, 1:]).float(), dim=-1)  # [B, T-1, V]
-    mask = causal_mask(0, t - 1, inp.dtype).to(dev)  # [T-1, T-1]
-    pos = torch.arange(t - 1, device=dev)[None].expand(b, -1)  # [B, T-1]
-    pred = head(inp, emb, pos, mask[None, None])  # [B, T-1, H] f̂_{j+1}
-    logp = torch.log_softmax(lm_head(pred).float(), dim=-1)  # [B, T-1, V]
-    vloss = F.smooth_l1_loss(pred[valid], feats[:, 1:][valid])
-    ploss = -(target_p[valid] * logp[valid]).sum(-1).mean()
-    loss = s.v_weight * vloss + s.p_weight * ploss
-    with torch.no_grad():
-        keep = gen & valid
-        if full_head is None:
-            agree = (logp.argmax(-1) == target_p.argmax(-1))[keep].float()
-        else:  # the draft's token (mapped to target ids) against the target's greedy token over all V
-            agree = (lm_head.ids[logp[keep].argmax(-1)] == full_head(feats[:, 1:][keep]).argmax(-1)).float()
-    return loss, {
-        "loss": loss.detach().item(),
-        "feature_loss": vloss.detach().item(),
-        "token_loss": ploss.detach().item(),
-        "top1": float(agree.mean()) if agree.numel() else float("nan"),
-        "n": int(agree.numel()),
-    }
 
 
 @torch.no_grad()
@@ -190,7 +107,7 @@ def held_out_logits(
     head.eval()
     zs, ys, n = [], [], 0
     for b0 in range(0, len(seqs), s.batch_size):
-        ids, feats, valid, gen = _batch(seqs[b0 : b0 + s.batch_size])
+        ids, feats, valid, gen = batch_tensors(seqs[b0 : b0 + s.batch_size])
         t = ids.shape[1]
         pred = head(
             feats[:, :-1],

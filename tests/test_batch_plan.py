@@ -60,10 +60,10 @@ class _Planner:
     """What the plan reads of a row's planner: its cost tables (T(n), T_expand(m), T_first)."""
 
     def __init__(self, t0: float, per_node: float, per_round: float):
-        self._t = t0 + per_node * np.arange(66)
-        self._x = per_round * np.ones(66)
-        self._first = per_round
-        self._known = True
+        self.t_step = t0 + per_node * np.arange(66)
+        self.t_expand = per_round * np.ones(66)
+        self.t_first = per_round
+        self.known = True
 
 
 def _run(plan: BatchPlan, planner: _Planner, accept: float, wall, steps: int = 40) -> list[Shape]:

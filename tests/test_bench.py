@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 import treespec
 from conftest import SHARED, STORIES260K
 from treespec.bench import datasets
-from treespec.bench.runner import Bench, Config, Sample, default_baselines, parse_spec
+from treespec.bench.baselines import default_baselines
+from treespec.bench.runner import Bench, Config, Sample, parse_spec
 from treespec.cli.app import app
 
 PROMPTS = SHARED / "prompts"
@@ -379,7 +380,7 @@ def test_planning_summary_of_known_steps():
 def test_configs_first_turns_chat_requests_and_per_category(tmp_path, monkeypatch):
     """--config adds exactly one builder|drafter row each; --turns 1 keeps first turns; --chat makes
     completion prompts user requests; --per-category keeps the first N of every category."""
-    from treespec.cli.bench import _prompts
+    from treespec.cli.bench_inputs import load_items as _prompts
 
     mt = _prompts("mt-bench", None, None, None, 1, False, 2)
     cats = [i.category for i in mt]

@@ -272,7 +272,7 @@ def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
     for _ in range(MIN_STEPS_OFF):  # speculative steps that accept nothing and take 30 ms: 33 tokens/s < 100
         planner.build(ConfidentDrafter(), 1, 20)
         step(4, 0, 0.03)
-    assert planner.off and planner.gap == 8  # off, and the next loss waits twice as long
+    assert planner.off and planner.probes.gap == 8  # off, and the next loss waits twice as long
     sizes = []
     for _ in range(4):
         sizes.append(planner.build(ConfidentDrafter(), 1, 20).size)
@@ -284,7 +284,7 @@ def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
     for _ in range(70):  # and speculation wins: 4 tokens in 20 ms beat 100 tokens/s
         planner.build(ConfidentDrafter(), 1, 20)
         step(6, 3, 0.02)
-    assert not planner.off and planner.gap == 4  # a long winning stretch resets the probe gap
+    assert not planner.off and planner.probes.gap == 4  # a long winning stretch resets the probe gap
 
 
 def test_a_loss_against_the_models_plain_rate_is_checked_against_measured_plain_steps():
@@ -293,7 +293,7 @@ def test_a_loss_against_the_models_plain_rate_is_checked_against_measured_plain_
     for _ in range(MIN_STEPS_OFF):  # 2 tokens in 25 ms: 80 tokens/s, below the model's plain rate
         planner.build(ConfidentDrafter(), 1, 20)
         planner.observe(_stats(4, 1, 0.025))
-    assert planner.off and planner.recheck and planner.gap == 4  # off only to measure plain steps
+    assert planner.off and planner.recheck and planner.probes.gap == 4  # off only to measure plain steps
     sizes = []
     for _ in range(4):  # real plain steps take 20 ms: 50 tokens/s, so speculation was winning after all
         sizes.append(planner.build(ConfidentDrafter(), 1, 20).size)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from treespec import threads
-from treespec.bench.runner import count_and_follow
+from treespec.bench.baselines import count_and_follow
 from treespec.factory import make_drafter, resolve_drafter_name
 from treespec.files import savefig_atomic
 from treespec.options import parse_spec

@@ -7,7 +7,6 @@ sweeps that option (the cartesian product of all sweeps becomes one configuratio
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -19,50 +18,20 @@ import torch
 
 from treespec import threads
 from treespec.bench import planning
+from treespec.bench.baselines import (
+    ASSISTED_KEYS,
+    BASELINES,
+    LOOKUP_DEFAULTS,
+    assistant_settings,
+    assisted_for,
+    count_and_follow,
+    whole,
+)
 from treespec.bench.datasets import PromptItem, format_turns
 from treespec.errors import ConfigError
 from treespec.factory import make_builder, make_drafter, resolve_drafter_name
 from treespec.options import parse_spec
 from treespec.target import TargetModel
-
-BASELINES = {"hf-greedy", "hf-assisted", "hf-lookup"}
-ASSISTED_KEYS = {"num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"}
-LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
-
-
-def default_baselines(builders: list[str]) -> list[str]:
-    """hf-assisted with transformers' defaults, hf-assisted drafting exactly k tokens for every chain k
-    (the like-for-like comparison), and hf-lookup."""
-    ks = sorted(
-        {
-            int(make_builder(name, opts).config.k)
-            for spec in builders
-            for name, opts in parse_spec(spec)
-            if name == "chain"
-        }
-    )  # through the registry: chain's own default k
-    fixed = [
-        f"hf-assisted num_assistant_tokens={k} num_assistant_tokens_schedule=constant assistant_confidence_threshold=0"
-        for k in ks
-    ]
-    return ["hf-assisted", *fixed, "hf-lookup"]
-
-
-def _assisted_for(row: dict[str, Any], assisted: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The assisted-generation row to compare a row with: same draft, and for a chain of k the one
-    drafting exactly k tokens per step, if measured."""
-    same = [a for a in assisted if a["drafter"] == row["drafter"]] or assisted
-    if row["builder"] == "chain":
-        k = row["options"].get("k")
-        for a in same:
-            o = a["options"]
-            if (
-                o.get("num_assistant_tokens") == k
-                and o.get("num_assistant_tokens_schedule") == "constant"
-                and not o.get("assistant_confidence_threshold")
-            ):
-                return a
-    return same[0] if same else None
 
 
 def _label(name: str, options: dict[str, Any]) -> str:
@@ -183,7 +152,7 @@ class Bench:
                             f"hf-assisted: unknown setting(s) {sorted(unknown)}; settings: {sorted(ASSISTED_KEYS)}"
                         )
                     for _, d_label, model in hf_drafts:
-                        settings = _assistant_settings(model, b_opts)
+                        settings = assistant_settings(model, b_opts)
                         short = {
                             "num_assistant_tokens": "k",
                             "num_assistant_tokens_schedule": "schedule",
@@ -205,7 +174,7 @@ class Bench:
                         raise ConfigError(
                             f"hf-lookup: unknown setting(s) {sorted(unknown)}; settings: {sorted(LOOKUP_DEFAULTS)}"
                         )
-                    settings = {**LOOKUP_DEFAULTS, **{k: _whole(f"hf-lookup {k}", v) for k, v in b_opts.items()}}
+                    settings = {**LOOKUP_DEFAULTS, **{k: whole(f"hf-lookup {k}", v) for k, v in b_opts.items()}}
                     self.configs.append(
                         Config(
                             _label("hf-lookup", b_opts), "hf-lookup", options=settings, run=self._hf_runner(settings)
@@ -353,57 +322,12 @@ class Bench:
         for c in self.configs:
             row = per_config[c.label]
             row["speedup"] = row["tokens_per_s"] / base if base and row["tokens_per_s"] else None
-            assisted = _assisted_for(row, assisted_rows)
+            assisted = assisted_for(row, assisted_rows)
             row["assisted_config"] = assisted["config"] if assisted else None
             row["speedup_vs_assisted"] = (
                 row["tokens_per_s"] / assisted["tokens_per_s"] if assisted and row["tokens_per_s"] else None
             )
         return [per_config[c.label] for c in self.configs]
-
-
-def _assistant_settings(model: Any, options: dict[str, str]) -> dict[str, Any]:
-    """The assistant's settings: the options given, else its generation_config, else transformers' defaults."""
-    gc = model.generation_config
-    defaults = {
-        "num_assistant_tokens": 20,
-        "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.4,
-    }
-    if hasattr(gc, "_get_default_generation_params"):
-        defaults.update({k: v for k, v in gc._get_default_generation_params().items() if k in defaults})
-    value = {
-        k: options.get(k, getattr(gc, k, None) if getattr(gc, k, None) is not None else defaults[k]) for k in defaults
-    }
-    try:
-        threshold = float(value["assistant_confidence_threshold"])
-    except ValueError:
-        threshold = math.nan
-    if not 0 <= threshold <= 1:  # also NaN
-        raise ConfigError(
-            f"hf-assisted: assistant_confidence_threshold must be a number in [0, 1], got "
-            f"{value['assistant_confidence_threshold']!r}"
-        )
-    settings = {
-        "num_assistant_tokens": _whole("hf-assisted num_assistant_tokens", value["num_assistant_tokens"]),
-        "num_assistant_tokens_schedule": str(value["num_assistant_tokens_schedule"]),
-        "assistant_confidence_threshold": threshold,
-    }
-    if settings["num_assistant_tokens_schedule"] not in ("constant", "heuristic", "heuristic_transient"):
-        raise ConfigError(
-            "hf-assisted: num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient"
-        )
-    return settings
-
-
-def _whole(what: str, value: Any) -> int:
-    """A baseline's count setting: a whole number > 0 (``k=x`` was a ValueError traceback)."""
-    try:
-        number = int(str(value))
-    except ValueError:
-        number = 0
-    if number <= 0:
-        raise ConfigError(f"{what} must be a whole number > 0, got {value!r}")
-    return number
 
 
 def _pearson(xs: list[float], ys: list[float]) -> float | None:
@@ -413,10 +337,3 @@ def _pearson(xs: list[float], ys: list[float]) -> float | None:
         return statistics.correlation(xs, ys)
     except statistics.StatisticsError:  # a constant series
         return None
-
-
-def count_and_follow(calls: list[int]) -> None:
-    """A Hugging Face forward: count it, and let torch's threads follow the machine's load, as every
-    treespec row's do at its step boundaries (treespec/threads.py): the same rule for every row."""
-    calls[0] += 1
-    threads.follow()

@@ -1,0 +1,47 @@
+"""``treespec bench-report``: regenerate a Markdown page (docs/benchmarks.md) from bench runs'
+results.json; ``treespec bench --report`` writes it the same way after its run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from treespec.cli import fail
+from treespec.cli.common import writable_file
+from treespec.errors import TreespecError
+
+
+def write_report(paths: list[Path], out: Path, flag: str = "--out") -> None:
+    from treespec.bench import report
+    from treespec.files import write_text_atomic
+
+    loaded = []
+    for path in paths:
+        if not path.is_file():
+            fail(f"{path}: no such results.json; run `treespec bench --out DIR` first")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            fail(f"{path} is not a valid results.json ({exc}); rerun the bench that wrote it")
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            fail(f"{path} is not a treespec results.json (no rows); rerun the bench that wrote it")
+        loaded.append((path.resolve(), data))
+    writable_file(out, flag)
+    try:
+        write_text_atomic(out, report.markdown(loaded, out.resolve().parent, out), flag)
+    except TreespecError as exc:
+        fail(str(exc), code=1)
+    typer.echo(f"wrote {out}")
+
+
+def bench_report(
+    runs: Annotated[
+        list[Path], typer.Argument(help="bench output folders (or results.json files), in the order to show")
+    ],
+    out: Annotated[Path, typer.Option(help="the Markdown file to write")] = Path("docs/benchmarks.md"),
+) -> None:
+    """Regenerate docs/benchmarks.md from the results.json of bench runs."""
+    write_report([r / "results.json" if r.is_dir() else r for r in runs], out)

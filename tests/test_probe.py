@@ -1,0 +1,41 @@
+"""The one probe schedule of a row's planner and a batch's plan (plugins/probe.py)."""
+
+from __future__ import annotations
+
+from treespec.plugins.probe import GAP_MAX, ProbeSchedule
+
+
+def plain_steps_until_probe(p: ProbeSchedule) -> int:
+    n = 0
+    while not p.due():
+        n += 1
+    return n
+
+
+def test_each_loss_in_a_row_doubles_the_wait_up_to_the_most():
+    p = ProbeSchedule(start=4, reset_after=10, most=32)
+    waits = []
+    for _ in range(6):
+        p.lost()
+        waits.append(plain_steps_until_probe(p))
+    assert waits == [4, 8, 16, 32, 32, 32]
+
+
+def test_a_winning_stretch_resets_the_gap_and_a_short_one_does_not():
+    p = ProbeSchedule(start=4, reset_after=10)
+    p.lost(), p.lost()  # next loss would wait 16
+    for _ in range(9):
+        p.won()
+    p.lost()
+    assert plain_steps_until_probe(p) == 16  # 9 wins < 10: the gap kept doubling
+    for _ in range(10):
+        p.won()
+    p.lost()
+    assert plain_steps_until_probe(p) == 4
+
+
+def test_nothing_to_wait_for_until_a_loss():
+    p = ProbeSchedule.for_row()
+    assert p.due() and p.gap == p.start
+    assert ProbeSchedule.for_batch().start > p.start  # a batch's probe also pays every row's catch-up
+    assert ProbeSchedule.for_row().most == GAP_MAX
