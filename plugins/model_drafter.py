@@ -46,15 +46,16 @@ class ModelDrafter(Drafter):
     Config = ModelDrafterConfig
     config: ModelDrafterConfig
 
-    def __init__(self, config: ModelDrafterConfig, target: TargetModel):
+    def __init__(self, config: ModelDrafterConfig, target: TargetModel, loaded: torch.nn.Module | None = None):
+        """``loaded``: a draft model the user already loaded (``Decoder(drafter=model)``), used as it is."""
         super().__init__(config, target)
-        self.model = self.load_model().eval()
+        self.model = (self.load_model() if loaded is None else self.adopt(loaded)).eval()
         self._check_embeddings()
         self.vocab = min(target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
         self.max_positions = max_positions(self.model.config)
         reason = tree_refusal(self.model.config)
         if reason is not None:
-            raise ConfigError(f"draft model {config.model!r} cannot draft trees: {reason}; use a transformer draft")
+            raise ConfigError(f"draft model {self.name!r} cannot draft trees: {reason}; use a transformer draft")
         self.windows = attention_windows(self.model.config)  # sliding windows, applied in our own masks
         # the draft's forward: treespec.lean where the architecture allows (same math, less overhead)
         self.forward = LeanCausalLM(self.model) if config.lean and lean_reason(self.model) is None else self.model
@@ -74,9 +75,27 @@ class ModelDrafter(Drafter):
         needed = len(self.target.tokenizer) if self.target.tokenizer is not None else self.target.vocab_size
         if rows < needed:
             raise ConfigError(
-                f"draft model {self.config.model!r} embeds {rows} tokens but the target's tokenizer has {needed}: "
+                f"draft model {self.name!r} embeds {rows} tokens but the target's tokenizer has {needed}: "
                 "use a draft model trained with the target's vocabulary"
             )
+
+    @property
+    def name(self) -> str:
+        """The draft model in messages (a self-draft has no ``model`` option: it is the target's)."""
+        return str(getattr(self.config, "model", None) or self.target.name)
+
+    def adopt(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A loaded draft model, as it is: on the target's device and in its dtype (treespec moves no
+        one's model), whole (``layers`` cuts a model treespec loads)."""
+        first = next(model.parameters())
+        if (first.device, first.dtype) != (self.target.device, self.target.dtype):
+            raise ConfigError(
+                f"the draft model is on {first.device} in {first.dtype} but the target on {self.target.device} in "
+                f"{self.target.dtype}: move it first (draft.to(device, dtype))"
+            )
+        if getattr(self.config, "layers", None) is not None:
+            raise ConfigError("layers=k cuts a draft model treespec loads; the draft was passed loaded: drop layers")
+        return model
 
     def load_model(self) -> torch.nn.Module:
         """The draft model: ``config.model`` with the target's tokenizer, device and dtype."""

@@ -137,3 +137,54 @@ def test_models_that_cannot_verify_a_tree_are_refused_at_load_in_one_line(arch, 
     target = _model("llama", 0, tmp_path / "llama")
     with pytest.raises(treespec.ConfigError, match="cannot draft trees"):  # as a draft model, too
         treespec.Decoder(treespec.TargetModel(target), drafter=str(tmp_path / arch), builder="chain")
+
+
+def test_chunked_attention_decodes_within_one_chunk_and_stops_there():
+    """Llama 4's chunked layers attend within chunks of ``attention_chunk_size`` (issue 29 (1): output
+    differed from ``generate`` from the first token once the context passed the chunk). Inside a chunk
+    they are causal, so treespec decodes there token for token and stops at the chunk's end."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    from treespec.errors import ConfigError
+
+    cfg = Llama4TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
+                           num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                           max_position_embeddings=256, attention_chunk_size=16, num_local_experts=1,
+                           bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    assert "chunked_attention" in cfg.layer_types
+    torch.manual_seed(0)
+    model = Llama4ForCausalLM(cfg).to(torch.float64).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    target = treespec.TargetModel(model)
+    assert target.max_positions == 16
+    gen = torch.Generator().manual_seed(3)
+    for builder, opts in (("opt-tree", {"nodes": 8}), ("chain", {"k": 3})):
+        dec = treespec.Decoder(target, drafter="ngram", builder=builder, builder_options=opts)
+        for n in (1, 6, 12):
+            ids = torch.randint(3, VOCAB, (n,), generator=gen).tolist()
+            out = dec.generate(ids, max_new_tokens=40)
+            ref = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, n, dtype=torch.long),
+                                 max_new_tokens=40, do_sample=False)[0, n:].tolist()  # fmt: skip
+            assert out.token_ids == ref[: len(out.token_ids)]
+            assert out.stats.stop_reason == "eos" or n + len(out.token_ids) == 16
+        with pytest.raises(ConfigError, match="context is 16"):
+            dec.generate(list(range(3, 23)), max_new_tokens=5)
+
+
+def test_a_draft_that_cannot_be_cut_to_k_layers_says_so(tmp_path):
+    """Issue 29 (3): a Gemma 3n draft cut to 1 layer said its files were damaged (download them again)."""
+    from transformers import AutoModelForCausalLM, Gemma3nTextConfig
+
+    from treespec.errors import ModelLoadError
+
+    cfg = Gemma3nTextConfig(vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=32,
+                            hidden_size_per_layer_input=8, intermediate_size=64, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                            sliding_window=8, num_kv_shared_layers=0, laurel_rank=4, altup_num_inputs=2,
+                            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                            activation_sparsity_pattern=[0.0] * 4)  # fmt: skip
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "g")
+    with pytest.raises(ModelLoadError, match=r"cannot be cut to its first 1 layer\(s\)") as err:
+        treespec.Decoder(str(tmp_path / "g"), drafter=str(tmp_path / "g"), drafter_options={"layers": 1})
+    assert "damaged" not in str(err.value) and "\n" not in str(err.value)

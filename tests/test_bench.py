@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -472,3 +473,14 @@ def test_max_new_tokens_filling_the_context_is_one_line(tmp_path, extra):
     )
     assert res.exit_code != 0 and "Traceback" not in res.output
     assert "leaves no room for a prompt" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_the_default_prompts_are_looked_for_beside_the_checkout_not_inside(tmp_path, monkeypatch):
+    """Issue 29 (3): from any other working directory, the default was <checkout>/shared/prompts."""
+    from treespec.bench.datasets import default_data_dir
+
+    checkout = Path(__file__).resolve().parents[1]
+    monkeypatch.delenv("TREESPEC_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ../shared/prompts from here
+    found = default_data_dir()
+    assert checkout not in found.parents and found == checkout.parent / "shared" / "prompts"

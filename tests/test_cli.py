@@ -249,3 +249,41 @@ def test_the_headline_command_picks_the_drafts_target_and_runs_from_the_cache(tm
     ids = AutoTokenizer.from_pretrained(target)("Once upon a time", return_tensors="pt").input_ids
     want = model.generate(ids, do_sample=False, max_new_tokens=16)[0, ids.shape[1] :].tolist()
     assert json.loads(res.stdout)["token_ids"] == want
+
+
+def test_the_readme_eagle3_command_offline_names_the_target_and_the_head(tmp_path, monkeypatch):
+    """Issue 29 (3): offline, the README's EAGLE-3 command named the missing target, not the missing head."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    target, head = "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    res = CliRunner().invoke(
+        app, ["run", "--target", target, "--drafter", "eagle3", "-D", f"head={head}", "--chat", "--prompt", "hi"]
+    )
+    line = res.stderr.strip()
+    assert res.exit_code != 0 and len(line.splitlines()) == 1, res.output
+    assert f"EAGLE head {head!r}" in line and f"hf download {target} && hf download {head}" in line
+
+
+def test_a_chat_template_that_rejects_the_system_role_is_one_line(tmp_path):
+    """Issue 29 (2): Gemma-style templates raise_exception('System role not supported'): with --system
+    that was a 58-line jinja traceback."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(STORIES260K)
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    AutoModelForCausalLM.from_pretrained(STORIES260K).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    base = ["run", "--target", str(tmp_path / "m"), "--drafter", "ngram", "--prompt", "Once upon a time"]
+    res = runner.invoke(app, [*base, "--system", "Be brief.", "--max-new-tokens", "4"])
+    line = res.stderr.strip()
+    assert res.exit_code == 2 and len(line.splitlines()) == 1 and "Traceback" not in res.output, res.output
+    assert "System role not supported" in line and "chat template" in line
+    ok = runner.invoke(app, [*base, "--chat", "--max-new-tokens", "4"])  # no system turn: the template works
+    assert ok.exit_code == 0, ok.output

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import treespec
@@ -105,3 +106,25 @@ def test_a_device_map_needs_accelerate(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
     with pytest.raises(treespec.ConfigError, match=r"pip install 'treespec\[accelerate\]'"):
         treespec.TargetModel.load(str(STORIES260K), device_map="auto")
+
+
+@pytest.mark.parametrize(
+    "mapping, needle",
+    [
+        ({"model": "cuda:0", "lm_head": "cpu"}, "--device-map puts 'model' on 'cuda:0'"),
+        ({"model": "gpu", "lm_head": "cpu"}, "--device-map puts 'model' on 'gpu'"),
+        ({"modle": "cpu", "lm_head": "cpu"}, "names module(s) 'modle' that the model does not have"),
+        ({"model.embed_tokns": "cpu", "": "cpu"}, "names module(s) 'model.embed_tokns'"),
+    ],
+)
+def test_device_maps_naming_what_is_not_here_are_one_line(tmp_path, mapping, needle):
+    """Issue 29 (3): a GPU in a device map on a CPU-only machine said the files were damaged; misspelt
+    module names were silently ignored."""
+    if any(v in ("cuda:0", "gpu") for v in mapping.values()) and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(mapping))
+    res = CliRunner().invoke(
+        app, ["run", "--target", str(STORIES260K), "--drafter", "ngram", "--prompt", "Hi", "--device-map", str(path)]
+    )
+    assert res.exit_code == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output

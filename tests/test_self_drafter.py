@@ -165,3 +165,17 @@ def test_gpt2_self_layers_1_is_lossless():
             want = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=40)[0, n:].tolist()
         out = dec.generate(ids, max_new_tokens=40)
         assert out.token_ids == want
+
+
+def test_a_tokenizer_longer_than_the_embedding_is_one_line_naming_the_model():
+    """Issue 29 (2): the self drafter's embedding check read ``config.model``, which a self-draft has not
+    (AttributeError instead of the check's own message)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from treespec.errors import ConfigError
+
+    model = AutoModelForCausalLM.from_pretrained(STORIES260K, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(STORIES260K)
+    tok.add_tokens(["<extra_a>", "<extra_b>"])  # 514 tokens, 512 embedding rows
+    with pytest.raises(ConfigError, match="embeds 512 tokens but the target's tokenizer has 514"):
+        treespec.Decoder(model, tokenizer=tok, drafter="self", drafter_options={"layers": 3})

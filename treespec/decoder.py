@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from treespec import inputs, step, threads
+from treespec import decoder_args, inputs, step, threads
 from treespec.devices import InexactDtypeWarning, dtype_note
 from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
@@ -37,8 +37,8 @@ class Decoder:
 
     def __init__(
         self,
-        target: str | TargetModel,
-        drafter: str | Drafter = "model",
+        target: str | TargetModel | Any,
+        drafter: str | Drafter | Any = "model",
         builder: str | TreeBuilder = "opt-tree",
         drafter_options: dict[str, Any] | None = None,
         builder_options: dict[str, Any] | None = None,
@@ -48,12 +48,20 @@ class Decoder:
         device_map: str | dict | None = None,
         max_memory: str | dict | None = None,
         offload_folder: str | None = None,
+        tokenizer: Any = None,
     ):
-        target, drafter = _check_arguments(target, drafter, builder, drafter_options, builder_options, offload_folder)
+        target, drafter = decoder_args.check_arguments(
+            target, drafter, builder, drafter_options, builder_options, offload_folder
+        )
+        if decoder_args.is_loaded_model(target):  # the user's own model, as loaded: wrapped, not moved
+            placed = dict(device=device, dtype=dtype, device_map=device_map, max_memory=max_memory)
+            target = decoder_args.adopt_target(target, tokenizer, placed | {"offload_folder": offload_folder})
+        elif tokenizer is not None and isinstance(target, TargetModel):
+            target.tokenizer = tokenizer
         self.builder = make_builder(builder, builder_options)  # cheap: fail on bad options first
         self._builder_spec = (builder, dict(builder_options or {}))  # batch rows get builders of their own
         self._row_builders: dict[int, list[TreeBuilder]] = {}  # batch size -> its rows' builders (kept across batches)
-        _require_models(target, drafter, drafter_options)  # offline: one line naming every missing model
+        decoder_args.require_models(target, drafter, drafter_options)  # offline: one line naming every missing model
         if not isinstance(target, TargetModel):
             target = TargetModel.load(
                 target,
@@ -64,13 +72,24 @@ class Decoder:
                 max_memory=max_memory,
                 offload_folder=offload_folder,
             )
+        if tokenizer is not None and target.tokenizer is not tokenizer:
+            target.tokenizer = tokenizer  # the user's own: text in and out through it
         self.target = target
         note = dtype_note(target.dtype)
         if note is not None:
             warnings.warn(note, InexactDtypeWarning, stacklevel=2)
         self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)
-        self.builder.attach(self.target, self.drafter)
+        try:
+            self.builder.attach(self.target, self.drafter)  # opt-tree nodes=auto: a quick cost measurement
+        except TreespecError:
+            raise
+        except Exception as exc:  # the drafter's or builder's own code failed while measuring
+            raise ConfigError(
+                f"builder {type(self.builder).__name__} could not measure step costs with drafter "
+                f"{type(self.drafter).__name__} ({type(exc).__name__}: {_first_line(exc)}); that drafter fails on "
+                "this target: try another drafter, or a fixed budget (e.g. builder_options={'nodes': 8})"
+            ) from exc
 
     def row_builders(self, drafters: list[Drafter]) -> list[TreeBuilder]:
         """The builders of a batch's rows: row i of every batch of this size keeps the same builder, so
@@ -145,7 +164,7 @@ class Decoder:
 
     def generate(
         self,
-        prompt: str | list[int] | torch.Tensor | list[str] | list[list[int]],
+        prompt: str | list[int] | torch.Tensor | list[str] | list[list[int]] | None = None,
         max_new_tokens: int = 128,
         stream: StreamCallback | None = None,
         *,
@@ -156,6 +175,9 @@ class Decoder:
         draft_temperature: float | None = None,
         rule: str = "auto",
         batch_size: int | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        do_sample: bool | None = None,
         **unknown: Any,
     ) -> Output:
         """Decode. With ``temperature`` None or 0 (the default): greedily, and the output equals the
@@ -173,6 +195,10 @@ class Decoder:
         ``batch_size`` B keeps at most B rows in flight: when a row finishes, the next prompt takes its
         place (continuous batching); by default every prompt is a row from the start.
 
+        As Hugging Face users call ``generate``: ``input_ids`` ([L], [1, L], or [B, L] for B rows) with
+        its ``attention_mask`` (padding, left or right, is dropped), e.g. ``generate(**tokenizer(text,
+        return_tensors="pt"))``; ``do_sample=True`` samples (at temperature 1 unless given), False is greedy.
+
         Calls on one Decoder are serialised: a second thread's call waits for the first to finish
         (the target's and the drafter's caches are per Decoder). Bad arguments raise ``ConfigError``;
         a failure while decoding raises ``DecodingError`` with everything generated so far in ``.output``,
@@ -181,9 +207,12 @@ class Decoder:
         """
         if unknown:
             raise ConfigError(
-                f"generate() got unknown argument(s) {', '.join(map(repr, unknown))}; it takes prompt, max_new_tokens, "
-                "stream, temperature, top_p, top_k, seed, draft_temperature, rule, batch_size"
+                f"generate() got unknown argument(s) {', '.join(map(repr, unknown))}; it takes prompt (or input_ids and "
+                "attention_mask), max_new_tokens, stream, temperature, top_p, top_k, do_sample, seed, "
+                "draft_temperature, rule, batch_size"
             )
+        prompt = decoder_args.hf_prompt(prompt, input_ids, attention_mask)
+        temperature = decoder_args.sample_or_not(do_sample, temperature)
         from treespec import batch
 
         if batch.is_batch(prompt):
@@ -324,56 +353,6 @@ class Decoder:
             stats.t_total = time.perf_counter() - t_start  # also when a step fails: the partial output's speed
 
 
-def _check_arguments(
-    target: Any, drafter: Any, builder: Any, drafter_options: Any, builder_options: Any, offload_folder: Any
-) -> tuple[Any, Any]:
-    """The Decoder's arguments have the types it takes (a path may be a ``pathlib.Path``): one
-    ``ConfigError`` each otherwise, not a ``TypeError`` from deep inside (``Decoder(3)``,
-    ``builder_options="k=3"``). Returns (target, drafter) with paths as strings."""
-    import os
-    from collections.abc import Mapping
-
-    if isinstance(target, os.PathLike):
-        target = os.fspath(target)
-    if isinstance(drafter, os.PathLike):
-        drafter = os.fspath(drafter)
-    if not isinstance(target, (str, TargetModel)):
-        raise ConfigError(
-            f"target must be a model name or path (str) or a TargetModel, got {target!r} ({type(target).__name__})"
-        )
-    if not isinstance(drafter, (str, Drafter)):
-        raise ConfigError(
-            f"drafter must be a drafter name, a draft model (str) or a Drafter, got {drafter!r} "
-            f"({type(drafter).__name__})"
-        )
-    if not isinstance(builder, (str, TreeBuilder)):
-        raise ConfigError(
-            f"builder must be a builder name (str) or a TreeBuilder, got {builder!r} ({type(builder).__name__})"
-        )
-    for name, options in (("drafter_options", drafter_options), ("builder_options", builder_options)):
-        if options is not None and not isinstance(options, Mapping):
-            raise ConfigError(
-                f"{name} must be a dict of option name -> value, got {options!r} ({type(options).__name__})"
-            )
-    if offload_folder is not None and not isinstance(offload_folder, (str, os.PathLike)):
-        raise ConfigError(
-            f"offload_folder must be a folder path, got {offload_folder!r} ({type(offload_folder).__name__})"
-        )
-    return target, drafter
-
-
-def _require_models(target: str | TargetModel, drafter: str | Drafter, options: dict[str, Any] | None) -> None:
-    """Before loading anything: the hub models this Decoder needs (the target, a draft model) are
-    cached, or (offline) one line names them all (``treespec.models.require_cached``)."""
-    from treespec.factory import resolve_drafter_name
-    from treespec.models import require_cached
-
-    needed = [] if isinstance(target, TargetModel) else [(target, "target")]
-    if isinstance(drafter, str):
-        try:
-            name, opts = resolve_drafter_name(drafter, options)
-        except TreespecError:
-            name, opts = "", {}  # an unknown drafter: make_drafter says so, in its words
-        if name == "model" and isinstance(opts.get("model"), str):
-            needed.append((opts["model"], "draft model"))
-    require_cached(needed)
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""

@@ -34,6 +34,7 @@ def device_placement(device_map: Any, max_memory: Any, offload_folder: Any, devi
             "--device-map needs accelerate: pip install 'treespec[accelerate]' (or pip install accelerate)"
         )
     out: dict[str, Any] = {"device_map": _device_map(device_map)}
+    check_map_devices(out["device_map"])
     if max_memory is not None:
         out["max_memory"] = _max_memory(max_memory)
     if offload_folder is not None:
@@ -63,6 +64,37 @@ def _device_map(value: Any) -> Any:
     if not isinstance(mapping, dict) or not mapping:
         raise ConfigError(f'--device-map {path}: give a JSON object of module name -> device ("cpu", 0, "disk", ...)')
     return mapping
+
+
+def check_map_devices(mapping: Any) -> None:
+    """Every device a device map names exists here: a GPU on a machine without one is this line, not
+    "the files are damaged" from deep inside the load (issue 29)."""
+    if not isinstance(mapping, dict):
+        return
+    for module, where in mapping.items():
+        if where in ("cpu", "disk", "meta"):
+            continue
+        device = f"cuda:{where}" if isinstance(where, int) and not isinstance(where, bool) else where
+        if where == "gpu":
+            device = "cuda"
+        try:
+            check_device(device)
+        except ConfigError as exc:
+            raise ConfigError(f"--device-map puts {module or 'the model'!r} on {where!r}: {exc}") from None
+
+
+def check_map_modules(mapping: Any, model: Any) -> None:
+    """Every module a device map names is one of the model's: a misspelt name was silently ignored."""
+    if not isinstance(mapping, dict):
+        return
+    names = {name for name, _ in model.named_modules()}
+    unknown = sorted(k for k in mapping if k and k not in names)
+    if unknown:
+        top = sorted(n for n in names if n and n.count(".") <= 1)[:6]
+        raise ConfigError(
+            f"--device-map names module(s) {', '.join(map(repr, unknown[:4]))} that the model does not have; "
+            f"its modules are named like {', '.join(top)}"
+        )
 
 
 def _max_memory(value: Any) -> dict[Any, str]:

@@ -6,6 +6,7 @@ from typing import Any
 
 from treespec.config import build_config
 from treespec.errors import ConfigError, PluginError
+from treespec.inputs import is_loaded_model, model_name
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.models import MODEL_ALIASES
 from treespec.registry import Entry, load_plugins
@@ -58,11 +59,13 @@ def make_builder(builder: str | TreeBuilder, options: dict[str, Any] | None = No
     return cls(build_config(entry.spec.config, options, f"builder {builder!r}"))
 
 
-def make_drafter(drafter: str | Drafter, options: dict[str, Any] | None, target: Any) -> Drafter:
+def make_drafter(drafter: str | Drafter | Any, options: dict[str, Any] | None, target: Any) -> Drafter:
     if isinstance(drafter, Drafter):
         if options:
             raise ConfigError("drafter options go into the drafter instance's Config, not drafter_options")
         return drafter
+    if is_loaded_model(drafter):  # a draft model the user loaded: the `model` drafter around it
+        return make_loaded_draft(drafter, options or {}, target)
     name, options = resolve_drafter_name(drafter, options)
     return make_named(name, options, target, f"drafter {drafter!r}")
 
@@ -74,3 +77,14 @@ def make_named(name: str, options: dict[str, Any], target: Any, owner: str) -> D
     entry = load_plugins().get("drafter", name)
     cls = _plugin_class(entry, Drafter)
     return cls.from_options(options, target, owner)
+
+
+def make_loaded_draft(model: Any, options: dict[str, Any], target: Any) -> Drafter:
+    """The registered ``model`` drafter around a draft model the user already loaded (``options``: the
+    ``model`` drafter's, e.g. ``lean``); it drafts with the object as it is, on its device and dtype."""
+    if "model" in options:
+        raise ConfigError("the draft model was passed loaded: drop drafter_options['model']")
+    entry = load_plugins().get("drafter", "model")
+    cls = _plugin_class(entry, Drafter)
+    owner = f"drafter {model_name(model)!r} (loaded)"
+    return cls(build_config(entry.spec.config, {"model": model_name(model), **options}, owner), target, loaded=model)

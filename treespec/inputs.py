@@ -20,6 +20,19 @@ from treespec.errors import ConfigError
 PROMPT_TYPES = "text (str), a list of token ids, or a [L] / [1, L] integer tensor"
 
 
+def is_loaded_model(value: Any) -> bool:
+    """A model object as transformers loads it (``AutoModelForCausalLM.from_pretrained(...)``): a torch
+    module with a ``config`` and a ``generate``, not a name."""
+    import torch
+
+    return isinstance(value, torch.nn.Module) and hasattr(value, "config") and hasattr(value, "generate")
+
+
+def model_name(model: Any) -> str:
+    """What a loaded model is called in messages and cost profiles: the path or hub id it came from."""
+    return str(getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or type(model).__name__)
+
+
 def token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
     """The token ids of ``prompt`` (text through ``tokenizer``), each in ``[0, vocab_size)``."""
     if isinstance(prompt, str):

@@ -67,13 +67,28 @@ def text_config(config: Any) -> Any:
 
 
 def max_positions(config: Any) -> int | None:
-    """The model's context length from its config, or None if the config does not say."""
+    """The context treespec decodes in, from the model's config (None if it does not say): its context
+    length, capped at ``attention_chunk_size`` where layers attend within chunks (Llama 4). Inside one
+    chunk, chunked attention is causal attention, so the tree masks are the model's; past it they are
+    not, and a decode stops at the chunk (``stop_reason`` "context") instead of going silently wrong."""
     cfg = text_config(config)
+    found = None
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(cfg, key, None)
         if isinstance(value, int) and value > 0:
-            return value
-    return None
+            found = value
+            break
+    chunk = getattr(cfg, "attention_chunk_size", None)
+    if isinstance(chunk, int) and chunk > 0 and _chunked_layers(cfg):
+        found = chunk if found is None else min(found, chunk)
+    return found
+
+
+def _chunked_layers(cfg: Any) -> bool:
+    """Whether any layer attends within chunks (Llama 4 names them in ``layer_types``; a config without
+    layer types but with a chunk size is taken to chunk)."""
+    types = getattr(cfg, "layer_types", None)
+    return not types or "chunked_attention" in types
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from treespec import model_checks as checks
-from treespec.devices import check_device, check_dtype, device_placement, device_type
+from treespec.devices import check_device, check_dtype, check_map_modules, device_placement, device_type
 from treespec.errors import ConfigError, ModelLoadError, TreespecError
 
 #: Common public draft models, by short name. Facts, not code: extend freely.
@@ -227,6 +227,12 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
         # Local directories and cached hub models load without touching the network.
         return loader.from_pretrained(resolved, local_files_only=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - every loader failure becomes one line below
+        if kwargs.get("num_hidden_layers") is not None:  # a model cut to k layers that fails to load: the cut is what failed
+            raise ModelLoadError(
+                f"{what} {name!r} cannot be cut to its first {kwargs['num_hidden_layers']} layer(s) "
+                f"({type(exc).__name__}: {_first_line(exc)}): its architecture ties settings to every layer; "
+                "draft with the whole model, more layers, or another draft"
+            ) from None
         if "ignore_mismatched_sizes" in str(exc):
             raise ModelLoadError(
                 f"{what} {name!r}: weights in {resolved} have other shapes than its config.json says; "
@@ -347,6 +353,7 @@ def load_causal_lm(
     with quiet_transformers():  # transformers' load report is hidden, so its verdict is checked here
         model, info = _load(AutoModelForCausalLM, name, what, output_loading_info=True, **kwargs)
     checks.check_loaded(name, what, info)
+    check_map_modules(kwargs.get("device_map"), model)
     if device is not None and "device_map" not in kwargs:
         model = model.to(device)
     return model.eval()

@@ -44,7 +44,7 @@ def default_data_dir() -> Path:
     here = Path("../shared/prompts")
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parents[1].parent / "shared" / "prompts"
+    return Path(__file__).resolve().parents[2].parent / "shared" / "prompts"  # beside the checkout: ../shared
 
 
 def load_prompts(
