@@ -61,7 +61,7 @@ def _tensor_ids(prompt: Any) -> list[int]:
         prompt = prompt[0]
     if prompt.dim() != 1:
         shape = list(prompt.shape)
-        hint = "; batches are not supported: call generate() once per prompt" if prompt.dim() == 2 else ""
+        hint = "; several prompts: pass them to generate() (a [B, L] tensor or a list)" if prompt.dim() == 2 else ""
         raise ConfigError(f"the prompt tensor has shape {shape}: give [L] or [1, L]{hint}")
     return [int(t) for t in prompt.tolist()]
 

@@ -156,6 +156,17 @@ RECURRENT_TYPES = (
 )
 
 
+#: architectures whose forward cannot take a tree: found by tests/test_arch_sweep.py (each failed in its
+#: forward on the first tree); named here so they are refused at load instead
+NO_TREE_TYPES = {
+    "cpmant": "it adds its own position bias and builds its attention mask from segment ids",
+    "openai-gpt": "its attention takes a 2-D padding mask only",
+    "xlm": "its attention takes a 2-D padding mask only",
+    "xlnet": "it attends two-stream over memories, not through a causal mask",
+    "dory": "its looped layers attend over keys and values shared between loops, which a tree mask does not cover",
+}
+
+
 def tree_refusal(config: Any) -> str | None:
     """Why a model cannot verify a draft tree in one forward (one phrase), or None if it can."""
     cfg = text_config(config)
@@ -166,6 +177,8 @@ def tree_refusal(config: Any) -> str | None:
             f"{kind or 'this model'} encodes positions as ALiBi biases over the order of the cached keys, which "
             "a tree's siblings (one position, different order) would break"
         )
+    if kind in NO_TREE_TYPES:
+        return f"{kind}'s forward cannot take a tree mask: {NO_TREE_TYPES[kind]}"
     layer_types = [str(t) for t in (getattr(cfg, "layer_types", None) or [])]
     if kind in RECURRENT_TYPES or any(t in ("linear_attention", "mamba", "conv") for t in layer_types):
         return f"{kind or 'this model'} is recurrent (state-space or linear attention): it has no per-token keys a tree mask can select"

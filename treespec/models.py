@@ -227,7 +227,9 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
         # Local directories and cached hub models load without touching the network.
         return loader.from_pretrained(resolved, local_files_only=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - every loader failure becomes one line below
-        if kwargs.get("num_hidden_layers") is not None:  # a model cut to k layers that fails to load: the cut is what failed
+        if (
+            kwargs.get("num_hidden_layers") is not None
+        ):  # a model cut to k layers that fails to load: the cut is what failed
             raise ModelLoadError(
                 f"{what} {name!r} cannot be cut to its first {kwargs['num_hidden_layers']} layer(s) "
                 f"({type(exc).__name__}: {_first_line(exc)}): its architecture ties settings to every layer; "
