@@ -66,7 +66,8 @@ class Eagle3Drafter(EagleDrafter):
         self.device, self.dtype = target.device, target.dtype
         self.head.to(device=self.device, dtype=self.dtype)
         self.forward = self.head
-        self.embed = target.model.get_input_embeddings()  # shared with the target: no copy
+        own = self.head.embed_tokens  # a head of another width than the target embeds with its own table
+        self.embed = own if own is not None else target.model.get_input_embeddings()  # shared: no copy
         offloaded = self.embed.weight.device.type == "meta"
         self._embed = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
         self.vocab = vocab

@@ -142,6 +142,7 @@ class Eagle3Head(nn.Module):
         self.rotary = LlamaRotaryEmbedding(config)
         self._rope: RopeTable | None = None
         self.norm_before_residual = False  # speculators' variant: the residual is hidden_norm(g), not g
+        self.embed_tokens: nn.Embedding | None = None  # its own, when its hidden size is not the target's
 
     @property
     def hidden_size(self) -> int:
@@ -278,9 +279,10 @@ def load_head3(
         raise ConfigError(
             f"EAGLE-3 head {name!r} has hidden size {h} ≠ the target's {hidden} and no embedding of its own"
         )
-    if emb is not None and tuple(emb.shape) != (vocab, hidden):
+    if emb is not None and tuple(emb.shape) != (vocab, h):
         raise ConfigError(
-            f"EAGLE-3 head {name!r}: its embed_tokens is {tuple(emb.shape)}, the target's is {(vocab, hidden)}"
+            f"EAGLE-3 head {name!r}: its embed_tokens is {tuple(emb.shape)}, but its vocabulary and hidden size "
+            f"need {(vocab, h)}"
         )
     draft_vocab = int(raw.get("draft_vocab_size") or vocab)
     if "d2t" not in state:  # published heads without a reduced vocabulary may omit the maps
@@ -294,6 +296,10 @@ def load_head3(
     head = Eagle3Head(config, target_hidden=int(th), draft_vocab=draft_vocab, target_vocab=vocab)
     head.norm_before_residual = bool(raw.get("norm_before_residual", False))
     fit_weights(head, state, f"EAGLE-3 head {name!r}", "the EAGLE-3 layout")
+    if h != hidden:  # a head narrower or wider than its target (SpecForge/vLLM ``target_hidden_size``): its own embedding
+        head.embed_tokens = nn.Embedding(vocab, h)
+        head.embed_tokens.weight.data.copy_(emb)
+    # (a head as wide as the target embeds with the target's table, of which published heads ship a copy)
     ids = head.target_ids(torch.arange(draft_vocab))
     if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft_vocab:
         raise ModelLoadError(

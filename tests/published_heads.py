@@ -207,12 +207,16 @@ def eagle3_head(
     fmt: str = "bin",
     max_positions: int = 512,
     used: torch.Tensor | None = None,
+    target_hidden: int | None = None,
 ) -> Path:
     """Write an EAGLE-3 head in the published layout with random weights. The draft vocabulary is
     ``used`` (ascending target ids; default: every other id from 1, or all if that does not fit) as ``scandata`` builds it:
-    d2t[i] = used[i] - i, t2d[j] = j in used."""
+    d2t[i] = used[i] - i, t2d[j] = j in used. ``target_hidden``: a head of width ``hidden`` for a target of
+    another width, as SpecForge and vLLM define it (``llama_eagle3.py``: ``fc`` reads 3 × ``target_hidden_size``
+    and the head embeds with its own ``embed_tokens`` [V, hidden]; config ``target_hidden_size``)."""
     gen = torch.Generator().manual_seed(seed)
     d = hidden // heads
+    th = target_hidden or hidden
 
     def w(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=gen) / math.sqrt(shape[-1])).to(dtype)
@@ -223,7 +227,7 @@ def eagle3_head(
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[used] = True
     state = {
-        "fc.weight": w(hidden, 3 * hidden),
+        "fc.weight": w(hidden, 3 * th),
         "midlayer.self_attn.q_proj.weight": w(heads * d, 2 * hidden),
         "midlayer.self_attn.k_proj.weight": w(kv_heads * d, 2 * hidden),
         "midlayer.self_attn.v_proj.weight": w(kv_heads * d, 2 * hidden),
@@ -239,9 +243,12 @@ def eagle3_head(
         "d2t": used - torch.arange(draft_vocab),
         "t2d": t2d,
     }
+    if target_hidden is not None:
+        state["embed_tokens.weight"] = w(vocab, hidden)
     _write_state(folder, state, fmt)
     config = dict(
         EAGLE3_CONFIG,
+        **({"target_hidden_size": target_hidden} if target_hidden is not None else {}),
         hidden_size=hidden,
         vocab_size=vocab,
         draft_vocab_size=draft_vocab,
@@ -264,6 +271,8 @@ def eagle3_forward(
     cfg = json.loads((folder / "config.json").read_text())
     state = _read_state(folder)
     s = {k: (v.double() if v.is_floating_point() else v) for k, v in state.items()}
+    if cfg.get("target_hidden_size") not in (None, cfg["hidden_size"]):  # a head of its own width: its own table
+        embedding = s["embed_tokens.weight"]
     heads, kv, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
     theta = cfg.get("rope_theta", 10000.0)
     h = cfg["hidden_size"]

@@ -269,3 +269,29 @@ def test_cli_trains_an_eagle3_head_that_decodes_losslessly(tmp_path, greedy_refe
     ids = greedy_reference.target.tokenizer(prompt).input_ids
     got = json.loads(r.stdout)
     assert got["token_ids"] == greedy_reference(ids, 48)
+
+
+def test_a_head_of_another_width_than_its_target_embeds_with_its_own_table(target64, greedy_reference, tmp_path):
+    """Issue 29 (6): heads with ``target_hidden_size`` ≠ their own width (SpecForge, vLLM) were refused.
+    A 48-wide head for the 64-wide target: fc reads 3 × 64, the head embeds with its own [V, 48] table,
+    computes the published forward, and decodes losslessly."""
+    folder = eagle3_head(tmp_path / "head", hidden=48, heads=4, kv_heads=2, vocab=512, draft_vocab=200,
+                         target_hidden=64, seed=7)  # fmt: skip
+    d = drafter(target64, folder)
+    assert d.embed is d.head.embed_tokens and d.embed.weight.shape == (512, 48)
+    gen = torch.Generator().manual_seed(0)
+    toks = torch.randint(3, 512, (6,), generator=gen)
+    causal = torch.full((6, 6), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
+    embeds = torch.nn.functional.embedding(toks, d.embed.weight)[None]
+    for width in (3 * 64, 48):  # the target's fused layers (fc), then the head's own outputs
+        feats = torch.randn(6, width, generator=gen, dtype=torch.float64)
+        want_out, want_logits = eagle3_forward(
+            folder, feats, toks, embedding=target64.model.get_input_embeddings().weight
+        )
+        got = d.head(feats[None], embeds, torch.arange(6)[None], causal, DynamicCache())[0]
+        assert torch.allclose(got, want_out, atol=1e-6), (got - want_out).abs().max()
+    dec = treespec.Decoder(target64, drafter="eagle3", drafter_options={"head": str(folder)}, builder="chain",
+                           builder_options={"k": 3})  # fmt: skip
+    for prompt in tinystories_prompts(2):
+        ids = dec.encode(prompt)
+        assert dec.generate(ids, max_new_tokens=32).token_ids == greedy_reference(ids, 32)
