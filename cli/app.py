@@ -53,12 +53,12 @@ def _notes() -> None:
     import sys
     import warnings
 
-    from treespec.devices import InexactDtypeWarning
+    from treespec.errors import PromiseNote
 
     default = warnings.showwarning
 
     def show(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
-        if issubclass(category, InexactDtypeWarning):
+        if issubclass(category, PromiseNote):
             print(f"note: {message}", file=sys.stderr)
         else:
             default(message, category, *args, **kwargs)  # type: ignore[arg-type]

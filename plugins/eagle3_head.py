@@ -296,7 +296,9 @@ def load_head3(
     head = Eagle3Head(config, target_hidden=int(th), draft_vocab=draft_vocab, target_vocab=vocab)
     head.norm_before_residual = bool(raw.get("norm_before_residual", False))
     fit_weights(head, state, f"EAGLE-3 head {name!r}", "the EAGLE-3 layout")
-    if h != hidden:  # a head narrower or wider than its target (SpecForge/vLLM ``target_hidden_size``): its own embedding
+    if (
+        h != hidden
+    ):  # a head narrower or wider than its target (SpecForge/vLLM ``target_hidden_size``): its own embedding
         head.embed_tokens = nn.Embedding(vocab, h)
         head.embed_tokens.weight.data.copy_(emb)
     # (a head as wide as the target embeds with the target's table, of which published heads ship a copy)

@@ -25,6 +25,7 @@ from treespec.kv import (
     attention_windows,
     cache_keyword,
     causal_mask,
+    code_refusal,
     crop_cache,
     keep_rows,
     max_positions,
@@ -53,7 +54,7 @@ class ModelDrafter(Drafter):
         self._check_embeddings()
         self.vocab = min(target.vocab_size, self.model.get_output_embeddings().weight.shape[0])
         self.max_positions = max_positions(self.model.config)
-        reason = tree_refusal(self.model.config)
+        reason = tree_refusal(self.model.config) or code_refusal(self.model)
         if reason is not None:
             raise ConfigError(f"draft model {self.name!r} cannot draft trees: {reason}; use a transformer draft")
         self.windows = attention_windows(self.model.config)  # sliding windows, applied in our own masks

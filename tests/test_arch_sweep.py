@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM, GenerationConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import treespec
@@ -24,8 +24,18 @@ VOCAB, PROMPT, NEW = 96, 7, 20
 MAX_PARAMETERS = 3_000_000  # a default config this shrink leaves larger is not a tiny model
 SHRINK = dict(vocab_size=VOCAB, hidden_size=32, n_embd=32, d_model=32, num_hidden_layers=2, n_layer=2, num_layers=2,
               n_layers=2, num_attention_heads=4, n_head=4, n_heads=4, num_key_value_heads=2, intermediate_size=64,
-              n_inner=64, ffn_dim=64, head_dim=8, max_position_embeddings=256, n_positions=256, bos_token_id=1,
-              eos_token_id=2, pad_token_id=0)  # fmt: skip
+              n_inner=64, ffn_dim=64, d_ff=64, head_dim=8, max_position_embeddings=256, n_positions=256,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0, decoder_start_token_id=1,
+              # mixtures of experts
+              num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              n_shared_experts=1, shared_expert_intermediate_size=32, first_k_dense_replace=1, moe_topk=2,
+              # latent attention (DeepSeek-style)
+              kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+              # encoder-decoder families used as decoders (BartForCausalLM, ...)
+              encoder_layers=2, decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
+              decoder_attention_heads=4,
+              # partial rotary (GPT-J, CodeGen), vision/audio towers of multimodal configs left alone
+              rotary_dim=8)  # fmt: skip
 #: architectures treespec gets wrong today, and how (strict xfail: each fix must remove its line)
 KNOWN: dict[str, str] = {}
 ARCHS = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
@@ -62,6 +72,9 @@ def test_architecture_is_lossless_or_refused_in_one_line(arch):
         pytest.skip(f"not built here: {type(exc).__name__}: {str(exc)[:80]}")
     if model is None:
         pytest.skip(why)
+    gc = model.generation_config  # what treespec compares with is decoding itself: no forced tokens or penalties
+    model.generation_config = GenerationConfig(bos_token_id=gc.bos_token_id, eos_token_id=gc.eos_token_id,
+                                               pad_token_id=gc.pad_token_id)  # fmt: skip
     ids = torch.randint(3, VOCAB, (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
     try:
         with torch.inference_mode():

@@ -194,3 +194,18 @@ def test_a_drafter_that_fails_while_nodes_auto_measures_is_one_line(hf, tmp_path
     drafter = Broken(Broken.Config(), target)
     with pytest.raises(ConfigError, match=r"could not measure step costs with drafter Broken \(RuntimeError: shape"):
         treespec.Decoder(target, drafter=drafter, builder="opt-tree", builder_options={"nodes": "auto"})
+
+
+def test_a_generation_config_that_changes_generate_is_named_in_a_note(hf):
+    """The sweep found it: BART-family configs force EOS at max_length (forced_eos_token_id), which
+    ``generate`` applies and treespec's decoding does not; the Decoder says so instead of differing silently."""
+    from treespec.errors import GenerationConfigNote
+
+    model, draft, tok = hf
+    before = model.generation_config
+    model.generation_config = GenerationConfig(eos_token_id=2, bos_token_id=1, forced_eos_token_id=2)
+    try:
+        with pytest.warns(GenerationConfigNote, match="sets forced_eos_token_id=2, which treespec does not apply"):
+            treespec.Decoder(model, tokenizer=tok, drafter="ngram", builder="chain")
+    finally:
+        model.generation_config = before

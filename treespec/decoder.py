@@ -13,8 +13,9 @@ import torch
 
 from treespec import decoder_args, inputs, step, threads
 from treespec.devices import InexactDtypeWarning, dtype_note
-from treespec.errors import ConfigError, DecodingError, Interrupted, TreespecError
+from treespec.errors import ConfigError, DecodingError, GenerationConfigNote, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
+from treespec.hf import unhonoured
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.memory import check_fits
 from treespec.output import Output, StreamCallback, emit, step_stats  # noqa: F401 - step_stats: public here before
@@ -78,6 +79,14 @@ class Decoder:
         note = dtype_note(target.dtype)
         if note is not None:
             warnings.warn(note, InexactDtypeWarning, stacklevel=2)
+        unapplied = unhonoured(getattr(target.model, "generation_config", None))
+        if unapplied:
+            warnings.warn(
+                f"{target.name}'s generation_config sets {', '.join(unapplied)}, which treespec does not apply: its "
+                "output is the model's own greedy (or sampled) decoding without them",
+                GenerationConfigNote,
+                stacklevel=2,
+            )
         self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)
         try:

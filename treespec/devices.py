@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from treespec.errors import ConfigError
+from treespec.errors import ConfigError, PromiseNote
 
 
 def first_line(exc: BaseException) -> str:
@@ -165,7 +165,7 @@ def device_type(device: Any) -> str:
     return str(device).split(":")[0]
 
 
-class InexactDtypeWarning(UserWarning):
+class InexactDtypeWarning(PromiseNote):
     """The target's dtype rounds so coarsely that a tree forward can flip a near-tied argmax (bfloat16)."""
 
 

@@ -40,5 +40,15 @@ class Interrupted(DecodingError):
     holds everything generated before it; an unfinished output has ``stats.stop_reason == "interrupted"``."""
 
 
+class PromiseNote(UserWarning):
+    """What treespec promises for this target, where it is less than (or other than) ``generate``'s
+    output token for token (the CLI prints it as one ``note:`` line)."""
+
+
+class GenerationConfigNote(PromiseNote):
+    """The target's ``generation_config`` sets what changes ``generate``'s output (forced tokens,
+    penalties, ...), which treespec's decoding does not apply."""
+
+
 class TreespecWarning(UserWarning):
     """Something was ignored or redone, and the run goes on (the CLI prints it as one ``warning:`` line)."""

@@ -49,6 +49,18 @@ UNSET = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "n
 _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {settings: Decoder}
 
 
+def unhonoured(generation_config: Any) -> list[str]:
+    """The settings of a ``GenerationConfig`` that change ``generate``'s output and treespec does not apply,
+    as ``name=value``; empty when it holds none."""
+    if generation_config is None:
+        return []
+    return [
+        f"{k}={getattr(generation_config, k)!r}"
+        for k, neutral in sorted(NEUTRAL.items())
+        if getattr(generation_config, k, None) not in (None, neutral)
+    ]
+
+
 def generate(
     model: Any,
     inputs: torch.Tensor | None = None,
@@ -138,10 +150,10 @@ def _settings(model: Any, generation_config: Any, kwargs: dict[str, Any], prompt
             "max_new_tokens, max_length, do_sample, temperature, top_k, top_p, pad_token_id, streamer, "
             "return_dict_in_generate, drafter, builder, drafter_options, builder_options, tokenizer"
         )
-    changed = sorted(k for k, neutral in NEUTRAL.items() if getattr(gc, k, None) not in (None, neutral))
+    changed = unhonoured(gc)
     if changed:
         raise ConfigError(
-            f"treespec's generate cannot honour {', '.join(f'{k}={getattr(gc, k)!r}' for k in changed)}: "
+            f"treespec's generate cannot honour {', '.join(changed)}: "
             "drop them (the model's generation_config too), or use plain generate()"
         )
     defaults = gc._get_default_generation_params() if hasattr(gc, "_get_default_generation_params") else {}

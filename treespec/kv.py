@@ -164,7 +164,28 @@ NO_TREE_TYPES = {
     "xlm": "its attention takes a 2-D padding mask only",
     "xlnet": "it attends two-stream over memories, not through a causal mask",
     "dory": "its looped layers attend over keys and values shared between loops, which a tree mask does not cover",
+    "prophetnet": "it attends over n-gram streams with masks of its own shape",
 }
+#: what a model's own code calls on its cache that treespec's cache (keys and values per token) cannot
+#: answer: states that fold every token in (convolutions), compressed keys
+CACHE_CALLS = {
+    "get_conv_state": "it keeps convolution states in its cache, which fold tokens in order (a tree's branches cannot share them)",
+    "store_compression_weights": "it compresses its cache, which treespec's per-token cache cannot hold",
+}
+
+
+def code_refusal(model: Any) -> str | None:
+    """Why a model's own code cannot verify a tree (one phrase), read from its modeling module, or None."""
+    import inspect
+    import sys
+
+    module = sys.modules.get(type(model).__module__)
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        return None
+    found = next((why for call, why in CACHE_CALLS.items() if f".{call}(" in source), None)
+    return f"{getattr(model.config, 'model_type', type(model).__name__)}: {found}" if found else None
 
 
 def tree_refusal(config: Any) -> str | None:

@@ -24,6 +24,7 @@ from treespec.errors import ConfigError, TreespecError
 from treespec.kv import (
     attention_windows,
     cache_keyword,
+    code_refusal,
     crop_cache,
     grouped_sdpa,
     grouped_sdpa_helps,
@@ -56,7 +57,7 @@ class TargetModel:
         self._tree_len: int | None = None
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
-        reason = tree_refusal(model.config)
+        reason = tree_refusal(model.config) or code_refusal(model)
         if reason is not None:
             raise ConfigError(
                 f"target {self.name!r} cannot verify draft trees: {reason}; use a transformer with "
