@@ -26,7 +26,15 @@ import torch
 from transformers import DynamicCache
 
 from treespec.errors import ConfigError, TreespecError
-from treespec.kv import concat_caches, crop_cache, grouped_sdpa, move_cache_rows
+from treespec.kv import (
+    concat_caches,
+    crop_cache,
+    float_mask,
+    grouped_sdpa,
+    move_cache_rows,
+    rows_prefill_visible,
+    rows_tree_visible,
+)
 from treespec.slack_cache import slack_cache
 from treespec.target import TargetModel
 from treespec.tree import TreeTensors
@@ -56,8 +64,7 @@ class BatchTarget:
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor, want_hidden: Any) -> Any:
         """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V])."""
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible.to(self.device), torch.finfo(self.dtype).min)
+        mask = float_mask(visible.to(self.device), self.dtype)  # [B, T, S+T]
         try:
             with grouped_sdpa(self.target.grouped_sdpa):
                 return self.model(
@@ -90,11 +97,8 @@ class BatchTarget:
         ids = torch.zeros(len(prompts), s, dtype=torch.long)  # [B, S] right-padded
         for b, p in enumerate(prompts):
             ids[b, : lens[b]] = torch.tensor(p[:-1])
-        q = torch.arange(s)
-        causal = q[None, :] <= q[:, None]  # [S, S]
-        visible = causal[None] & (q[None, None, :] < lens[:, None, None])  # [B, S, S]: own prefix only
-        visible |= torch.eye(s, dtype=torch.bool)[None]  # a padding query sees itself (no empty softmax)
-        out = self._forward(ids, q[None].expand(len(prompts), -1), visible, want_hidden)
+        visible = rows_prefill_visible(lens, s)  # [B, S, S]
+        out = self._forward(ids, torch.arange(s)[None].expand(len(prompts), -1), visible, want_hidden)
         hidden = TargetModel.hidden_of(out, want_hidden)  # [B, S, ·] or None
         return [hidden[b, : lens[b]] if hidden is not None else None for b in range(len(prompts))]
 
@@ -108,13 +112,10 @@ class BatchTarget:
         n = max(sizes)
         ids = torch.zeros(b, n, dtype=torch.long)  # [B, N]
         pos = self.lens[:, None].repeat(1, n)  # [B, N] padding nodes sit at the row's length
-        visible = torch.zeros(b, n, s + n, dtype=torch.bool)  # [B, N, S+N]
-        visible[:, :, :s] = torch.arange(s)[None, None, :] < self.lens[:, None, None]  # own committed prefix
-        visible[:, :, s:] = torch.eye(n, dtype=torch.bool)[None]  # padding nodes: themselves
         for r, (tt, size) in enumerate(zip(trees, sizes)):
             ids[r, :size] = tt.input_ids
             pos[r, :size] = tt.position_ids
-            visible[r, :size, s : s + size] = tt.ancestors
+        visible = rows_tree_visible(self.lens, s, [tt.ancestors for tt in trees])  # [B, N, S+N]
         out = self._forward(ids, pos, visible, want_hidden)
         self._tree = n
         hidden = TargetModel.hidden_of(out, want_hidden)  # [B, N, ·] or None

@@ -28,9 +28,33 @@ import torch
 
 
 def float_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The float mask of a bool ``visible`` [Q, K]: 0 where visible, ``finfo(dtype).min`` elsewhere."""
-    mask = torch.full(visible.shape, torch.finfo(dtype).min, dtype=dtype, device=visible.device)  # [Q, K]
+    """The float mask of a bool ``visible`` [.., Q, K]: 0 where visible, ``finfo(dtype).min`` elsewhere
+    (on ``visible``'s device)."""
+    mask = torch.full(visible.shape, torch.finfo(dtype).min, dtype=dtype, device=visible.device)  # [.., Q, K]
     return mask.masked_fill_(visible, 0.0)
+
+
+def rows_prefill_visible(lens: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, S, S] (S = ``width``): batch row b's prompt, right-padded to S, sees itself causally up to
+    its ``lens[b]`` tokens; a padding query sees itself only (no empty softmax)."""
+    q = torch.arange(width)
+    causal = q[None, :] <= q[:, None]  # [S, S]
+    visible = causal[None] & (q[None, None, :] < lens[:, None, None])  # [B, S, S]: own prefix only
+    return visible | torch.eye(width, dtype=torch.bool)[None]
+
+
+def rows_tree_visible(lens: torch.Tensor, width: int, ancestors: list[torch.Tensor]) -> torch.Tensor:
+    """[B, N, S+N]: row b's tree nodes (``ancestors[b]`` [N_b, N_b], padded to the largest N) see row b's
+    committed prefix (its first ``lens[b]`` of S cache rows) and their own ancestors; padding nodes see
+    themselves."""
+    b, n = len(ancestors), max(int(a.shape[0]) for a in ancestors)
+    visible = torch.zeros(b, n, width + n, dtype=torch.bool)  # [B, N, S+N]
+    visible[:, :, :width] = torch.arange(width)[None, None, :] < lens[:, None, None]  # own committed prefix
+    visible[:, :, width:] = torch.eye(n, dtype=torch.bool)[None]  # padding nodes: themselves
+    for r, anc in enumerate(ancestors):
+        size = int(anc.shape[0])
+        visible[r, :size, width : width + size] = anc
+    return visible
 
 
 def causal_mask(past: int, n: int, dtype: torch.dtype, extra: int = 0) -> torch.Tensor:

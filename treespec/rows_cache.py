@@ -18,6 +18,7 @@ import torch
 
 from treespec.interfaces import DraftRows
 from treespec.kv import concat_caches, crop_cache
+from treespec.kv import float_mask as kv_float_mask
 from treespec.slack_cache import slack_cache
 
 
@@ -109,6 +110,4 @@ class RowsCache(DraftRows):
     @staticmethod
     def float_mask(visible: torch.Tensor, dtype: torch.dtype, device: Any) -> torch.Tensor:
         """[B, T, S] bool → the [B, 1, T, S] additive mask (0 = attend, finfo.min = blocked)."""
-        mask = torch.zeros(visible.shape, dtype=dtype, device=device)
-        mask.masked_fill_(~visible.to(device), torch.finfo(dtype).min)
-        return mask[:, None]
+        return kv_float_mask(visible.to(device), dtype)[:, None]
