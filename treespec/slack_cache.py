@@ -39,6 +39,8 @@ class SlackLayer(DynamicLayer):
         super().lazy_initialization(key_states, value_states)
         self._kbuf: torch.Tensor | None = None  # [B, H_kv, capacity, D]
         self._vbuf: torch.Tensor | None = None
+        self._kview: torch.Tensor | None = None  # the views the last update returned (identity: the fast path)
+        self._vview: torch.Tensor | None = None
 
     def _owns(self, t: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor) -> bool:
         """``t`` is the front view of ``buf`` and ``new``'s rows fit behind it."""
@@ -70,17 +72,29 @@ class SlackLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        s = self.keys.shape[2] if self.keys.dim() == 4 else 0  # rows held
-        if not (self._owns(self.keys, self._kbuf, key_states) and self._owns(self.values, self._vbuf, value_states)):
-            self._kbuf, self._vbuf = self._grow(self.keys, key_states), self._grow(self.values, value_states)
-        e = s + key_states.shape[2]
-        self._kbuf[:, :, s:e] = key_states  # only the new rows are written
-        self._vbuf[:, :, s:e] = value_states
-        self.keys, self.values = self._kbuf[:, :, :e], self._vbuf[:, :, :e]  # [B, H_kv, S', D] views
+        keys, values, n = self.keys, self.values, key_states.shape[2]
+        s = keys.shape[2] if keys.dim() == 4 else 0  # rows held
+        # fast path: the views this layer returned last time, untouched, and room for the new rows (a plain
+        # decoding step of a small model is a few microseconds per layer, so the full check is kept for
+        # views someone else made, e.g. a crop)
+        fast = (
+            keys is self._kview
+            and values is self._vview
+            and s + n <= self._kbuf.shape[2]
+            and key_states.shape[:2] == self._kbuf.shape[:2]
+            and key_states.dtype == self._kbuf.dtype
+        )
+        if not fast and not (self._owns(keys, self._kbuf, key_states) and self._owns(values, self._vbuf, value_states)):
+            self._kbuf, self._vbuf = self._grow(keys, key_states), self._grow(values, value_states)
+        e = s + n
+        self._kbuf.narrow(2, s, n).copy_(key_states)  # only the new rows are written
+        self._vbuf.narrow(2, s, n).copy_(value_states)
+        self.keys, self.values = self._kbuf.narrow(2, 0, e), self._vbuf.narrow(2, 0, e)  # [B, H_kv, S', D] views
+        self._kview, self._vview = self.keys, self.values
         return self.keys, self.values
 
     def reset(self) -> None:
-        self._kbuf = self._vbuf = None
+        self._kbuf = self._vbuf = self._kview = self._vview = None
         super().reset()
 
 
