@@ -107,7 +107,7 @@ def bench(
     device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
     max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
     offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
-    out: Annotated[Path, typer.Option(help="folder for results.json, steps.jsonl and the plots")] = Path("bench-out"),
+    out: Annotated[str, typer.Option(help="folder for results.json, steps.jsonl and the plots")] = "bench-out",
     report_to: Annotated[Optional[Path], typer.Option("--report", help=REPORT_HELP)] = None,
     batch_size: Annotated[Optional[str], typer.Option(help=BATCH_HELP, show_default=False)] = None,
     sampling_rule: Annotated[Optional[str], typer.Option(help=RULES_HELP, show_default=False)] = None,
@@ -140,6 +140,9 @@ def bench(
     from treespec.bench.load import background_load as busy
     from treespec.bench.load import check_load
 
+    if not out.strip():  # Path("") is the working directory: never write results there by accident
+        fail("--out is empty: name a folder for the results (e.g. --out bench-out, or --out . for this one)")
+    out = Path(out)
     load = _checked(check_load, background_load)
     check_seed(seed)
     check_threads(threads)

@@ -28,6 +28,11 @@ def write_report(paths: list[Path], out: Path, flag: str = "--out") -> None:
             fail(f"{path} is not a valid results.json ({exc}); rerun the bench that wrote it")
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             fail(f"{path} is not a treespec results.json (no rows); rerun the bench that wrote it")
+        try:  # every field the page reads is there (a hand-edited or older file failed half-way, KeyError)
+            report.markdown([(path.resolve(), data)], out.resolve().parent, out)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            what = f"has no {exc}" if isinstance(exc, KeyError) else f"is malformed ({type(exc).__name__}: {exc})"
+            fail(f"{path} {what}: it is not a complete treespec results.json; rerun the bench that wrote it")
         loaded.append((path.resolve(), data))
     writable_file(out, flag)
     try:

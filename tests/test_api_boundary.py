@@ -250,6 +250,7 @@ T = "<target64>"  # the module's float64 target, put in by the test
         ),
         ((T, str(STORIES260K), "chain"), {"drafter_options": {"temperature": float("inf")}}, r"finite number"),
         ((T, "ngram", "eagle2"), {"builder_options": {"top_k": 200}}, r"drafts up to 200,200 nodes per step"),
+        ((T, "ngram", "opt-tree"), {"builder_options": {"nodes": True}}, r"option 'nodes' is not a yes/no option"),
     ],
 )
 def test_bad_decoder_arguments_are_config_errors(target64, args, kwargs, message):

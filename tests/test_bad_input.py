@@ -70,6 +70,9 @@ def bad(tmp_path_factory) -> dict[str, str]:
     (root / "results").mkdir()
     (root / "results" / "results.json").write_text('{"rows": [')
     out["results"] = str(root / "results" / "results.json")
+    (root / "partial").mkdir()  # a results.json with rows but without the fields the page reads
+    (root / "partial" / "results.json").write_text('{"rows": [], "dataset": "humaneval", "prompts": 1}')
+    out["partial"] = str(root / "partial")
     (root / "latin1.txt").write_bytes("Il était une fois".encode("latin-1"))
     out["latin1"] = str(root / "latin1.txt")
     (root / "afile").write_text("x")
@@ -408,6 +411,8 @@ CLI_CASES = [
         "nodes",
     ),
     ("bench-report-corrupt", lambda b: ["bench-report", str(Path(b["results"]).parent.parent)], "results.json"),
+    ("bench-report-missing-fields", lambda b: ["bench-report", b["partial"]], "has no"),  # a KeyError traceback before
+    ("bench-out-empty", lambda b: ["bench", *PAIR[:2], "--drafter", "ngram", "--out", ""], "--out is empty"),
     # --- training, calibration, measurement, datastore
     (
         "train-eagle-no-data",

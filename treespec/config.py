@@ -16,6 +16,18 @@ class PluginConfig(pydantic.BaseModel):
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, data: Any) -> Any:
+        """``True``/``False`` for an option that is not a bool: lax mode would read them as 1 and 0
+        (``nodes=True`` became a budget of one node)."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                if isinstance(value, bool) and field is not None and not _takes_bool(field.annotation):
+                    raise ValueError(f"option {name!r} is not a yes/no option, got {value!r}")
+        return data
+
 
 def describe_options(config: type[PluginConfig]) -> list[dict[str, Any]]:
     """One record per option: name, type, default, description (for ``treespec plugins``)."""
@@ -48,6 +60,8 @@ def build_config(config_cls: type[PluginConfig], options: dict[str, Any] | None,
             loc = ".".join(str(p) for p in err["loc"]) or "options"
             if err["type"] == "extra_forbidden":
                 problems.append(f"unknown option {loc!r}")
+            elif not err["loc"]:  # a check across the options (PluginConfig's own validators)
+                problems.append(str(err["msg"]).removeprefix("Value error, "))
             else:
                 problems.append(f"option {loc!r}: {err['msg']} (got {err.get('input')!r})")
         known = (
@@ -58,3 +72,12 @@ def build_config(config_cls: type[PluginConfig], options: dict[str, Any] | None,
             or "none"
         )
         raise ConfigError(f"{owner}: {'; '.join(problems)}. Valid options: {known}") from None
+
+
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type accepts a bool as such (bool, Any, or a union holding one of them)."""
+    import typing
+
+    if annotation is bool or annotation is Any or annotation is object:
+        return True
+    return any(_takes_bool(arg) for arg in typing.get_args(annotation))
