@@ -332,3 +332,15 @@ def test_repeated_batches_leave_nothing_behind(target64, prompts):
         dec.generate(prompts, max_new_tokens=24, batch_size=3)
         counts.append(live())
     assert counts[0] == counts[1] == counts[2], counts
+
+
+def test_rows_of_a_builder_instance_share_no_state(target64):
+    """Review leftover: ``Decoder(builder=<instance>)`` gave batch rows shallow copies of it, so every row
+    shared one cost planner and one calibration map."""
+    from treespec.plugins.opt_tree import OptTreeBuilder
+
+    builder = OptTreeBuilder(OptTreeBuilder.Config(nodes="auto"))
+    dec = treespec.Decoder(target64, drafter="ngram", builder=builder)
+    rows = dec.row_builders([dec.drafter.rows(2).drafters[i] for i in range(2)])
+    assert rows[0] is not rows[1] and rows[0].planner is not rows[1].planner
+    assert rows[0].calibration is not rows[1].calibration and rows[0].planner is not builder.planner

@@ -115,10 +115,8 @@ class Decoder:
     def fresh_builder(self, drafter: Drafter, batch_size: int = 1) -> TreeBuilder:
         """A builder like this Decoder's, with no state, attached to ``drafter`` (a row of a batch of
         ``batch_size``)."""
-        import copy
-
         spec, options = self._builder_spec
-        builder = make_builder(spec, options) if isinstance(spec, str) else copy.copy(self.builder)
+        builder = make_builder(spec, options) if isinstance(spec, str) else _fresh_like(self.builder)
         builder.batch_size = batch_size
         builder.attach(self.target, drafter)
         return builder
@@ -365,3 +363,15 @@ class Decoder:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else ""
+
+
+def _fresh_like(builder: TreeBuilder) -> TreeBuilder:
+    """A new builder of ``builder``'s class from its Config (how every plugin is built), so batch rows
+    share no state (a shallow copy shared one cost planner and one calibration map among all rows);
+    a builder that cannot be rebuilt from its Config is deep-copied."""
+    import copy
+
+    try:
+        return type(builder)(builder.config)
+    except Exception:  # noqa: BLE001 - a third-party builder with another constructor
+        return copy.deepcopy(builder)
