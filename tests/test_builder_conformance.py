@@ -230,13 +230,12 @@ class CommitsInBuild(Broken):
 
 
 class SharedScratch(Broken):
-    """Keeps the step's tree in a dict made in ``__init__`` and reads it back after each expand: fine
-    alone, but the Decoder's copies for a batch's rows share the dict, and rows whose expand calls
-    meet in rounds (a model drafter's rows) then grow each other's trees."""
+    """Keeps the step's tree in a dict that is a class attribute (one dict for every instance) and reads
+    it back after each expand: fine alone, but a batch's rows are instances of one class, and rows
+    whose expand calls meet in rounds (a model drafter's rows) then grow each other's trees. (The
+    Decoder gives rows fresh instances from the Config; state in the class is still shared.)"""
 
-    def __init__(self, config: PluginConfig | None = None):
-        super().__init__(config)
-        self.scratch: dict[str, DraftTree] = {}
+    scratch: dict[str, DraftTree] = {}  # noqa: RUF012 - the bug under test: mutable state on the class
 
     def build(self, drafter, root_token, max_depth):
         self.scratch["tree"] = DraftTree(root_token)
