@@ -108,7 +108,7 @@ def _short(value: Any) -> str:
 def hf_prompt(prompt: Any, input_ids: Any, attention_mask: Any) -> Any:
     """``generate``'s prompt from what Hugging Face users pass: ``input_ids`` [L] / [1, L] (one prompt)
     or [B, L] (B prompts: a batch), without the positions ``attention_mask`` marks as padding."""
-    from treespec.inputs import _is_tensor
+    from treespec.inputs import is_tensor
 
     if input_ids is not None:
         if prompt is not None:
@@ -118,16 +118,16 @@ def hf_prompt(prompt: Any, input_ids: Any, attention_mask: Any) -> Any:
         raise ConfigError(
             "generate() needs a prompt: text, token ids, or input_ids (e.g. **tokenizer(text, return_tensors='pt'))"
         )
-    if attention_mask is None and not (_is_tensor(prompt) and prompt.dim() == 2 and prompt.shape[0] > 1):
+    if attention_mask is None and not (is_tensor(prompt) and prompt.dim() == 2 and prompt.shape[0] > 1):
         return prompt
-    if not _is_tensor(prompt):
+    if not is_tensor(prompt):
         raise ConfigError("attention_mask goes with input_ids given as a tensor: pass both, or a list of prompts")
     rows = prompt if prompt.dim() == 2 else prompt[None]  # [B, L]
     mask = attention_mask if attention_mask is not None else rows.new_ones(rows.shape)
-    if not _is_tensor(mask) or tuple(mask.shape) != tuple(rows.shape if mask.dim() == 2 else rows.shape[1:]):
+    if not is_tensor(mask) or tuple(mask.shape) != tuple(rows.shape if mask.dim() == 2 else rows.shape[1:]):
         raise ConfigError(
             f"attention_mask must be a tensor shaped like input_ids {list(prompt.shape)}, got "
-            f"{list(mask.shape) if _is_tensor(mask) else type(mask).__name__}"
+            f"{list(mask.shape) if is_tensor(mask) else type(mask).__name__}"
         )
     mask = (mask if mask.dim() == 2 else mask[None]).bool()  # [B, L]
     kept = []

@@ -39,7 +39,7 @@ def token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
         if tokenizer is None:
             raise ConfigError("the target has no tokenizer: pass token ids instead of text")
         return list(tokenizer(prompt, verbose=False).input_ids)  # no length warning: the context is checked
-    ids = _tensor_ids(prompt) if _is_tensor(prompt) else _list_ids(prompt)
+    ids = _tensor_ids(prompt) if is_tensor(prompt) else _list_ids(prompt)
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise ConfigError(
@@ -48,7 +48,7 @@ def token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
     return ids
 
 
-def _is_tensor(value: Any) -> bool:
+def is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "dtype") and hasattr(value, "shape")
 
 
