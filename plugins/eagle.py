@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from treespec.errors import ConfigError
+from treespec.inference import inference
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
 from treespec.kv import causal_mask, crop_cache, tree_mask
 from treespec.plugins.configs import EagleConfig
@@ -127,7 +128,7 @@ class EagleDrafter(Drafter):
         self._clear_tree()
 
     # ------------------------------------------------------------------ lifecycle
-    @torch.inference_mode()
+    @inference
     def prefill(self, context: PrefillContext) -> None:
         self._new_sequence()
         ids = context.input_ids
@@ -160,7 +161,7 @@ class EagleDrafter(Drafter):
         self.row_nodes: list[int] = []  # tree node of each tree item, in cache order after the stable rows
         self.cols: list[int] = []  # a batch row's: the shared cache's column of each tree item
 
-    @torch.inference_mode()
+    @inference
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         if self._group is not None:  # a batch row called on its own: a round of one
             from treespec.interfaces import Expansion
@@ -216,7 +217,7 @@ class EagleDrafter(Drafter):
         depths = tree.depths[new]
         return [new[depths == depth].tolist() for depth in depths.unique().tolist()]
 
-    @torch.inference_mode()
+    @inference
     def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """The head's own softmax [M, V] after each of ``nodes`` (fed by this step's ``expand`` calls),
         at temperature 1: what the head predicts the target says next, the proposal sampled children
@@ -248,7 +249,7 @@ class EagleDrafter(Drafter):
         """The draft distribution over the draft vocabulary [M, N] (``self.ids``)."""
         return torch.softmax(self._head(feats).float() / (temperature or self.temperature), dim=-1)
 
-    @torch.inference_mode()
+    @inference
     def commit(self, commit: Commit) -> None:
         if commit.hidden is None:
             raise ValueError("drafter 'eagle' needs the target's hidden states (Commit.hidden)")

@@ -34,6 +34,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from treespec.errors import ConfigError, ModelLoadError
 from treespec.files import save_safetensors_atomic, write_text_atomic, writing
+from treespec.inference import inference
 from treespec.kv import cache_keyword
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -140,7 +141,7 @@ class LeanEagleHead:
         self.layers = lean_layers(head.layers)
         self.shape = layer_shape(head.layers, head.config.rms_norm_eps)
 
-    @torch.inference_mode()
+    @inference
     def __call__(self, features, embeds, position_ids, mask, cache=None) -> torch.Tensor:
         from treespec.lean import run_layers
 

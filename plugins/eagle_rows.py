@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from treespec.inference import inference
 from treespec.interfaces import Expansion, Proposals
 from treespec.kv import causal_mask, move_cache_rows
 from treespec.rows_cache import RowsCache
@@ -41,7 +42,7 @@ class EagleRows(RowsCache):
     def __init__(self, base: EagleDrafter, n: int):
         super().__init__([base.fork() for _ in range(n)], base)
 
-    @torch.inference_mode()
+    @inference
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:
         rows = self.drafters
         if not any(r.row_nodes for r in rows):  # a new step everywhere: drop the last step's columns

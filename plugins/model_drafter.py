@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.errors import ConfigError
+from treespec.inference import inference
 from treespec.interfaces import Commit, Drafter, DraftRows, Expansion, PrefillContext, Proposals
 from treespec.kv import (
     attention_windows,
@@ -154,7 +155,7 @@ class ModelDrafter(Drafter):
         self.probs: torch.Tensor | None = None  # [R, V] draft distribution after each tree row
         self.cols: list[int] = []  # a batch row's: the shared cache's column of each tree row
 
-    @torch.inference_mode()
+    @inference
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         if self._group is not None:  # a batch row called on its own: a round of one
             return self._group.expand_together({self._index: Expansion(tree, nodes, k)})[self._index]
@@ -245,7 +246,7 @@ class ModelDrafter(Drafter):
                 self.child_row[(self.row_of[parent], token)] = row
         self.cache_len = self.root_pos + len(self.row_nodes)
 
-    @torch.inference_mode()
+    @inference
     def commit(self, commit: Commit) -> None:
         root, self.root_token = self.root_token, commit.tokens[-1]
         if not self.row_nodes:  # nothing was fed this step: the root joins the pending tokens

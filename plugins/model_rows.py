@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from treespec.inference import inference
 from treespec.interfaces import Expansion, Proposals
 from treespec.kv import causal_mask, move_cache_rows
 from treespec.rows_cache import RowsCache
@@ -38,7 +39,7 @@ class ModelRows(RowsCache):
     def __init__(self, base: ModelDrafter, n: int):
         super().__init__([base.fork() for _ in range(n)], base)
 
-    @torch.inference_mode()
+    @inference
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:
         rows = self.drafters
         if not any(r.row_nodes for r in rows):  # a new step everywhere: drop the last step's columns

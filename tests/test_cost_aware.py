@@ -304,6 +304,37 @@ def test_a_loss_against_the_models_plain_rate_is_checked_against_measured_plain_
     assert not planner.off  # judged against the measured plain rate: speculation stays on
 
 
+def test_a_win_against_the_models_plain_rate_is_checked_against_measured_plain_steps():
+    """The model's plain step (10 ms) is slower than this machine's (5 ms): speculation at 2 tokens in
+    15 ms (133 tokens/s) beats the model's 100 tokens/s, yet loses to real plain steps (200 tokens/s)."""
+    planner = planner_with(verify_per_node=1e-4, expand_seconds=1e-5, fixed=0.01)  # the model: plain at 100 tokens/s
+    planner.refine = True
+    for _ in range(MIN_STEPS_OFF):
+        planner.build(ConfidentDrafter(), 1, 20)
+        planner.observe(_stats(4, 1, 0.015))
+    assert planner.off and planner.recheck  # a win, but against the model only: plain steps are measured first
+    for _ in range(4):
+        assert planner.build(ConfidentDrafter(), 1, 20).size == 0
+        planner.observe(_stats(0, 0, 0.005))
+    assert planner.build(ConfidentDrafter(), 1, 20).size > 0  # judged again, now against measured steps
+    planner.observe(_stats(4, 1, 0.015))
+    assert planner.off and not planner.recheck  # 133 < 200 tokens/s: speculation loses after all
+
+
+def test_a_sequences_last_step_does_not_count_as_plain_decoding():
+    """With no room to draft (max_depth 0) the step is plain whatever the policy: it does not feed the
+    measured plain rate (it runs alone among speculative steps, on caches the drafter just used)."""
+    planner = planner_with(verify_per_node=1e-4, expand_seconds=1e-5, fixed=0.01)
+    planner.refine = True
+    assert planner.build(ConfidentDrafter(), 1, 0).size == 0
+    planner.observe(_stats(0, 0, 0.05))
+    assert planner.plain.count == 0
+    planner.off, planner.probes.wait = True, 100  # a policy's plain step (no probe due) counts
+    assert planner.build(ConfidentDrafter(), 1, 20).size == 0
+    planner.observe(_stats(0, 0, 0.01))
+    assert planner.plain.count == 1 and planner.plain.rate == pytest.approx(100.0)
+
+
 class DoubtfulDrafter(ConfidentDrafter):
     """Proposes children with q = 0.02: no tree is worth verifying."""
 

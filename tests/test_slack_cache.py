@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from conftest import STORIES260K
 from treespec import kv
-from treespec.slack_cache import SlackLayer, slack_cache
+from treespec import slack_cache as slack_cache_module
+from treespec.slack_cache import SLACK_FROM_BYTES, SlackLayer, slack_cache
 
 
 def _kv(b: int, t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,7 +26,14 @@ def _same(a: DynamicCache, b: DynamicCache) -> None:
         assert la.get_seq_length() == lb.get_seq_length()
 
 
-def test_every_cache_operation_matches_dynamic_cache():
+#: where SlackLayer stops appending with ``cat``: always room (0), switching both ways as these small test
+#: caches grow and shrink (700 bytes: about 7 rows of [3, 2, T, 4]), and the default (every test cache is small)
+THRESHOLDS = [0, 700, SLACK_FROM_BYTES]
+
+
+@pytest.mark.parametrize("threshold", THRESHOLDS)
+def test_every_cache_operation_matches_dynamic_cache(threshold, monkeypatch):
+    monkeypatch.setattr(slack_cache_module, "SLACK_FROM_BYTES", threshold)
     gen = torch.Generator().manual_seed(0)
     ref, slack = DynamicCache(), slack_cache()
     ops = []  # (name, function of a cache), applied to both
@@ -74,8 +82,9 @@ def test_every_cache_operation_matches_dynamic_cache():
     assert all(type(layer) is SlackLayer for layer in slack.layers)
 
 
-def test_appends_reuse_the_buffer():
+def test_appends_reuse_the_buffer(monkeypatch):
     """The point of it: after the first append, appends and crops do not reallocate."""
+    monkeypatch.setattr(slack_cache_module, "SLACK_FROM_BYTES", 0)
     cache = slack_cache()
     gen = torch.Generator().manual_seed(1)
     cache.update(*_kv(2, 10, gen), 0)
@@ -91,14 +100,36 @@ def test_appends_reuse_the_buffer():
     assert cache.layers[0]._kbuf is not buf and torch.equal(cache.layers[0].keys[:, :, : before.shape[2]], before)
 
 
+def test_small_caches_append_with_cat_and_large_ones_into_room():
+    """Below SLACK_FROM_BYTES of keys a layer appends as DynamicLayer does (a new tensor each time, no
+    buffer); past it, into room (the same buffer across appends); cropped back below, ``cat`` again."""
+    cache = slack_cache()
+    gen = torch.Generator().manual_seed(2)
+    row = 2 * 4 * 4  # bytes of keys per position in [1, 2, T, 4] float32
+    small = SLACK_FROM_BYTES // row // 2
+    cache.update(*_kv(1, small, gen), 0)
+    first = cache.layers[0]
+    assert first._kbuf is None and first.keys.is_contiguous()
+    cache.update(*_kv(1, small + 8, gen), 0)  # past the threshold: a buffer with room
+    buf = first._kbuf
+    assert buf is not None and first.keys.data_ptr() == buf.data_ptr()
+    cache.update(*_kv(1, 3, gen), 0)
+    assert first._kbuf is buf  # appended into the room
+    kv.crop_cache(cache, 4)  # far below the threshold again
+    cache.update(*_kv(1, 1, gen), 0)
+    assert first._kbuf is None and first.get_seq_length() == 5
+
+
 @pytest.fixture(scope="module")
 def stories64():
     return AutoModelForCausalLM.from_pretrained(STORIES260K, dtype=torch.float64).eval()
 
 
 @torch.inference_mode()
-def test_model_forwards_through_the_slack_cache_equal_dynamic_cache(stories64):
+@pytest.mark.parametrize("threshold", [0, SLACK_FROM_BYTES])
+def test_model_forwards_through_the_slack_cache_equal_dynamic_cache(stories64, threshold, monkeypatch):
     """Prefill, a masked tree-like block, a crop, and more steps: the same logits bit for bit."""
+    monkeypatch.setattr(slack_cache_module, "SLACK_FROM_BYTES", threshold)
     ids = torch.tensor([[1, 403, 407, 261, 378, 429, 306, 414, 269, 263]])
     outs = []
     for cache in (DynamicCache(), slack_cache()):

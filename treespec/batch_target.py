@@ -26,6 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.errors import ConfigError, TreespecError
+from treespec.inference import inference
 from treespec.kv import (
     concat_caches,
     crop_cache,
@@ -81,7 +82,7 @@ class BatchTarget:
                 crop_cache(self.cache, self.width)
             raise TreespecError(f"target forward failed ({type(exc).__name__}: {exc})") from exc
 
-    @torch.inference_mode()
+    @inference
     def prefill(self, prompts: list[list[int]], want_hidden: Any = False) -> list[torch.Tensor | None]:
         """Start B sequences: cache ``prompt_b[:-1]`` of each (each prompt's last token is its first root).
         Returns each row's hidden states [L_b - 1, ·] if asked (``TargetModel.hidden_of``), else Nones."""
@@ -102,7 +103,7 @@ class BatchTarget:
         hidden = TargetModel.hidden_of(out, want_hidden)  # [B, S, ·] or None
         return [hidden[b, : lens[b]] if hidden is not None else None for b in range(len(prompts))]
 
-    @torch.inference_mode()
+    @inference
     def forward_trees(self, trees: list[TreeTensors], want_hidden: Any = False) -> tuple[torch.Tensor, list[Any]]:
         """ONE forward over every row's tree (built with ``tensors(lens[b])``). Returns the logits of
         every row, padded: [B, N_max, V] (row b's tree is ``[b, :N_b]``; batched acceptance reads them
@@ -121,7 +122,7 @@ class BatchTarget:
         hidden = TargetModel.hidden_of(out, want_hidden)  # [B, N, ·] or None
         return out.logits, [hidden[r, :size] if hidden is not None else None for r, size in enumerate(sizes)]
 
-    @torch.inference_mode()
+    @inference
     def commit(self, nodes: list[torch.Tensor]) -> None:
         """Row b keeps the KV rows of ``nodes[b]`` (its root and accepted nodes, ascending) of the last
         tree block, copied to lens_b, lens_b + 1, ...; then the cache is cut to the longest row."""
@@ -137,7 +138,7 @@ class BatchTarget:
         self.lens, self.width, self._tree = new, int(new.max()), None
         crop_cache(self.cache, self.width)
 
-    @torch.inference_mode()
+    @inference
     def add(self, prompts: list[list[int]], want_hidden: Any = False) -> list[torch.Tensor | None]:
         """New rows join the batch (a finished row's place is taken: continuous batching): their prompts
         are prefilled in a batch of their own, then their caches are appended along the batch dimension

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from treespec.inference import inference
+
 #: Model types whose decoder layer is exactly the formula above (q/k/v biases allowed: Qwen2).
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -187,7 +189,7 @@ class LeanCausalLM:
         self.layers = lean_layers(inner.layers)
         self.shape = layer_shape(inner.layers, cfg.rms_norm_eps)
 
-    @torch.inference_mode()
+    @inference
     def __call__(
         self,
         input_ids: torch.Tensor,  # [B, T]

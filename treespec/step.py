@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from treespec.errors import TreespecError
+from treespec.inference import inference
 from treespec.interfaces import Commit, Drafter, PrefillContext, TreeBuilder
 from treespec.tree import DraftTree, TreeTensors
 from treespec.verify import Acceptance, greedy_verify, sampling_verify
@@ -103,6 +104,7 @@ def hidden_request(drafter: Drafter) -> bool | tuple[int, ...]:
     return tuple(drafter.target_hidden_layers) if drafter.target_hidden_layers else True
 
 
+@inference
 def prefill(target: TargetModel, drafter: Drafter, prompt: list[int]) -> None:
     """Start a sequence: the target caches ``prompt[:-1]`` (the last token is the first root) and the
     drafter gets the whole prompt, with the target's hidden states of ``prompt[:-1]`` if it asks."""
@@ -146,6 +148,7 @@ def commit(target: TargetModel, drafter: Drafter, verdict: Verdict) -> list[int]
     return tokens
 
 
+@inference  # once per step: the target's and drafter's own decorated methods do not enter it again
 def step(
     target: TargetModel,
     drafter: Drafter,

@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from treespec import threads
 from treespec.errors import ConfigError, TreespecError
+from treespec.inference import inference
 from treespec.kv import (
     attention_windows,
     cache_keyword,
@@ -168,7 +169,7 @@ class TargetModel:
         self.past_len = 0
         self._tree_len: int | None = None  # nodes of the last forward_tree, until commit
 
-    @torch.inference_mode()
+    @inference
     def prefill(self, input_ids: torch.Tensor, want_hidden: bool | tuple[int, ...] = False) -> torch.Tensor | None:
         """Start a new sequence: run ``input_ids`` ([L], the prompt without its last token) into a
         fresh cache. Returns their hidden states if asked (``hidden_of``)."""
@@ -191,7 +192,7 @@ class TargetModel:
         hidden = self.hidden_of(out, want_hidden)  # [1, L, H] or [1, L, k·H]
         return hidden[0] if hidden is not None else None
 
-    @torch.inference_mode()
+    @inference
     def forward_tree(
         self, tt: TreeTensors, want_hidden: bool | tuple[int, ...] = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -241,7 +242,7 @@ class TargetModel:
         cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
         return int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
 
-    @torch.inference_mode()
+    @inference
     def commit(self, nodes: torch.Tensor) -> None:
         """Keep only the KV rows of ``nodes`` (the root and the accepted nodes, ascending) of the
         last tree forward: copy them into place behind the prefix and crop the rest."""

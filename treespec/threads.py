@@ -84,10 +84,12 @@ class _Follower:
         self.ceiling = 0  # torch's count when the first of them began
         self.last: tuple[float, int, int] | None = None
         self.others = 0.0  # the other processes' load at the last look, in cores
+        self.cores = _cores()  # the cores this process may run on, at the last look
         self.tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
     def look(self) -> None:
         """Measure the other processes' load since the last look (the first look waits FIRST_LOOK)."""
+        self.cores = _cores()
         if self.last is None:
             self.last = _sample()
             if self.last is None:
@@ -105,7 +107,7 @@ class _Follower:
 
     def threads(self) -> int:
         """What torch should run on now."""
-        return max(1, min(self.ceiling, round(_cores() - self.others)))
+        return max(1, min(self.ceiling, round(self.cores - self.others)))
 
     def follow(self) -> int:
         with self.lock:

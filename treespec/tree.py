@@ -191,6 +191,8 @@ class DraftTree:
     def expected_accepted(self) -> float:
         """E(A) = Σ p̂ over the drafted nodes: the expected number of accepted draft tokens if the
         draft's probabilities were the target's acceptance probabilities (OPT-Tree, eq. 3)."""
+        if self._n == 1:  # the root alone (a plain step)
+            return 0.0
         return float(self._phat[1 : self._n].sum(dtype=np.float64))
 
     @property
