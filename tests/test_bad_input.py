@@ -776,7 +776,7 @@ def test_run_json_interrupted_prints_the_partial_object_and_exits_130(monkeypatc
     """Ctrl-C during `run --json`: the JSON object of what was generated, stop_reason "interrupted"."""
     from treespec import step
 
-    real, calls = step.step, []
+    real, calls = step.step_rows, []
 
     def interrupt_on_third(*args, **kwargs):
         calls.append(1)
@@ -784,7 +784,7 @@ def test_run_json_interrupted_prints_the_partial_object_and_exits_130(monkeypatc
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(step, "step", interrupt_on_third)
+    monkeypatch.setattr(step, "step_rows", interrupt_on_third)  # the decode loop's step (treespec/engine.py)
     result = runner.invoke(app, ["run", *PAIR, "--prompt", "Once upon a time", "--max-new-tokens", "64", "--json"])
     assert result.exit_code == 130, result.output
     data = json.loads(result.stdout)

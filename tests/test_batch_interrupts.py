@@ -34,9 +34,9 @@ runner = CliRunner()
 def interrupt_after_first_finish(monkeypatch, steps_after: int = 1, exc: type[BaseException] = KeyboardInterrupt):
     """Raise ``exc`` in the batch's drafting ``steps_after`` steps after the first row finished (a
     newcomer has taken its place by then): some rows are done, some in flight, some waiting."""
-    from treespec import batch, lockstep
+    from treespec import engine, lockstep
 
-    real_draft, real_leave = lockstep.draft_rows, batch._Batch._leave
+    real_draft, real_leave = lockstep.draft_rows, engine.Engine.leave
     left, after = [], []
 
     def leave(self, gone, reasons):
@@ -50,7 +50,7 @@ def interrupt_after_first_finish(monkeypatch, steps_after: int = 1, exc: type[Ba
                 raise exc
         return real_draft(*args, **kwargs)
 
-    monkeypatch.setattr(batch._Batch, "_leave", leave)
+    monkeypatch.setattr(engine.Engine, "leave", leave)
     monkeypatch.setattr(lockstep, "draft_rows", draft_rows)
 
 
@@ -141,7 +141,7 @@ def test_run_batch_json_interrupted_prints_the_chunks_finished_and_partial_outpu
 
 SIGTERM_ON_THIRD = """
 import os, signal, sys
-from treespec import lockstep, step
+from treespec import step
 calls = []
 def on_third(real):
     def hook(*args, **kwargs):
@@ -150,8 +150,7 @@ def on_third(real):
             os.kill(os.getpid(), signal.SIGTERM)  # a real SIGTERM, delivered mid-decode
         return real(*args, **kwargs)
     return hook
-step.step = on_third(step.step)
-lockstep.draft_rows = on_third(lockstep.draft_rows)
+step.step_rows = on_third(step.step_rows)  # the decode loop's step, one prompt or a batch
 from treespec.cli.app import main
 sys.argv[0] = "treespec"
 main()

@@ -16,6 +16,12 @@ Why not left padding (Hugging Face's batched ``generate``): a left-padded row's 
 land right after its own prefix, which, with rows accepting different numbers of tokens, means
 re-aligning every row's whole cache each step; here a row's prefix never moves and its accepted rows
 are copied into place, as for one sequence (``kv.keep_rows``).
+
+One row is the common case (``Decoder.generate(prompt)``), and it keeps the single sequence's fast
+path: while the batch has one row, every call goes to the ``TargetModel``'s own cache and methods
+(a root-only step without a mask, the prompt's logits only for its last token, sliding-window layers).
+The row's cache is already this layout (row i = position i), so when rows join it becomes the
+batch's cache as it is; the batched forward below needs full attention in every layer.
 """
 
 from __future__ import annotations
@@ -42,18 +48,37 @@ from treespec.tree import TreeTensors
 
 
 class BatchTarget:
-    def __init__(self, target: TargetModel):
-        if target.windows.smallest is not None:
-            raise ConfigError(
-                f"target {target.name!r} has sliding-window layers: batched decoding supports full "
-                "attention only; decode its prompts one at a time"
-            )
+    def __init__(self, target: TargetModel, single: bool = False):
+        """``single``: a view of ``target``'s own sequence as a batch of one row (as it stands: nothing
+        is prefilled or reset), e.g. for ``step.step`` on a ``TargetModel``."""
         self.target = target
         self.model = target.model
-        self.cache: DynamicCache | None = None
-        self.lens = torch.zeros(0, dtype=torch.long)  # [B] committed[:-1] rows of each row
+        self.cache: DynamicCache | None = None  # the batched cache (None while one row uses the target's)
+        self.single = single  # one row, on the TargetModel's own cache and methods
+        self._lens = torch.zeros(0, dtype=torch.long)  # [B] committed[:-1] rows of each row
         self.width = 0  # S: cache rows before a tree block
         self._tree: int | None = None  # N_max of the last forward_trees, until commit
+
+    @property
+    def lens(self) -> torch.Tensor:
+        """[B] the committed[:-1] rows each row has cached."""
+        return torch.tensor([self.target.past_len]) if self.single else self._lens
+
+    def row_lens(self) -> list[int]:
+        """``lens`` as a list (what each row's tree positions start from)."""
+        return [self.target.past_len] if self.single else self._lens.tolist()
+
+    @property
+    def rows(self) -> int:
+        return 1 if self.single else len(self._lens)
+
+    def _batched(self, rows: int) -> None:
+        """Refuse what the batched forward cannot do, before a batch of ``rows`` rows starts."""
+        if rows > 1 and self.target.windows.smallest is not None:
+            raise ConfigError(
+                f"target {self.target.name!r} has sliding-window layers: batched decoding supports full "
+                "attention only; decode its prompts one at a time"
+            )
 
     @property
     def device(self) -> torch.device:
@@ -86,13 +111,22 @@ class BatchTarget:
     def prefill(self, prompts: list[list[int]], want_hidden: Any = False) -> list[torch.Tensor | None]:
         """Start B sequences: cache ``prompt_b[:-1]`` of each (each prompt's last token is its first root).
         Returns each row's hidden states [L_b - 1, ·] if asked (``TargetModel.hidden_of``), else Nones."""
-        self.target._where()
+        if min(len(p) for p in prompts) < 1:
+            raise ConfigError("every prompt needs at least one token")
+        self._batched(len(prompts))
+        self._tree, self.single = None, len(prompts) == 1
+        if self.single:  # the target's own prefill (its cache, logits for the last token only)
+            self.cache = None
+            return [self.target.prefill(torch.tensor(prompts[0][:-1], dtype=torch.long), want_hidden)]
+        return self._prefill_rows(prompts, want_hidden)
+
+    def _prefill_rows(self, prompts: list[list[int]], want_hidden: Any) -> list[torch.Tensor | None]:
+        """``prefill`` into a batched cache (right-padded rows), also for one prompt."""
+        self.target.locate()
         self.cache = slack_cache()
         lens = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)  # [B]
-        if int(lens.min()) < 0:
-            raise ConfigError("every prompt needs at least one token")
         s = int(lens.max())
-        self.lens, self.width, self._tree = lens, s, None
+        self._lens, self.width = lens, s
         if s == 0:
             return [self.target.no_hidden(want_hidden) for _ in prompts]
         ids = torch.zeros(len(prompts), s, dtype=torch.long)  # [B, S] right-padded
@@ -108,6 +142,9 @@ class BatchTarget:
         """ONE forward over every row's tree (built with ``tensors(lens[b])``). Returns the logits of
         every row, padded: [B, N_max, V] (row b's tree is ``[b, :N_b]``; batched acceptance reads them
         at once), and per row its hidden states [N_b, ·] (or None)."""
+        if self.single:  # the target's own tree forward (a root alone without a mask)
+            logits, hidden = self.target.forward_tree(trees[0], want_hidden)  # [N, V], [N, ·] or None
+            return logits[None], [hidden]
         b, s = len(trees), self.width
         sizes = [int(t.input_ids.shape[0]) for t in trees]
         n = max(sizes)
@@ -126,6 +163,9 @@ class BatchTarget:
     def commit(self, nodes: list[torch.Tensor]) -> None:
         """Row b keeps the KV rows of ``nodes[b]`` (its root and accepted nodes, ascending) of the last
         tree block, copied to lens_b, lens_b + 1, ...; then the cache is cut to the longest row."""
+        if self.single:
+            self.target.commit(nodes[0])
+            return
         if self._tree is None:
             raise TreespecError("BatchTarget.commit() needs a successful forward_trees() first")
         s = self.width
@@ -135,7 +175,7 @@ class BatchTarget:
         src = s + torch.cat([x.cpu() for x in nodes])  # [K] its column in the tree block
         dst = torch.cat([torch.arange(int(lo), int(hi)) for lo, hi in zip(self.lens, new)])  # [K] where it goes
         move_cache_rows(self.cache, rows, src, dst)
-        self.lens, self.width, self._tree = new, int(new.max()), None
+        self._lens, self.width, self._tree = new, int(new.max()), None
         crop_cache(self.cache, self.width)
 
     @inference
@@ -143,23 +183,32 @@ class BatchTarget:
         """New rows join the batch (a finished row's place is taken: continuous batching): their prompts
         are prefilled in a batch of their own, then their caches are appended along the batch dimension
         (the narrower side padded with masked columns). Returns their hidden states as ``prefill``."""
-        if self.cache is None or not len(self.lens):
+        if not self.rows:
             return self.prefill(prompts, want_hidden)
+        self._batched(self.rows + len(prompts))
+        if self.single:  # the one row's cache (row i = position i) becomes the batch's
+            self.cache, self._lens, self.width = self.target.cache, self.lens, self.target.past_len
+            self.target.reset()  # the target's own sequence is the batch's row 0 now
+            self.single = False
         other = BatchTarget(self.target)
-        hidden = other.prefill(prompts, want_hidden)
-        self.cache = concat_caches(self.cache, self.width, other.cache, other.width, len(self.lens), len(prompts))
-        self.lens = torch.cat([self.lens, other.lens])
+        hidden = other._prefill_rows(prompts, want_hidden)
+        self.cache = concat_caches(self.cache, self.width, other.cache, other.width, len(self._lens), len(prompts))
+        self._lens = torch.cat([self._lens, other.lens])
         self.width = max(self.width, other.width)
         return hidden
 
     def keep(self, rows: list[int]) -> None:
         """Keep only the batch rows ``rows`` (finished rows leave the batch)."""
+        if self.single:
+            if not rows:
+                self.single, self._lens = False, torch.zeros(0, dtype=torch.long)
+            return
         index = torch.tensor(rows, dtype=torch.long)
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
             layer.values = layer.values.index_select(0, index.to(layer.values.device))
-        self.lens = self.lens[index]
-        width = int(self.lens.max()) if len(rows) else 0
+        self._lens = self._lens[index]
+        width = int(self._lens.max()) if len(rows) else 0
         if width < self.width:
             crop_cache(self.cache, width)
         self.width = width

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from treespec import step
+from treespec.batch_target import BatchTarget
 from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel
 from treespec.tree import DraftTree
 
@@ -85,11 +86,12 @@ def _measure(
     sizes = [n for n in verify_sizes if n < target.max_tree_nodes and n < room]
     total, done = len(sizes) + 1 + len(expand_sizes), 0
     step.prefill(target, drafter, prompt)
+    one = BatchTarget(target, single=True)  # the target's sequence as a batch of one row
 
     def verify_once(n: int) -> tuple[float, float]:
         tree = random_tree(prompt[-1], n, target.vocab_size, gen)
         clock = step.Clock()
-        verdict = step.verify(target, tree, step.greedy, step.hidden_request(drafter), clock)
+        [verdict] = step.verify_rows(one, [tree], [step.greedy], step.hidden_request(drafter), clock)
         start = time.perf_counter()
         target.commit(verdict.acceptance.nodes[:1])  # keep the root only: the prefix grows by one token
         return clock.seconds["verify"], clock.seconds["bookkeeping"] + time.perf_counter() - start
@@ -122,8 +124,8 @@ def _measure(
         for _ in range(3):  # a short chain of the draft's best guesses, verified and committed
             prop = drafter.expand(tree, node, 1)
             node = tree.add_children(node, prop.tokens[:, 0], prop.q[:, 0].clamp(min=1e-6))
-        verdict = step.verify(target, tree, step.greedy, step.hidden_request(drafter), step.Clock())
-        target_root[0] = step.commit(target, drafter, verdict)[-1]
+        [verdict] = step.verify_rows(one, [tree], [step.greedy], step.hidden_request(drafter), step.Clock())
+        target_root[0] = step.commit_rows(one, [drafter], [verdict])[0][-1]
         drafter.begin_step(int(target_root[0]))
         start = time.perf_counter()
         drafter.expand(DraftTree(int(target_root[0])), torch.zeros(1, dtype=torch.long), 8)
@@ -171,7 +173,6 @@ def measure_batch(
     ``DraftRows.expand_together`` round in which every row expands m nodes (``treespec.batch``). A
     row's planner prices its nodes with these at its own rate (tokens of the row per second of the
     whole step), which is the batch's rate shared out: a node pays only if it pays for the batch."""
-    from treespec.batch_target import BatchTarget
     from treespec.interfaces import Commit, Expansion, PrefillContext
 
     model = CostModel(key=key)

@@ -3,7 +3,6 @@ commit). Read ``Decoder._run`` top to bottom."""
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,14 +10,15 @@ from typing import Any
 
 import torch
 
-from treespec import decoder_args, inputs, step, threads
+from treespec import batch, decoder_args, inputs, step
 from treespec.devices import InexactDtypeWarning, dtype_note
+from treespec.engine import Engine
 from treespec.errors import ConfigError, DecodingError, GenerationConfigNote, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
 from treespec.hf import unhonoured
-from treespec.interfaces import Drafter, TreeBuilder
+from treespec.interfaces import Drafter, DraftRows, TreeBuilder
 from treespec.memory import check_fits
-from treespec.output import Output, StreamCallback, emit, step_stats  # noqa: F401 - step_stats: public here before
+from treespec.output import Output, StreamCallback, step_stats  # noqa: F401 - step_stats: public here before
 from treespec.sampling import DraftSampling, IgnoredOptionWarning, SamplingParams, check_sampling, make_generator
 from treespec.stats import RunStats
 from treespec.target import TargetModel
@@ -220,8 +220,6 @@ class Decoder:
             )
         prompt = decoder_args.hf_prompt(prompt, input_ids, attention_mask)
         temperature = decoder_args.sample_or_not(do_sample, temperature)
-        from treespec import batch
-
         if batch.is_batch(prompt):
             batch.check_batch_settings(stream)
             if seed is not None:
@@ -271,8 +269,22 @@ class Decoder:
         accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, rule)
         out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
         self.builder.start(draft)
-        try:
-            self._run(ids, max_new_tokens, stream, out, accept)
+        try:  # the one decode loop, with one row: this Decoder's own drafter and builder
+            run = Engine(
+                self.target,
+                DraftRows([self.drafter]),
+                [self.builder],
+                [ids],
+                [out],
+                max_new_tokens,
+                lambda i, builder: accept,
+                self.room,
+                stream,
+            )
+            try:
+                run.run()
+            finally:
+                run.stop_clocks()
         except KeyboardInterrupt:  # Ctrl-C: keep what was generated
             out.stats.stop_reason = "interrupted"
             out.text = self.text_of(out.token_ids, ids)
@@ -328,36 +340,6 @@ class Decoder:
         """New tokens the next step may emit: ``wanted``, capped by the target's context."""
         limit = self.target.max_positions
         return wanted if limit is None else min(wanted, limit - len(committed))
-
-    def _run(
-        self, ids: list[int], max_new: int, stream: StreamCallback | None, out: Output, accept: step.AcceptRule
-    ) -> None:
-        """prefill, then steps until max_new tokens, the context's end or EOS. ``out`` grows as it goes,
-        so a failure part-way leaves what was generated in it."""
-        target, drafter, builder, stats = self.target, self.drafter, self.builder, out.stats
-        eos = target.eos_token_ids
-        t_start = time.perf_counter()
-        try:
-            step.prefill(target, drafter, ids)
-            committed = list(ids)
-            last = time.perf_counter()
-            stats.t_prefill = last - t_start
-            while (room := self.room(committed, max_new - len(out.token_ids))) > 0:
-                # one step emits at most depth + 1 tokens: the accepted path and the target's bonus
-                done = step.step(target, drafter, builder, committed[-1], room - 1, accept)
-                now = time.perf_counter()
-                new, ended = emit(out, committed, done, eos, wall=now - last, note=builder.plan_note())
-                last = now
-                builder.observe(stats.steps[-1])
-                threads.follow()  # another process took a core, or gave it back (treespec/threads.py)
-                if stream is not None:
-                    stream(new)
-                if ended:
-                    stats.stop_reason = "eos"
-                    return
-            stats.stop_reason = "max_new_tokens" if len(out.token_ids) >= max_new else "context"
-        finally:
-            stats.t_total = time.perf_counter() - t_start  # also when a step fails: the partial output's speed
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,7 +2,7 @@
 
 A builder grows its tree by calling ``drafter.expand`` and deciding what to do with the answer, so
 it cannot hand over a level and wait; and builders are plugins (third-party ones included), so they
-cannot be rewritten as generators. ``draft_rows`` therefore runs each row's ``step.draft`` in its own
+cannot be rewritten as generators. ``draft_rows`` therefore runs each row's ``draft`` in its own
 greenlet (a coroutine with its own stack, switched in about a microsecond), one at a time: a row
 runs until it calls ``expand`` (its request is parked) or returns its tree. When every unfinished
 row is parked, the round's requests go to ``DraftRows.expand_together`` — ONE draft forward per tree level for all rows — and each row resumes
@@ -26,9 +26,21 @@ from typing import Any
 
 from greenlet import greenlet
 
-from treespec import step
-from treespec.interfaces import DraftRows, Expansion, TreeBuilder
+from treespec.errors import TreespecError
+from treespec.interfaces import Drafter, DraftRows, Expansion, TreeBuilder
 from treespec.tree import DraftTree
+
+
+def draft(drafter: Drafter, builder: TreeBuilder, root: int, max_depth: int) -> DraftTree:
+    """One row's tree: tell the drafter a step starts at ``root``, then let the builder grow the tree
+    with it (``treespec.step``'s draft phase)."""
+    drafter.begin_step(root)
+    tree = builder.build(drafter, root, max_depth=max_depth)
+    if tree.depth > max_depth:
+        raise TreespecError(
+            f"builder {type(builder).__name__} returned a tree of depth {tree.depth} > max_depth {max_depth}"
+        )
+    return tree
 
 
 class _Parked:
@@ -53,17 +65,17 @@ class _RowDrafter:
 
 
 def _row(drafter: Any, builder: TreeBuilder, root: int, max_depth: int) -> Any:
-    return lambda: step.draft(drafter, builder, root, max_depth)
+    return lambda: draft(drafter, builder, root, max_depth)
 
 
 def draft_rows(
     rows: DraftRows, builders: list[TreeBuilder], roots: list[int], max_depths: list[int]
 ) -> list[DraftTree]:
-    """Row i's tree, ``step.draft(rows.drafters[i], builders[i], roots[i], max_depths[i])``, for every
+    """Row i's tree, ``draft(rows.drafters[i], builders[i], roots[i], max_depths[i])``, for every
     row; with ``rows.batched``, all rows' expansions of a round in one ``expand_together`` call."""
     drafters = rows.drafters
     if not rows.batched or len(drafters) == 1:
-        return [step.draft(d, b, r, m) for d, b, r, m in zip(drafters, builders, roots, max_depths)]
+        return [draft(d, b, r, m) for d, b, r, m in zip(drafters, builders, roots, max_depths)]
     driver = greenlet.getcurrent()
     lets = [
         greenlet(_row(_RowDrafter(d, driver), b, r, m)) for d, b, r, m in zip(drafters, builders, roots, max_depths)

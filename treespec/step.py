@@ -1,21 +1,24 @@
-"""One decoding step, in one place: draft → verify → commit.
+"""One decoding step, in one place: draft → verify → commit, for one row or many.
 
-Everything that steps (``Decoder.generate``, ``Decoder.draft_and_verify`` behind ``treespec tree
-show``, the drafter conformance kit in ``treespec.testing``) calls these functions; nothing else
-re-implements them. Read them top to bottom:
+Everything that steps (the decode loop ``treespec.engine`` for one prompt or a batch, ``treespec
+tree show``, the cost measurement, the conformance kits in ``treespec.testing``) calls these functions;
+nothing else re-implements them. Read them top to bottom:
 
-    prefill(target, drafter, prompt)            the target caches prompt[:-1]; the drafter sees the prompt
-    step(target, drafter, builder, root, ...)   one step:
-      draft()    drafter.begin_step(root); tree = builder.build(drafter, root, max_depth)
-      verify()   ONE target forward over the tree (tree attention mask, positions = past + depth),
-                 then the acceptance rule picks the accepted path and the bonus token
-      commit()   the target keeps the KV rows of the accepted path; the drafter is told the accepted
-                 tokens + bonus (with the target's hidden states if it asked for them)
+    prefill(target, drafter, prompt)          the target caches prompt[:-1]; the drafter sees the prompt
+    step_rows(target, rows, builders, roots, ...)   one step of B rows (B = 1: one sequence):
+      draft     every row's builder grows its tree with its drafter (``lockstep.draft_rows``: with a
+                batching drafter, one draft forward per tree level for all rows)
+      verify    ONE target forward over every row's tree (tree attention mask, positions = row length
+                + depth), then each row's acceptance rule picks its accepted path and bonus token
+      commit    the target keeps each row's accepted KV rows; each drafter is told its row's accepted
+                tokens + bonus (with the target's hidden states if it asked for them)
+    step(target, drafter, builder, root, ...)  the same for one sequence on a ``TargetModel``
 
-Who owns what: the target owns its KV cache (``treespec.target``), the drafter owns all of its own
-state (``treespec.interfaces.Drafter``), the builder owns only the tree's shape. The acceptance rule
-is a parameter (``greedy`` or ``sampling_rule(...)``; the conformance kit passes rules of its own), and
-the time of each phase goes to one small ``Clock``.
+Who owns what: the target owns its KV cache (``treespec.target``; ``treespec.batch_target`` for rows,
+which keeps one row on the single sequence's own fast path), the drafter owns all of its own state
+(``treespec.interfaces.Drafter``), the builder owns only the tree's shape. The acceptance rule is a
+parameter (``greedy`` or ``sampling_rule(...)``; the conformance kit passes rules of its own), and the
+time of each phase goes to one small ``Clock``.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from treespec.errors import TreespecError
+from treespec import lockstep
+from treespec.batch_target import BatchTarget
 from treespec.inference import inference
-from treespec.interfaces import Commit, Drafter, PrefillContext, TreeBuilder
+from treespec.interfaces import Commit, Drafter, DraftRows, PrefillContext, TreeBuilder
+from treespec.lockstep import draft
 from treespec.tree import DraftTree, TreeTensors
-from treespec.verify import Acceptance, greedy_verify, sampling_verify
+from treespec.verify import Acceptance, greedy_rows, greedy_verify, sampling_verify
 
 if TYPE_CHECKING:
     from treespec.sampling import SamplingParams
@@ -113,42 +118,66 @@ def prefill(target: TargetModel, drafter: Drafter, prompt: list[int]) -> None:
     drafter.prefill(PrefillContext(input_ids=ids, hidden=hidden))
 
 
-def draft(drafter: Drafter, builder: TreeBuilder, root: int, max_depth: int) -> DraftTree:
-    """Tell the drafter a step starts at ``root``, then let the builder grow the tree with it."""
-    drafter.begin_step(root)
-    tree = builder.build(drafter, root, max_depth=max_depth)
-    if tree.depth > max_depth:
-        raise TreespecError(
-            f"builder {type(builder).__name__} returned a tree of depth {tree.depth} > max_depth {max_depth}"
-        )
-    return tree
-
-
-def verify(
-    target: TargetModel, tree: DraftTree, accept: AcceptRule, want_hidden: bool | tuple[int, ...], clock: Clock
-) -> Verdict:
-    """ONE target forward over every node of ``tree``, then ``accept`` decides."""
+def verify_rows(
+    target: BatchTarget,
+    trees: list[DraftTree],
+    accepts: list[AcceptRule],
+    want_hidden: bool | tuple[int, ...],
+    clock: Clock,
+) -> list[Verdict]:
+    """ONE target forward over every row's tree, then each row's rule decides (greedy rows of a batch
+    in one pass: ``verify.greedy_rows``)."""
     clock.lap("bookkeeping")  # whatever came before, up to here
-    tt = tree.tensors(target.past_len, dtype=target.dtype)
+    tts = [tree.tensors(n, dtype=target.dtype) for tree, n in zip(trees, target.row_lens())]
     clock.lap("bookkeeping")
-    logits, hidden = target.forward_tree(tt, want_hidden=want_hidden)  # [N, V], [N, H] or None
+    logits, hidden = target.forward_trees(tts, want_hidden)  # [B, N_max, V]; per row [N_b, ·] or None
     clock.lap("verify")
-    verdict = Verdict(tree=tree, acceptance=accept(tree, tt, logits), hidden=hidden)
+    if len(trees) > 1 and all(a is greedy for a in accepts):
+        accs = greedy_rows(tts, logits)
+    else:  # each row's own rule (and generator)
+        accs = [a(tree, tt, logits[i, : len(tree)]) for i, (a, tree, tt) in enumerate(zip(accepts, trees, tts))]
     clock.lap("bookkeeping")
-    return verdict
+    return [Verdict(tree=t, acceptance=a, hidden=h) for t, a, h in zip(trees, accs, hidden)]
 
 
-def commit(target: TargetModel, drafter: Drafter, verdict: Verdict) -> list[int]:
-    """Target and drafter keep the accepted path; returns accepted tokens + bonus (the next root)."""
-    acc = verdict.acceptance
-    target.commit(acc.nodes)
-    tokens = acc.tokens + [acc.bonus]
-    hidden = verdict.hidden[acc.nodes.to(verdict.hidden.device)] if verdict.hidden is not None else None  # [m+1, H]
-    drafter.commit(Commit(tokens=tokens, hidden=hidden))
-    return tokens
+def commit_rows(target: BatchTarget, drafters: list[Drafter], verdicts: list[Verdict]) -> list[list[int]]:
+    """The target keeps every row's accepted path, each drafter its own; returns each row's accepted
+    tokens + bonus (the last one is the row's next root)."""
+    target.commit([v.acceptance.nodes for v in verdicts])
+    out = []
+    for drafter, v in zip(drafters, verdicts):
+        acc = v.acceptance
+        tokens = acc.tokens + [acc.bonus]
+        hidden = v.hidden[acc.nodes.to(v.hidden.device)] if v.hidden is not None else None  # [m+1, H]
+        drafter.commit(Commit(tokens=tokens, hidden=hidden))
+        out.append(tokens)
+    return out
 
 
-@inference  # once per step: the target's and drafter's own decorated methods do not enter it again
+@inference  # once per step: the target's and drafters' own decorated methods do not enter it again
+def step_rows(
+    target: BatchTarget,
+    rows: DraftRows,
+    builders: list[TreeBuilder],
+    roots: list[int],
+    max_depths: list[int],
+    accepts: list[AcceptRule],
+    *,
+    keep: bool = True,
+) -> list[Step]:
+    """One decoding step of every row from its last committed token ``roots[i]``; no node of row i
+    deeper than ``max_depths[i]``. ``keep=False`` stops after verification (nothing committed)."""
+    clock = Clock()
+    trees = lockstep.draft_rows(rows, builders, roots, max_depths)
+    clock.lap("draft")
+    verdicts = verify_rows(target, trees, accepts, hidden_request(rows.drafters[0]), clock)
+    for builder, v in zip(builders, verdicts):
+        builder.verified(v.tree, v.acceptance.nodes)
+    tokens = commit_rows(target, rows.drafters, verdicts) if keep else [[] for _ in verdicts]
+    clock.lap("bookkeeping")
+    return [Step(verdict=v, tokens=t, seconds=clock.seconds) for v, t in zip(verdicts, tokens)]
+
+
 def step(
     target: TargetModel,
     drafter: Drafter,
@@ -159,13 +188,23 @@ def step(
     *,
     keep: bool = True,
 ) -> Step:
-    """One decoding step from the last committed token ``root``; no node deeper than ``max_depth``.
-    ``keep=False`` stops after verification (nothing committed: for inspection)."""
-    clock = Clock()
-    tree = draft(drafter, builder, root, max_depth)
-    clock.lap("draft")
-    verdict = verify(target, tree, accept, hidden_request(drafter), clock)
-    builder.verified(tree, verdict.acceptance.nodes)
-    tokens = commit(target, drafter, verdict) if keep else []
-    clock.lap("bookkeeping")
-    return Step(verdict=verdict, tokens=tokens, seconds=clock.seconds)
+    """One step of the sequence ``target`` holds, from its last committed token ``root``."""
+    one = BatchTarget(target, single=True)
+    return step_rows(one, DraftRows([drafter]), [builder], [root], [max_depth], [accept], keep=keep)[0]
+
+
+__all__ = [
+    "AcceptRule",
+    "Clock",
+    "Step",
+    "Verdict",
+    "commit_rows",
+    "draft",
+    "greedy",
+    "hidden_request",
+    "prefill",
+    "sampling_rule",
+    "step",
+    "step_rows",
+    "verify_rows",
+]

@@ -66,7 +66,7 @@ class TargetModel:
             )
         self.windows = attention_windows(model.config)  # sliding windows, applied in our own masks
         self._max_positions = max_positions(model.config)  # read once: the Decoder asks every step
-        self._where()
+        self.locate()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -86,7 +86,7 @@ class TargetModel:
                 self.decoding_thread = None
 
     # ------------------------------------------------------------------ facts about the model
-    def _where(self) -> None:
+    def locate(self) -> None:
         """Read the model's device, dtype and whether grouped SDPA helps it once: at construction and at
         every new sequence, not on every step. The device is where inputs go: the first parameter's, or for a model placed by a
         device map (accelerate: split across devices, offloaded to disk) its embedding's execution
@@ -164,7 +164,7 @@ class TargetModel:
 
     # ------------------------------------------------------------------ the three calls
     def reset(self) -> None:
-        self._where()  # the model may have been moved (or its attention changed) since the last sequence
+        self.locate()  # the model may have been moved (or its attention changed) since the last sequence
         self.cache = slack_cache()  # full layers: row i holds position i (windows: treespec.kv.AttentionWindows)
         self.past_len = 0
         self._tree_len: int | None = None  # nodes of the last forward_tree, until commit

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from treespec import step as steps
+from treespec.batch_target import BatchTarget
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals, TreeBuilder
 from treespec.target import TargetModel
 from treespec.tree import DraftTree, TreeTensors
@@ -236,10 +237,11 @@ class Driver:
     def finish(self, probe: Probe, tree: DraftTree, accept: steps.AcceptRule) -> list[int]:
         """Verify ``tree`` with ONE target forward and commit as ``accept`` says (``treespec.step``);
         returns the committed tokens (accepted + bonus)."""
-        verdict = steps.verify(self.target, tree, accept, steps.hidden_request(probe), steps.Clock())
+        one = BatchTarget(self.target, single=True)  # the target's sequence, a batch of one row
+        [verdict] = steps.verify_rows(one, [tree], [accept], steps.hidden_request(probe), steps.Clock())
         where = probe.where
         probe.where = f"{where}, commit({verdict.acceptance.tokens + [verdict.acceptance.bonus]})"
-        tokens = steps.commit(self.target, probe, verdict)
+        [tokens] = steps.commit_rows(one, [probe], [verdict])
         probe.where = where
         return tokens
 
