@@ -16,7 +16,7 @@ chooses the shape, and every row fills it:
     every row verifies its top-N nodes by p̂: no row pads, no row drafts a round the step does not pay for
 
 C is fitted to the batch's own measured step walls (``StepCost``; the batch's cost curves of
-``cost_measure.measure_batch`` are its prior), leaving out steps whose drafters also fed a backlog (a
+``cost_measure.measure(batch=B)`` are its prior), leaving out steps whose drafters also fed a backlog (a
 new prompt, the tokens of a plain stretch). A shape verified as drafted for ``MEASURED_MIN`` row-steps
 is judged by its measured rate (tokens over wall, decayed) instead. Widths are tried from ``WIDTHS``;
 every ``EXPLORE_EVERY``-th step drafts one round deeper than the shape, alternately at its width and

@@ -131,6 +131,45 @@ def test_the_batched_forward_equals_each_rows_own_tree_forward(arch):
         assert batch.lens.tolist() == [s.past_len for s in singles]
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_one_row_on_the_targets_own_cache_then_rows_join(arch):
+    """A batch of one row runs on the TargetModel's own cache (its fast path); when rows join, that
+    cache becomes row 0 of the batched cache: every row's logits stay its own TargetModel's (1e-9)."""
+    model = make_model(arch, "sdpa")
+    rng = random.Random(3)
+    target = TargetModel(model)
+    batch = BatchTarget(target)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (6, 2, 9)]
+    singles = [TargetModel(model) for _ in prompts]
+    for single, p in zip(singles, prompts):
+        single.prefill(torch.tensor(p[:-1]))
+    batch.prefill(prompts[:1])
+    assert batch.single and batch.cache is None and target.past_len == 5  # the target's own sequence
+    roots = [p[-1] for p in prompts]
+
+    def step(rows: list[int]) -> None:
+        trees = [random_tree(rng, roots[b], n_layers=rng.randint(0, 3)) for b in rows]
+        lens = batch.row_lens()
+        logits, _ = batch.forward_trees([t.tensors(n, dtype=torch.float64) for t, n in zip(trees, lens)])
+        keeps = []
+        for i, (b, tree) in enumerate(zip(rows, trees)):
+            want, _ = singles[b].forward_tree(trees[i].tensors(singles[b].past_len, dtype=torch.float64))
+            assert torch.allclose(logits[i, : len(tree)], want, atol=1e-9), (arch, b)
+            keep = tree.ancestors[rng.randrange(len(tree))].nonzero().flatten()
+            singles[b].commit(keep)
+            keeps.append(keep)
+            roots[b] = rng.randrange(VOCAB)
+        batch.commit(keeps)
+        assert batch.row_lens() == [singles[b].past_len for b in rows]
+
+    step([0])
+    step([0])
+    batch.add(prompts[1:])
+    assert not batch.single and batch.rows == 3
+    for _ in range(3):
+        step([0, 1, 2])
+
+
 def test_batch_errors_are_one_line(target64, prompts):
     dec = treespec.Decoder(target64, drafter="ngram", builder="chain")
     with pytest.raises(treespec.ConfigError, match="stream is for one prompt"):

@@ -1,11 +1,17 @@
-"""Measure what a step costs for one target, drafter, device, dtype and thread count.
+"""Measure what a step costs for one target, drafter, device, dtype and thread count — for one
+sequence, or for one row of a batch of B rows in which every row does the same.
 
-For every size of the grids in ``treespec.cost`` (or the sizes asked for) it times, on a prompt:
+For every size of the grids in ``treespec.cost`` (or the sizes asked for) it times, on a prompt (the
+same prompt in every row):
 
-- a verification of n drafted nodes (``treespec.step.verify``: the target's tree forward, split into
-  the forward and the bookkeeping around it: tree tensors, acceptance), plus the commit;
-- a step's first expansion (the root's children, after a commit: the drafter's catch-up included);
-- a draft expansion of m nodes at once (``drafter.expand`` on a fresh step's tree of m leaves).
+- a verification of n drafted nodes in every row (``treespec.step.verify_rows``: ONE target forward,
+  split into the forward and the bookkeeping around it: tree tensors, acceptance), plus the commit;
+- a step's first expansion (the root's children, after a verified and committed chain: the drafter's
+  catch-up included);
+- a draft expansion of m nodes at once in every row (``DraftRows.expand_together``: one round).
+
+A row's planner prices its nodes with these at its own rate (tokens of the row per second of the
+whole step), which for a batch is the batch's rate shared out: a node pays only if it pays for the batch.
 
 Each point is the median of ``repeats`` measurements after one warm-up. ``treespec profile`` runs
 the whole grid and saves the ``CostModel`` as JSON under ``treespec.cost.profile_path(key)``, where
@@ -25,6 +31,7 @@ import torch
 from treespec import step
 from treespec.batch_target import BatchTarget
 from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel
+from treespec.interfaces import DraftRows, Expansion, PrefillContext
 from treespec.tree import DraftTree
 
 QUICK_VERIFY = (0, 1, 4, 16, 48)  # what ``quick`` measures: enough for the curves' shape
@@ -58,16 +65,19 @@ def measure(
     progress: Progress | None = None,
     verify_sizes: tuple[int, ...] = VERIFY_GRID,
     expand_sizes: tuple[int, ...] = EXPAND_GRID,
+    batch: int = 1,
 ) -> CostModel:
-    """The cost model of ``target`` + ``drafter`` measured on ``prompt`` (see the module docstring). It
+    """The cost model of ``target`` + ``drafter`` measured on ``prompt`` (see the module docstring), for
+    one sequence (``batch`` 1: the drafter itself) or one row of ``batch`` rows (``drafter.rows``). It
     decodes on the target, so it holds the target like a decode does (``TargetModel.exclusive``): a
     Decoder built while another thread decodes on the same target waits instead of breaking it."""
     import threading
 
+    args = (target, drafter, prompt, key, repeats, progress, verify_sizes, expand_sizes, batch)
     if getattr(target, "decoding_thread", None) == threading.get_ident():  # inside this thread's own decode
-        return _measure(target, drafter, prompt, key, repeats, progress, verify_sizes, expand_sizes)
+        return _measure(*args)
     with target.exclusive():
-        return _measure(target, drafter, prompt, key, repeats, progress, verify_sizes, expand_sizes)
+        return _measure(*args)
 
 
 def _measure(
@@ -79,73 +89,93 @@ def _measure(
     progress: Progress | None,
     verify_sizes: tuple[int, ...],
     expand_sizes: tuple[int, ...],
+    batch: int,
 ) -> CostModel:
     model = CostModel(key=key)
     gen = torch.Generator().manual_seed(0)
     room = (target.max_positions or 1 << 30) - len(prompt) - 16 * (repeats + 1)
     sizes = [n for n in verify_sizes if n < target.max_tree_nodes and n < room]
     total, done = len(sizes) + 1 + len(expand_sizes), 0
-    step.prefill(target, drafter, prompt)
-    one = BatchTarget(target, single=True)  # the target's sequence as a batch of one row
+    bt = BatchTarget(target)
+    rows = DraftRows([drafter]) if batch == 1 else drafter.rows(batch)
+    want = step.hidden_request(drafter)
 
-    def verify_once(n: int) -> tuple[float, float]:
-        tree = random_tree(prompt[-1], n, target.vocab_size, gen)
-        clock = step.Clock()
-        [verdict] = step.verify_rows(one, [tree], [step.greedy], step.hidden_request(drafter), clock)
-        start = time.perf_counter()
-        target.commit(verdict.acceptance.nodes[:1])  # keep the root only: the prefix grows by one token
-        return clock.seconds["verify"], clock.seconds["bookkeeping"] + time.perf_counter() - start
+    def start() -> None:  # every row: the prompt, in the target and in its drafter
+        for d, h in zip(rows.drafters, bt.prefill([prompt] * batch, want_hidden=want)):
+            d.prefill(PrefillContext(input_ids=torch.tensor(prompt, dtype=torch.long), hidden=h))
 
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(what, done, total)
+
+    start()
     for n in sizes:
-        forward, rest = _median(lambda n=n: verify_once(n), repeats)
+        forward, rest = _median(lambda n=n: _verify_once(bt, rows, prompt[-1], n, target.vocab_size, gen), repeats)
         model.verify.observe(n, forward)
         model.bookkeeping.observe(n, rest)
-        done += 1
-        if progress:
-            progress(f"verify n={n}", done, total)
-
-    def expand_once(m: int) -> tuple[float, float]:
-        drafter.begin_step(prompt[-1])
-        tree = DraftTree(prompt[-1])
-        first = drafter.expand(tree, torch.zeros(1, dtype=torch.long), max(m, 1))  # the root's children
-        leaves = tree.add_children(
-            torch.zeros(m, dtype=torch.long), _distinct(first, m, target.vocab_size), torch.full((m,), 0.5)
-        )
-        start = time.perf_counter()
-        drafter.expand(tree, leaves, 8)
-        return time.perf_counter() - start, 0.0
-
-    def first_once() -> tuple[float, float]:
-        """A step's first expansion after a commit: the drafter catches up on the accepted tokens."""
-        root = int(target_root[0])
-        drafter.begin_step(root)
-        tree = DraftTree(root)
-        node = torch.zeros(1, dtype=torch.long)
-        for _ in range(3):  # a short chain of the draft's best guesses, verified and committed
-            prop = drafter.expand(tree, node, 1)
-            node = tree.add_children(node, prop.tokens[:, 0], prop.q[:, 0].clamp(min=1e-6))
-        [verdict] = step.verify_rows(one, [tree], [step.greedy], step.hidden_request(drafter), step.Clock())
-        target_root[0] = step.commit_rows(one, [drafter], [verdict])[0][-1]
-        drafter.begin_step(int(target_root[0]))
-        start = time.perf_counter()
-        drafter.expand(DraftTree(int(target_root[0])), torch.zeros(1, dtype=torch.long), 8)
-        return time.perf_counter() - start, 0.0
-
-    target_root = [prompt[-1]]
-    seconds, _ = _median(first_once, repeats)
-    model.first.observe(1, seconds)
-    done += 1
-    if progress:
-        progress("first expansion", done, total)
-    step.prefill(target, drafter, prompt)
-
+        tick(f"verify n={n}")
+    roots = [prompt[-1]] * batch
+    model.first.observe(1, _median(lambda: _first_once(bt, rows, roots), repeats)[0])
+    tick("first expansion")
+    start()
     for m in expand_sizes:
-        seconds, _ = _median(lambda m=m: expand_once(m), repeats)
-        model.expand.observe(m, seconds)
-        done += 1
-        if progress:
-            progress(f"expand m={m}", done, total)
+        model.expand.observe(m, _median(lambda m=m: _expand_once(rows, prompt[-1], m, target.vocab_size), repeats)[0])
+        tick(f"expand m={m}")
     return model
+
+
+def _verify_once(bt: BatchTarget, rows: DraftRows, root: int, n: int, vocab: int, gen: Any) -> tuple[float, float]:
+    """Every row verifies a random tree of n drafted nodes and keeps its root only (the prefix grows by
+    one token): (the forward's seconds, the bookkeeping's)."""
+    trees = [random_tree(root, n, vocab, gen) for _ in rows.drafters]
+    clock = step.Clock()
+    want = step.hidden_request(rows.drafters[0])  # as a decode asks: hidden states cost the forward too
+    verdicts = step.verify_rows(bt, trees, [step.greedy] * len(trees), want, clock)
+    begin = time.perf_counter()
+    bt.commit([v.acceptance.nodes[:1] for v in verdicts])
+    return clock.seconds["verify"], clock.seconds["bookkeeping"] + time.perf_counter() - begin
+
+
+def _first_once(bt: BatchTarget, rows: DraftRows, roots: list[int]) -> tuple[float, float]:
+    """A step's first expansion after every row verified and committed a short chain of the draft's
+    best guesses (the drafters catch up on the accepted tokens, with the target's hidden states)."""
+    want = step.hidden_request(rows.drafters[0])
+    trees = []
+    for d, root in zip(rows.drafters, roots):
+        d.begin_step(root)
+        tree, node = DraftTree(root), torch.zeros(1, dtype=torch.long)
+        for _ in range(3):
+            prop = d.expand(tree, node, 1)
+            node = tree.add_children(node, prop.tokens[:, 0], prop.q[:, 0].clamp(min=1e-6))
+        trees.append(tree)
+    verdicts = step.verify_rows(bt, trees, [step.greedy] * len(trees), want, step.Clock())
+    roots[:] = [tokens[-1] for tokens in step.commit_rows(bt, rows.drafters, verdicts)]
+    for d, root in zip(rows.drafters, roots):
+        d.begin_step(root)
+    begin = time.perf_counter()
+    rows.expand_together(
+        {i: Expansion(DraftTree(root), torch.zeros(1, dtype=torch.long), 8) for i, root in enumerate(roots)}
+    )
+    return time.perf_counter() - begin, 0.0
+
+
+def _expand_once(rows: DraftRows, root: int, m: int, vocab: int) -> tuple[float, float]:
+    """Every row expands m leaves at once (one round), on a fresh step's tree."""
+    trees = [DraftTree(root) for _ in rows.drafters]
+    for d in rows.drafters:
+        d.begin_step(root)
+    first = rows.expand_together(
+        {i: Expansion(t, torch.zeros(1, dtype=torch.long), max(m, 1)) for i, t in enumerate(trees)}
+    )
+    leaves = {
+        i: t.add_children(torch.zeros(m, dtype=torch.long), _distinct(first[i], m, vocab), torch.full((m,), 0.5))
+        for i, t in enumerate(trees)
+    }
+    begin = time.perf_counter()
+    rows.expand_together({i: Expansion(t, leaves[i], 8) for i, t in enumerate(trees)})
+    return time.perf_counter() - begin, 0.0
 
 
 def _distinct(first: Any, m: int, vocab: int) -> torch.Tensor:
@@ -158,90 +188,13 @@ def _distinct(first: Any, m: int, vocab: int) -> torch.Tensor:
     return torch.tensor(tokens[:m])
 
 
-def measure_batch(
-    target: Any,
-    drafter: Any,
-    prompt: list[int],
-    key: dict[str, Any],
-    batch: int,
-    repeats: int = 1,
-    verify_sizes: tuple[int, ...] = QUICK_VERIFY,
-    expand_sizes: tuple[int, ...] = QUICK_EXPAND,
-) -> CostModel:
-    """The cost model of ONE row of a batch of ``batch`` rows in which every row does the same: T(n) is
-    the batched step (``BatchTarget``) verifying n drafted nodes in every row, T_expand(m) one
-    ``DraftRows.expand_together`` round in which every row expands m nodes (``treespec.batch``). A
-    row's planner prices its nodes with these at its own rate (tokens of the row per second of the
-    whole step), which is the batch's rate shared out: a node pays only if it pays for the batch."""
-    from treespec.interfaces import Commit, Expansion, PrefillContext
-
-    model = CostModel(key=key)
-    gen = torch.Generator().manual_seed(0)
-    bt, want = BatchTarget(target), step.hidden_request(drafter)
-    hidden = bt.prefill([prompt] * batch, want_hidden=want)
-    rows = drafter.rows(batch)
-    for d, h in zip(rows.drafters, hidden):
-        d.prefill(PrefillContext(input_ids=torch.tensor(prompt, dtype=torch.long), hidden=h))
-    room = (target.max_positions or 1 << 30) - len(prompt) - 16 * (repeats + 1)
-
-    def verify_once(n: int) -> tuple[float, float]:
-        trees = [random_tree(prompt[-1], n, target.vocab_size, gen) for _ in range(batch)]
-        start = time.perf_counter()
-        tts = [t.tensors(int(bt.lens[i]), dtype=bt.dtype) for i, t in enumerate(trees)]
-        begin = time.perf_counter()
-        logits, _ = bt.forward_trees(tts, want_hidden=want)
-        end = time.perf_counter()
-        bt.commit(
-            [step.greedy(t, tt, logits[i, : len(t)]).nodes[:1] for i, (t, tt) in enumerate(zip(trees, tts))]
-        )  # the root only
-        return end - begin, (begin - start) + time.perf_counter() - end
-
-    for n in [n for n in verify_sizes if n < target.max_tree_nodes and n < room]:
-        forward, rest = _median(lambda n=n: verify_once(n), repeats)
-        model.verify.observe(n, forward)
-        model.bookkeeping.observe(n, rest)
-
-    def expand_once(m: int) -> tuple[float, float]:
-        trees = [DraftTree(prompt[-1]) for _ in rows.drafters]
-        for d in rows.drafters:
-            d.begin_step(prompt[-1])
-        first = rows.expand_together(
-            {i: Expansion(t, torch.zeros(1, dtype=torch.long), max(m, 1)) for i, t in enumerate(trees)}
-        )
-        leaves = [
-            t.add_children(
-                torch.zeros(m, dtype=torch.long), _distinct(first[i], m, target.vocab_size), torch.full((m,), 0.5)
-            )
-            for i, t in enumerate(trees)
-        ]
-        start = time.perf_counter()
-        rows.expand_together({i: Expansion(t, leaves[i], 8) for i, t in enumerate(trees)})
-        return time.perf_counter() - start, 0.0
-
-    def first_once() -> tuple[float, float]:
-        """A step's first expansion after every row committed three tokens (the drafters catch up)."""
-        for d, h in zip(rows.drafters, hidden):
-            d.commit(Commit(tokens=prompt[-3:], hidden=h[-3:] if h is not None else None))
-            d.begin_step(prompt[-1])
-        start = time.perf_counter()
-        rows.expand_together(
-            {i: Expansion(DraftTree(prompt[-1]), torch.zeros(1, dtype=torch.long), 8) for i in range(batch)}
-        )
-        return time.perf_counter() - start, 0.0
-
-    model.first.observe(1, _median(first_once, repeats)[0])
-    for m in expand_sizes:
-        model.expand.observe(m, _median(lambda m=m: expand_once(m), repeats)[0])
-    return model
-
-
 _QUICK: dict[tuple[int, str], CostModel] = {}  # (id of the target, profile key) -> the first quick measurement
 
 
 def quick(target: Any, drafter: Any, key: dict[str, Any], batch: int = 1) -> CostModel:
     """A rough cost model in a fraction of a second: a few sizes, one measurement each, on a prompt of
     128 tokens (or a quarter of the context), for a run that has no saved profile; for a row of a batch
-    of ``batch`` rows, every row doing the same (``measure_batch``). Measured once per target, key and
+    of ``batch`` rows, every row doing the same. Measured once per target, key and
     batch size in a process (a batch's rows, and later Decoders, start from a copy of it)."""
     import copy
     import json
@@ -251,9 +204,7 @@ def quick(target: Any, drafter: Any, key: dict[str, Any], batch: int = 1) -> Cos
         vocab = target.vocab_size
         length = max(4, min(128, (target.max_positions or 512) // 4))
         prompt = [(7 + 31 * i) % max(vocab - 3, 1) + 3 for i in range(length)]  # arbitrary tokens: only the time counts
-        _QUICK[memo] = (
-            measure(target, drafter, prompt, key, repeats=1, verify_sizes=QUICK_VERIFY, expand_sizes=QUICK_EXPAND)
-            if batch == 1
-            else measure_batch(target, drafter, prompt, key, batch)
+        _QUICK[memo] = measure(
+            target, drafter, prompt, key, repeats=1, verify_sizes=QUICK_VERIFY, expand_sizes=QUICK_EXPAND, batch=batch
         )
     return copy.deepcopy(_QUICK[memo])
