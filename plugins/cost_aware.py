@@ -54,6 +54,7 @@ from treespec.interfaces import PlanNote
 from treespec.plugins.batch_budget import BatchPlan, grow_row
 from treespec.plugins.drafted import Drafted
 from treespec.plugins.probe import ProbeSchedule
+from treespec.rows_cache import CacheRow
 from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -373,9 +374,12 @@ class AutoPlanner:
 def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
     """What a cost profile was measured for: target, drafter and its options, device, dtype, threads."""
     options = {k: v for k, v in dict(getattr(drafter, "config", {}) or {}).items() if v is not None}
+    kind = type(drafter)
+    if isinstance(drafter, CacheRow):  # a batch row: its drafter's own class (the batch size is keyed apart)
+        kind = next(c for c in kind.__mro__[1:] if not issubclass(c, CacheRow))
     return {
         "target": target.name,
-        "drafter": f"{type(drafter).__name__}({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})",
+        "drafter": f"{kind.__name__}({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})",
         "device": str(target.device),
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),

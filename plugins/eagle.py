@@ -137,10 +137,6 @@ class EagleDrafter(Drafter):
                 raise ValueError("drafter 'eagle' needs the target's hidden states (PrefillContext.hidden)")
             self.pending.append((context.hidden, ids[1:]))
 
-    #: set on the rows of a batch (``rows``): the rows share one head cache (``eagle_rows.EagleRows``)
-    _group: EagleRows | None = None
-    _index = 0
-
     def rows(self, n: int) -> EagleRows:
         """``n`` rows whose frontiers are expanded in one head forward per level (``eagle_rows.py``)."""
         from treespec.plugins.eagle_rows import EagleRows
@@ -148,9 +144,13 @@ class EagleDrafter(Drafter):
         return EagleRows(self, n)
 
     def begin_step(self, root_token: int) -> None:
-        if self.row_nodes and self._group is None:  # items of an earlier tree of this step
-            crop_cache(self.cache, self.stable)
+        if self.row_nodes:  # items of an earlier tree of this step
+            self.drop_tree_rows()
         self._clear_tree()
+
+    def drop_tree_rows(self) -> None:
+        """Crop the head's cache back to the committed items (a batch row's live in its group's cache)."""
+        crop_cache(self.cache, self.stable)
 
     def _clear_tree(self) -> None:
         # predicted features f̂ of the step's fed nodes: row 0 = the root's, then one row per tree item
@@ -159,14 +159,9 @@ class EagleDrafter(Drafter):
             0 if self.root_feature is not None else -1
         ]  # tree node -> row of feats (-1: not fed)
         self.row_nodes: list[int] = []  # tree node of each tree item, in cache order after the stable rows
-        self.cols: list[int] = []  # a batch row's: the shared cache's column of each tree item
 
     @inference
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
-        if self._group is not None:  # a batch row called on its own: a round of one
-            from treespec.interfaces import Expansion
-
-            return self._group.expand_together({self._index: Expansion(tree, nodes, k)})[self._index]
         k = min(k, self.vocab)
         m = int(nodes.shape[0])
         if m == 0 or (self.feats is None and not self.pending):  # a one-token prompt: no feature before the root yet
@@ -253,8 +248,8 @@ class EagleDrafter(Drafter):
     def commit(self, commit: Commit) -> None:
         if commit.hidden is None:
             raise ValueError("drafter 'eagle' needs the target's hidden states (Commit.hidden)")
-        if self.row_nodes and self._group is None:
-            crop_cache(self.cache, self.stable)  # drop every tree item: they were built on predictions
+        if self.row_nodes:
+            self.drop_tree_rows()  # drop every tree item: they were built on predictions
         tokens = torch.tensor(commit.tokens, dtype=torch.long)  # [m+1] accepted + bonus
         self.pending.append((commit.hidden, tokens))  # items (f(root), a1), (f(a1), a2), ..., (f(am), bonus)
         self.root_feature = None

@@ -29,18 +29,27 @@ import torch
 from treespec.inference import inference
 from treespec.interfaces import Expansion, Proposals
 from treespec.kv import causal_mask, move_cache_rows
-from treespec.rows_cache import RowsCache
+from treespec.rows_cache import CacheRow, RowsCache
 from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
     from treespec.plugins.eagle import EagleDrafter
 
 
+class EagleRow(CacheRow):
+    """A row of ``EagleRows``: ``cols[i]`` is the shared cache's column of its tree item i."""
+
+    def _clear_tree(self) -> None:
+        super()._clear_tree()  # type: ignore[misc]
+        self.cols: list[int] = []
+
+    def drop_tree_rows(self) -> None:
+        """Nothing of its own: the group cuts the columns a step appended (``RowsCache.cut``)."""
+
+
 class EagleRows(RowsCache):
     drafters: list[EagleDrafter]
-
-    def __init__(self, base: EagleDrafter, n: int):
-        super().__init__([base.fork() for _ in range(n)], base)
+    row_class = EagleRow
 
     @inference
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:

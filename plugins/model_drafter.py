@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from treespec.errors import ConfigError
 from treespec.inference import inference
-from treespec.interfaces import Commit, Drafter, DraftRows, Expansion, PrefillContext, Proposals
+from treespec.interfaces import Commit, Drafter, DraftRows, PrefillContext, Proposals
 from treespec.kv import (
     attention_windows,
     cache_keyword,
@@ -41,7 +41,7 @@ from treespec.target import TargetModel
 from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
-    from treespec.plugins.model_rows import ModelRows
+    pass
 
 
 class ModelDrafter(Drafter):
@@ -120,16 +120,17 @@ class ModelDrafter(Drafter):
         )
 
     # ------------------------------------------------------------------ lifecycle
+    def keep_path(self, keep: list[int]) -> None:
+        """Keep the cache rows ``keep`` (the root's and the accepted nodes', ascending) of this step's
+        tree rows, moved to root_pos, root_pos + 1, … (a batch row's live in its group's cache)."""
+        keep_rows(self.cache, self.root_pos, keep)
+
     def prefill(self, context: PrefillContext) -> None:
         self.cache = slack_cache()  # full layers: committed row i holds position i
         self.cache_len = 0
         self.pending = context.input_ids[:-1].tolist()
         self.root_token = int(context.input_ids[-1])
         self._ready()
-
-    #: set on the rows of a batch (``rows``): the rows share one draft cache (``model_rows.ModelRows``)
-    _group: ModelRows | None = None
-    _index = 0
 
     def rows(self, n: int) -> DraftRows:
         """``n`` rows whose new nodes are fed in one draft forward per round (``model_rows.py``); draft
@@ -141,10 +142,14 @@ class ModelDrafter(Drafter):
         return ModelRows(self, n)
 
     def begin_step(self, root_token: int) -> None:
-        if self.row_nodes and self._group is None:  # tree rows of an earlier tree of this step: drop them
-            crop_cache(self.cache, self.root_pos)
-            self.cache_len = self.root_pos
+        if self.row_nodes:  # tree rows of an earlier tree of this step: drop them
+            self.drop_tree_rows()
         self._ready()
+
+    def drop_tree_rows(self) -> None:
+        """Crop the draft cache back to the committed tokens (a batch row's live in its group's cache)."""
+        crop_cache(self.cache, self.root_pos)
+        self.cache_len = self.root_pos
 
     def _ready(self) -> None:
         """No tree rows; the next tree's root goes after the cache and the pending tokens."""
@@ -153,12 +158,9 @@ class ModelDrafter(Drafter):
         self.row_nodes: list[int] = []  # tree node id of each tree row, in row order
         self.child_row: dict[tuple[int, int], int] = {}  # (parent row, token) -> row
         self.probs: torch.Tensor | None = None  # [R, V] draft distribution after each tree row
-        self.cols: list[int] = []  # a batch row's: the shared cache's column of each tree row
 
     @inference
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
-        if self._group is not None:  # a batch row called on its own: a round of one
-            return self._group.expand_together({self._index: Expansion(tree, nodes, k)})[self._index]
         k = min(k, self.vocab)
         wanted = nodes.tolist()
         if not wanted or (self.max_positions and self.root_pos + int(tree.depths[nodes].max()) >= self.max_positions):
@@ -260,10 +262,7 @@ class ModelDrafter(Drafter):
                 break
             keep.append(row)
         m = len(keep)
-        if self._group is None:
-            keep_rows(self.cache, self.root_pos, keep)
-        else:
-            self._group.keep_path(self._index, keep)
+        self.keep_path(keep)
         self.cache_len = self.root_pos + m
         self.pending = commit.tokens[m - 1 : -1]  # accepted tokens not fed; the bonus is the next root
         self._ready()

@@ -1,6 +1,6 @@
 """A batch's draft-model rows (drafters ``model`` and ``self``): every row's new nodes in ONE forward.
 
-Each row is a ``ModelDrafter`` fork that keeps its own bookkeeping exactly as alone (``cache_len``
+Each row is a ``ModelDrafter`` fork (made a ``ModelRow``) that keeps its own bookkeeping exactly as alone (``cache_len``
 committed tokens fed, ``pending`` tokens, the tree items of this step with their *virtual* rows
 ``root_pos + i``, ``child_row``, ``probs``); the draft model's KV cache is one cache for all rows
 (``treespec.rows_cache``), and ``cols[i]`` is the real column of tree item i.
@@ -27,17 +27,30 @@ import torch
 from treespec.inference import inference
 from treespec.interfaces import Expansion, Proposals
 from treespec.kv import causal_mask, move_cache_rows
-from treespec.rows_cache import RowsCache
+from treespec.rows_cache import CacheRow, RowsCache
 
 if TYPE_CHECKING:
     from treespec.plugins.model_drafter import ModelDrafter
 
 
+class ModelRow(CacheRow):
+    """A row of ``ModelRows``: ``cols[i]`` is the shared cache's column of its tree item i, and a commit
+    moves its accepted items' columns into place in the shared cache."""
+
+    def _ready(self) -> None:
+        super()._ready()  # type: ignore[misc]
+        self.cols: list[int] = []
+
+    def drop_tree_rows(self) -> None:
+        """Nothing of its own: the group cuts the columns a step appended (``RowsCache.cut``)."""
+
+    def keep_path(self, keep: list[int]) -> None:
+        self.group.keep_path(self.index, keep)
+
+
 class ModelRows(RowsCache):
     drafters: list[ModelDrafter]
-
-    def __init__(self, base: ModelDrafter, n: int):
-        super().__init__([base.fork() for _ in range(n)], base)
+    row_class = ModelRow
 
     @inference
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from treespec.acceptance_map import AcceptanceMap
-from treespec.interfaces import Drafter, TreeBuilder
+from treespec.interfaces import Drafter, PlanningBuilder, TreeBuilder
 from treespec.plugins.batch_budget import BatchPlan
 from treespec.plugins.configs import OptTreeConfig
 from treespec.plugins.cost_aware import AutoPlanner
@@ -110,7 +110,7 @@ def sampled_layers_done(scores: torch.Tensor, depths: torch.Tensor, layer: torch
     return not bool((kept >= int(layer.min())).any())
 
 
-class OptTreeBuilder(TreeBuilder):
+class OptTreeBuilder(PlanningBuilder):
     """Fixed budget (``nodes=N``): the OPT-Tree search above, exactly. ``nodes=auto``: the budget and
     depth of every step chosen for tokens per second (``treespec.plugins.cost_aware``)."""
 

@@ -51,6 +51,7 @@ def prompts():
         ("eagle3", "eagle2", {}),
         ("compose", "opt-tree", {"nodes": 8}),
         ("model", "opt-tree", {"nodes": "auto"}),
+        ("eagle", "opt-tree", {"nodes": "auto"}),  # rows measure their costs through rows of a row
     ],
 )
 def test_every_row_is_lossless_and_takes_its_own_steps(target64, greedy_reference, prompts, key, builder, options):
@@ -383,3 +384,25 @@ def test_rows_of_a_builder_instance_share_no_state(target64):
     rows = dec.row_builders([dec.drafter.rows(2).drafters[i] for i in range(2)])
     assert rows[0] is not rows[1] and rows[0].planner is not rows[1].planner
     assert rows[0].calibration is not rows[1].calibration and rows[0].planner is not builder.planner
+
+
+@pytest.mark.parametrize("key", ["model", "eagle"])
+def test_batch_rows_carry_the_batch_state_and_the_users_drafter_none(target64, prompts, key):
+    """A batch row is a fork with a row class mixed in (group, index, the shared cache's columns); the
+    drafter the Decoder holds for one sequence has none of it, before and after a batch, and a row's
+    cost profile is keyed by its drafter's own class."""
+    from treespec.plugins.cost_aware import profile_key
+    from treespec.rows_cache import CacheRow
+
+    name, opts = _drafter(key)
+    dec = treespec.Decoder(target64, drafter=name, drafter_options=opts, builder="chain", builder_options={"k": 3})
+    dec.generate(prompts[:3], max_new_tokens=8)
+    own = dec.drafter
+    assert not isinstance(own, CacheRow)
+    assert not any(hasattr(own, a) for a in ("group", "index", "cols", "_group", "_index"))
+    rows = own.rows(3)
+    assert [r.index for r in rows.drafters] == [0, 1, 2] and all(r.group is rows for r in rows.drafters)
+    assert all(isinstance(r, CacheRow) and isinstance(r, type(own)) for r in rows.drafters)
+    rows.keep([2, 0])
+    assert [r.index for r in rows.drafters] == [0, 1]
+    assert profile_key(dec.target, rows.drafters[0]) == profile_key(dec.target, own)

@@ -16,7 +16,7 @@ from treespec.engine import Engine
 from treespec.errors import ConfigError, DecodingError, GenerationConfigNote, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
 from treespec.hf import unhonoured
-from treespec.interfaces import Drafter, DraftRows, TreeBuilder
+from treespec.interfaces import Drafter, DraftRows, PlanningBuilder, TreeBuilder
 from treespec.memory import check_fits
 from treespec.output import Output, StreamCallback, step_stats  # noqa: F401 - step_stats: public here before
 from treespec.sampling import DraftSampling, IgnoredOptionWarning, SamplingParams, check_sampling, make_generator
@@ -90,7 +90,8 @@ class Decoder:
         self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)
         try:
-            self.builder.attach(self.target, self.drafter)  # opt-tree nodes=auto: a quick cost measurement
+            if isinstance(self.builder, PlanningBuilder):
+                self.builder.attach(self.target, self.drafter)  # opt-tree nodes=auto: a quick cost measurement
         except TreespecError:
             raise
         except Exception as exc:  # the drafter's or builder's own code failed while measuring
@@ -108,7 +109,8 @@ class Decoder:
         if pool is None:
             pool = [self.fresh_builder(d, batch_size=len(drafters)) for d in drafters]
             for builder in pool:
-                builder.join_batch(pool)
+                if isinstance(builder, PlanningBuilder):
+                    builder.join_batch(pool)
             self._row_builders[len(drafters)] = pool
         return pool
 
@@ -117,8 +119,9 @@ class Decoder:
         ``batch_size``)."""
         spec, options = self._builder_spec
         builder = make_builder(spec, options) if isinstance(spec, str) else _fresh_like(self.builder)
-        builder.batch_size = batch_size
-        builder.attach(self.target, drafter)
+        if isinstance(builder, PlanningBuilder):
+            builder.batch_size = batch_size
+            builder.attach(self.target, drafter)
         return builder
 
     def _check_budget(self) -> None:

@@ -28,7 +28,7 @@ import torch
 
 from treespec import step, threads
 from treespec.batch_target import BatchTarget
-from treespec.interfaces import DraftRows, PrefillContext, TreeBuilder
+from treespec.interfaces import DraftRows, PlanningBuilder, PrefillContext, TreeBuilder
 from treespec.output import Output, StreamCallback, emit
 
 #: a prompt's acceptance rule, made when it takes a row: (prompt index, the row's builder) → rule
@@ -46,6 +46,11 @@ class Row:
     out: Output
     committed: list[int]  # prompt + new tokens; the last one is the next step's root
     admitted: float = field(default_factory=time.perf_counter)
+
+    @property
+    def planner(self) -> PlanningBuilder | None:
+        """The builder, if it plans from measured costs (it is told every step's statistics)."""
+        return self.builder if isinstance(self.builder, PlanningBuilder) else None
 
 
 class Engine:
@@ -135,8 +140,11 @@ class Engine:
             now = time.perf_counter()
             ended = []
             for i, (r, d) in enumerate(zip(active, done)):
-                new, eos = emit(r.out, r.committed, d, self.eos, wall=now - last, note=r.builder.plan_note())
-                r.builder.observe(r.out.stats.steps[-1])
+                planner = r.planner
+                note = planner.plan_note() if planner is not None else None
+                new, eos = emit(r.out, r.committed, d, self.eos, wall=now - last, note=note)
+                if planner is not None:
+                    planner.observe(r.out.stats.steps[-1])
                 if self.stream is not None:
                     self.stream(new)
                 if eos:

@@ -197,18 +197,37 @@ class DraftRows:
 
 
 class TreeBuilder(ABC):
-    """Decides which nodes to expand and which to keep, using a drafter's proposals."""
+    """Decides which nodes to expand and which to keep, using a drafter's proposals.
+
+    The contract is ``build``; everything else has a default. Optional: ``verified`` (learn from what
+    the target accepted), ``start`` (keep the draft-side sampling settings, for builders that draw
+    children at random), and the facts ``max_nodes`` / ``max_drafted`` / ``samples_children`` the
+    Decoder checks before anything runs. Builders that plan from measured costs extend
+    ``PlanningBuilder`` instead (docs/plugins.md)."""
 
     Config: ClassVar[type[PluginConfig]] = PluginConfig
     #: the draft-side sampling settings kept by ``start`` (None: rank children by the draft's top-k)
     sampling: DraftSampling | None = None
-    #: how many sequences are decoded together with this builder's: 1 alone, B for a row of a batch
-    #: (set by the Decoder before ``attach``; cost-aware builders price a node as its share of a
-    #: B-row step)
-    batch_size: int = 1
 
     def __init__(self, config: PluginConfig):
         self.config = config
+
+    @abstractmethod
+    def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
+        """Grow this step's tree from ``root_token``. No node may be deeper than ``max_depth``
+        (the Decoder's cap from ``max_new_tokens`` and the context; 0 means root only)."""
+
+    def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
+        """Called by ``treespec.step`` right after the target verified the tree ``build`` returned:
+        ``path`` [m+1] holds the accepted node ids, root first. Builders that learn how often the
+        target accepts (calibrated p̂) override it; the default ignores it."""
+
+    def start(self, sampling: DraftSampling | None) -> None:
+        """Called by the Decoder at the start of every ``generate``: None for greedy decoding, else the
+        draft-side settings (draft temperature, the run's ``torch.Generator``). Builders that can draw
+        children at random keep it (and then record the draws in the tree, docs/sampling.md); the
+        others, which rank children by the draft's top-k, ignore it."""
+        self.sampling = sampling if self.samples_children else None
 
     @property
     def samples_children(self) -> bool:
@@ -216,11 +235,6 @@ class TreeBuilder(ABC):
         gave it a ``DraftSampling``; such builders need ``Drafter.distribution``. By default: the
         builder's ``sample`` option (chain, static, sequoia), False for builders without one."""
         return bool(getattr(self.config, "sample", False))
-
-    @abstractmethod
-    def build(self, drafter: Drafter, root_token: int, max_depth: int) -> DraftTree:
-        """Grow this step's tree from ``root_token``. No node may be deeper than ``max_depth``
-        (the Decoder's cap from ``max_new_tokens`` and the context; 0 means root only)."""
 
     @property
     def max_nodes(self) -> int | None:
@@ -236,34 +250,33 @@ class TreeBuilder(ABC):
         refuses settings whose draft tree would not fit this machine's memory, before anything runs."""
         return None
 
-    def observe(self, stats: StepStats) -> None:
-        """Feedback after each step (adaptive builders override it)."""
 
-    def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
-        """Called by ``treespec.step`` right after the target verified the tree ``build`` returned:
-        ``path`` [m+1] holds the accepted node ids, root first. Builders that learn how often the
-        target accepts (calibrated p̂) override it; the default ignores it."""
+class PlanningBuilder(TreeBuilder):
+    """A builder that plans every tree from what steps cost on this machine (``opt-tree nodes=auto``).
 
-    def plan_note(self) -> PlanNote | None:
-        """What the builder expected of the tree its last ``build`` returned (cost-aware builders), or
-        None. The Decoder copies it into the step's ``StepStats``."""
-        return None
+    On top of ``build``, the Decoder gives it its target and drafter once (``attach``: e.g. to look up
+    or measure a cost profile), the builders of a batch's other rows (``join_batch``), and every
+    step's statistics (``observe``); it tells the Decoder what it expected of its last tree
+    (``plan_note``, copied into the step's ``StepStats``)."""
+
+    #: how many sequences are decoded together with this builder's: 1 alone, B for a row of a batch
+    #: (set by the Decoder before ``attach``: a node is priced as its share of a B-row step)
+    batch_size: int = 1
 
     def attach(self, target: TargetModel, drafter: Drafter) -> None:
-        """Called once by the ``Decoder`` that will run this builder, with its target and drafter
-        (cost-aware builders look up a saved cost profile for them). The default does nothing."""
+        """Called once by the ``Decoder`` that will run this builder, with its target and drafter."""
 
     def join_batch(self, peers: list[TreeBuilder]) -> None:
         """Called once by the Decoder, after ``attach``, with the builders of all rows of a batch (this
-        one included; ``batch_size`` of them). Builders whose rows should agree on something link up
-        here (the auto planner's shared budget); the default does nothing."""
+        one included; ``batch_size`` of them). Rows that should agree on something link up here (the
+        auto planner's shared budget)."""
 
-    def start(self, sampling: DraftSampling | None) -> None:
-        """Called by the Decoder at the start of every ``generate``: None for greedy decoding, else the
-        draft-side settings (draft temperature, the run's ``torch.Generator``). Builders that can draw
-        children at random keep it (and then record the draws in the tree, docs/sampling.md); the
-        others, which rank children by the draft's top-k, ignore it."""
-        self.sampling = sampling if self.samples_children else None
+    def observe(self, stats: StepStats) -> None:
+        """Feedback after each step: its statistics (sizes, accepted tokens, phase and wall seconds)."""
+
+    def plan_note(self) -> PlanNote | None:
+        """What the builder expected of the tree its last ``build`` returned, or None."""
+        return None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ A round appends a [B, T] block for every row (rows with less to feed pad with qu
 themselves), then each row copies what became committed into place after its prefix
 (``kv.move_cache_rows``); the columns appended during a step are cut off at the start of the next
 step, when no row holds tree items. Rows that finish leave by indexing the batch dimension.
+
+A row is its drafter's ``fork()`` with a row class mixed in (``row_class``, e.g. ``model_rows.ModelRow``):
+the row knows its ``group`` and ``index``, answers an ``expand`` called on it alone as a round of one,
+and keeps its tree items in the group's cache. The drafter a user builds for one sequence carries
+none of this: batch state lives on batch rows only.
 """
 
 from __future__ import annotations
@@ -16,22 +21,53 @@ from typing import Any
 
 import torch
 
-from treespec.interfaces import DraftRows
+from treespec.interfaces import DraftRows, Expansion, Proposals
 from treespec.kv import concat_caches, crop_cache
 from treespec.kv import float_mask as kv_float_mask
 from treespec.slack_cache import slack_cache
+
+
+class CacheRow:
+    """What a row of a ``RowsCache`` adds to its drafter's class (mixed in by ``RowsCache.row``)."""
+
+    group: RowsCache  # the batch's rows, whose cache holds this row's
+    index: int  # this row's place in ``group.drafters``
+
+    def expand(self, tree: Any, nodes: torch.Tensor, k: int) -> Proposals:
+        """Called on this row alone (not through ``treespec.lockstep``): a round of one."""
+        return self.group.expand_together({self.index: Expansion(tree, nodes, k)})[self.index]
+
+
+_ROW_CLASSES: dict[tuple[type, type], type] = {}
 
 
 class RowsCache(DraftRows):
     """``DraftRows`` whose rows share ``self.cache`` (batch dimension = row)."""
 
     batched = True
+    #: the mixin that makes a fork of ``base`` a row of this group (a ``CacheRow``)
+    row_class: type[CacheRow] = CacheRow
 
-    def __init__(self, drafters: list[Any], base: Any):
-        super().__init__(drafters, base)
-        for i, row in enumerate(self.drafters):
-            row._group, row._index = self, i
+    def __init__(self, base: Any, n: int):
+        super().__init__([], base)
+        self.drafters = [self.row(i) for i in range(n)]
         self.cache = slack_cache()
+
+    def row(self, index: int) -> Any:
+        """A fork of ``base`` as row ``index`` of this group: its class gains ``row_class`` (one class
+        per drafter class, made once: a ``SelfDrafter``'s rows stay ``SelfDrafter``s)."""
+        fork = self.base.fork()
+        if isinstance(fork, self.row_class):  # rows of a row (its cost measurement): already the class
+            cls: type = type(fork)
+        else:
+            kind = (self.row_class, type(fork))
+            if kind not in _ROW_CLASSES:
+                _ROW_CLASSES[kind] = type(f"{type(fork).__name__}Row", kind, {})
+            cls = _ROW_CLASSES[kind]
+        row = object.__new__(cls)  # the fork's state as it is, in the row class
+        row.__dict__.update(fork.__dict__)
+        row.group, row.index = self, index
+        return row
 
     @property
     def width(self) -> int:
@@ -45,13 +81,10 @@ class RowsCache(DraftRows):
 
     def add(self, n: int) -> list[Any]:
         """``n`` new rows (forks of ``self.base``) join the batch, their cache rows empty (all masked)."""
-        new = [self.base.fork() for _ in range(n)]
-        for row in new:
-            row._group = self
+        first = len(self.drafters)
+        new = [self.row(first + j) for j in range(n)]
         self.drafters += new
-        self.cache = concat_caches(self.cache, self.width, slack_cache(), 0, len(self.drafters) - n, n)
-        for i, row in enumerate(self.drafters):
-            row._index = i
+        self.cache = concat_caches(self.cache, self.width, slack_cache(), 0, first, n)
         return new
 
     def keep(self, rows: list[int]) -> None:
@@ -62,7 +95,7 @@ class RowsCache(DraftRows):
                 layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
                 layer.values = layer.values.index_select(0, index.to(layer.values.device))
         for i, row in enumerate(self.drafters):
-            row._index = i
+            row.index = i
 
     #: a row feeds its items alone when it has more than ALONE_MIN of them and more than ALONE_RATIO
     #: times the (lower) median row of its round (padding every row of the block to its length would cost more)

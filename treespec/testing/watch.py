@@ -23,6 +23,7 @@ import torch
 from treespec.interfaces import (
     Commit,
     Drafter,
+    PlanningBuilder,
     PlanNote,
     PrefillContext,
     Proposals,
@@ -142,9 +143,9 @@ class WatchedDrafter(Drafter):
         self.drafter.close()
 
 
-class WatchedBuilder(TreeBuilder):
-    """The builder under test with every ``TreeBuilder`` attribute forwarded to it, and ``build``
-    watched. ``copy.copy`` of it wraps a copy of the builder (what the Decoder makes for batch rows)."""
+class WatchedBuilder(PlanningBuilder):
+    """The builder under test with every ``TreeBuilder`` attribute forwarded to it (and a
+    ``PlanningBuilder``'s hooks, when it is one), and ``build`` watched. ``copy.copy`` of it wraps a copy of the builder (what the Decoder makes for batch rows)."""
 
     def __init__(self, inner: TreeBuilder, watch: Watch):  # no super().__init__: the config is the inner's
         self.inner, self.watch = inner, watch
@@ -158,11 +159,12 @@ class WatchedBuilder(TreeBuilder):
 
     @property
     def batch_size(self) -> int:  # type: ignore[override]
-        return self.inner.batch_size
+        return getattr(self.inner, "batch_size", 1)
 
     @batch_size.setter
     def batch_size(self, value: int) -> None:
-        self.inner.batch_size = value
+        if isinstance(self.inner, PlanningBuilder):
+            self.inner.batch_size = value
 
     @property
     def sampling(self) -> Any:  # type: ignore[override]
@@ -201,19 +203,22 @@ class WatchedBuilder(TreeBuilder):
         return tree
 
     def observe(self, stats: Any) -> None:
-        self.inner.observe(stats)
+        if isinstance(self.inner, PlanningBuilder):
+            self.inner.observe(stats)
 
     def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
         self.inner.verified(tree, path)
 
     def plan_note(self) -> PlanNote | None:
-        return self.inner.plan_note()
+        return self.inner.plan_note() if isinstance(self.inner, PlanningBuilder) else None
 
     def attach(self, target: Any, drafter: Drafter) -> None:
-        self.inner.attach(target, drafter)
+        if isinstance(self.inner, PlanningBuilder):
+            self.inner.attach(target, drafter)
 
     def join_batch(self, peers: list[TreeBuilder]) -> None:
-        self.inner.join_batch([p.inner if isinstance(p, WatchedBuilder) else p for p in peers])
+        if isinstance(self.inner, PlanningBuilder):
+            self.inner.join_batch([p.inner if isinstance(p, WatchedBuilder) else p for p in peers])
 
     def start(self, sampling: Any) -> None:
         self.inner.start(sampling)
