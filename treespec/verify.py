@@ -170,17 +170,7 @@ def verify_batch(
     rows = torch.arange(B, device=dev)
 
     if rule == "target-only":
-        if B > 1 and probs.stride(0) == 0:  # one distribution for every trial (tests: a fixed tree)
-            t = sample_rows(probs[0], generator, n=B).T  # [B, N]
-        else:
-            t = sample_rows(probs, generator)  # [B, N] the target's own token after each node
-        best = _deepest_accepted(tt, t[:, par] == tokens)  # child i matches its parent's sample
-        probs = fill(best) if fill is not None else probs
-        # at a node with children, its sample matched none of them: it is the bonus token; at a leaf,
-        # a sample of the leaf's distribution drawn now is the same thing
-        inner = torch.zeros(N, dtype=torch.bool, device=dev)
-        inner[parents[1:]] = True
-        return best, torch.where(inner[best], t[rows, best], sample_rows(probs[rows, best], generator))
+        return _target_only(tt, tokens, probs, generator, fill)
 
     a = _ranked_rates(parents, tokens, probs)  # [B, N] acceptance probability of each child
     if sampled:
@@ -198,6 +188,33 @@ def verify_batch(
     empty = res.sum(dim=-1) <= 0  # rounding only: the children held all the mass, yet none passed
     res = torch.where(empty[:, None], probs[rows, best], res)
     return best, sample_rows(res, generator)
+
+
+def _target_only(
+    tt: TreeTensors,
+    tokens: torch.Tensor,
+    probs: torch.Tensor,
+    generator: torch.Generator,
+    fill: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``verify_batch`` with rule ``target-only``: the target samples its own token after every node,
+    and a child is accepted when it is its parent's sample (exact for any tree: the draft's q is never
+    read). Returns the deepest accepted node [B] and the bonus token [B]."""
+    dev = probs.device
+    B, N, _ = probs.shape
+    parents = tt.parents.to(dev)
+    par, rows = parents.clamp(min=0), torch.arange(B, device=dev)  # [N] the root points at itself
+    if B > 1 and probs.stride(0) == 0:  # one distribution for every trial (tests: a fixed tree)
+        t = sample_rows(probs[0], generator, n=B).T  # [B, N]
+    else:
+        t = sample_rows(probs, generator)  # [B, N] the target's own token after each node
+    best = _deepest_accepted(tt, t[:, par] == tokens)  # child i matches its parent's sample
+    probs = fill(best) if fill is not None else probs
+    # at a node with children, its sample matched none of them: it is the bonus token; at a leaf,
+    # a sample of the leaf's distribution drawn now is the same thing
+    inner = torch.zeros(N, dtype=torch.bool, device=dev)
+    inner[parents[1:]] = True
+    return best, torch.where(inner[best], t[rows, best], sample_rows(probs[rows, best], generator))
 
 
 def _deepest_accepted(tt: TreeTensors, passed: torch.Tensor) -> torch.Tensor:
