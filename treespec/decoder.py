@@ -76,19 +76,13 @@ class Decoder:
         if tokenizer is not None and target.tokenizer is not tokenizer:
             target.tokenizer = tokenizer  # the user's own: text in and out through it
         self.target = target
-        note = dtype_note(target.dtype)
-        if note is not None:
-            warnings.warn(note, InexactDtypeWarning, stacklevel=2)
-        unapplied = unhonoured(getattr(target.model, "generation_config", None))
-        if unapplied:
-            warnings.warn(
-                f"{target.name}'s generation_config sets {', '.join(unapplied)}, which treespec does not apply: its "
-                "output is the model's own greedy (or sampled) decoding without them",
-                GenerationConfigNote,
-                stacklevel=2,
-            )
+        _warn_about(target)
         self._check_budget()
         self.drafter = make_drafter(drafter, drafter_options, self.target)
+        self._attach_builder()
+
+    def _attach_builder(self) -> None:
+        """A planning builder meets its target and drafter (opt-tree nodes=auto: a quick cost measurement)."""
         try:
             if isinstance(self.builder, PlanningBuilder):
                 self.builder.attach(self.target, self.drafter)  # opt-tree nodes=auto: a quick cost measurement
@@ -343,6 +337,22 @@ class Decoder:
         """New tokens the next step may emit: ``wanted``, capped by the target's context."""
         limit = self.target.max_positions
         return wanted if limit is None else min(wanted, limit - len(committed))
+
+
+def _warn_about(target: TargetModel) -> None:
+    """One warning each: a dtype whose greedy decoding is not exactly reproducible by trees, and the
+    settings of the model's generation_config that treespec does not apply (the Decoder's caller's line)."""
+    note = dtype_note(target.dtype)
+    if note is not None:
+        warnings.warn(note, InexactDtypeWarning, stacklevel=3)
+    unapplied = unhonoured(getattr(target.model, "generation_config", None))
+    if unapplied:
+        warnings.warn(
+            f"{target.name}'s generation_config sets {', '.join(unapplied)}, which treespec does not apply: its "
+            "output is the model's own greedy (or sampled) decoding without them",
+            GenerationConfigNote,
+            stacklevel=3,
+        )
 
 
 def _first_line(exc: BaseException) -> str:
