@@ -194,8 +194,9 @@ class AutoPlanner:
         if max_depth <= 0 or (self.off and not self.probing) or not self.known:  # plain decoding: the root alone
             # (with nothing measured yet, the first step is plain: it measures the rate to beat)
             seconds = float(self.t_step[0]) if self.known else 0.0
-            self.decide(n=0, depth=0, off=True, predicted=seconds, expected=0.0, own=time.perf_counter() - began)
-            self.decisions[-1]["forced"] = max_depth <= 0 and not self.off  # no room to draft: not the policy's
+            forced = max_depth <= 0 and not self.off  # no room to draft: plain, but not the policy's choice
+            own = time.perf_counter() - began
+            self.decide(n=0, depth=0, off=True, predicted=seconds, expected=0.0, own=own, forced=forced)
             return DraftTree(root, capacity=1)
         depth_cap = min(max_depth, self.max_depth if self.cost.expand.known else EXPLORE_DEPTH)
         return self._grow(drafter, DraftTree(root), depth_cap, began)
@@ -298,12 +299,16 @@ class AutoPlanner:
                 return size
         return n
 
-    def decide(self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float) -> None:
+    def decide(
+        self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float, forced: bool = False
+    ) -> None:
+        """Record the step's plan; ``forced``: a plain step the policy did not choose (no room to draft)."""
         self.decisions.append(
             {
                 "n": n,
                 "depth": depth,
                 "off": off,
+                "forced": forced,
                 "probe": self.probing,
                 "predicted_seconds": predicted,
                 "expected": expected,
@@ -333,12 +338,12 @@ class AutoPlanner:
         self.run_rate.add(stats.emitted, wall)
         if self.plan is not None:
             self.plan.observe(wall, stats.emitted)
-        last = self.decisions[-1] if self.decisions else {"off": False, "probe": False}
+        last = self.decisions[-1] if self.decisions else {"off": False, "forced": False, "probe": False}
         if last["off"]:
             # a sequence's last step (no room to draft) is plain wherever speculation stands: alone among
             # speculative steps it runs on caches the drafter just used (measured: 1.8–2.5 ms beside plain
             # stretches' 1.6 ms on stories260K), so it would make plain decoding look slower than it is
-            if not last.get("forced"):
+            if not last["forced"]:
                 self.plain.add(stats.emitted, wall)
             return
         if self.plan is not None:  # a batch row: the batch's plan turns speculation on and off, for every row

@@ -14,8 +14,6 @@ and queues the rest of the accepted tokens (and the bonus) as pending.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from transformers import DynamicCache
 
@@ -39,9 +37,6 @@ from treespec.plugins.configs import ModelDrafterConfig
 from treespec.slack_cache import slack_cache
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
-
-if TYPE_CHECKING:
-    pass
 
 
 class ModelDrafter(Drafter):

@@ -23,7 +23,7 @@ import torch
 from conftest import STORIES260K, tinystories_prompts
 from treespec.config import PluginConfig
 from treespec.factory import make_builder
-from treespec.interfaces import Commit, TreeBuilder
+from treespec.interfaces import Commit, PlanningBuilder, TreeBuilder
 from treespec.testing import (
     BUILDER_CHECKS,
     BuilderConformance,
@@ -35,7 +35,7 @@ from treespec.testing import (
     check_builder_max_depth,
     tiny_target,
 )
-from treespec.testing.watch import WatchedBuilder
+from treespec.testing.watch import WatchedBuilder, WatchedPlanningBuilder
 from treespec.tree import DraftTree
 
 HAS_EXAMPLE = importlib.util.find_spec("treespec_example") is not None
@@ -331,3 +331,5 @@ def test_the_watch_forwards_every_builder_hook():
     otherwise reach its default, not the builder under test."""
     public = {name for name in dir(TreeBuilder) if not name.startswith("_")} - {"Config"}
     assert public <= set(vars(WatchedBuilder)), sorted(public - set(vars(WatchedBuilder)))
+    planning = {name for name in vars(PlanningBuilder) if not name.startswith("_")}  # and a planner's hooks
+    assert planning <= set(vars(WatchedPlanningBuilder)), sorted(planning - set(vars(WatchedPlanningBuilder)))

@@ -53,10 +53,7 @@ def generate_batch(
         group = dec.drafter.rows(width)
         builders = dec.row_builders(group.drafters)
         run = Engine(dec.target, group, builders, ids_list, outs, max_new_tokens, _rules(dec, sampling), dec.room)
-        try:
-            run.run()
-        finally:
-            run.stop_clocks()
+        run.run()
     except (Exception, KeyboardInterrupt) as exc:  # Ctrl-C or a failure: every prompt's output so far
         interrupted = isinstance(exc, KeyboardInterrupt)
         for i, out in enumerate(outs):

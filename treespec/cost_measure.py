@@ -31,7 +31,7 @@ import torch
 from treespec import step
 from treespec.batch_target import BatchTarget
 from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel
-from treespec.interfaces import DraftRows, Expansion, PrefillContext
+from treespec.interfaces import DraftRows, Expansion
 from treespec.tree import DraftTree
 
 QUICK_VERIFY = (0, 1, 4, 16, 48)  # what ``quick`` measures: enough for the curves' shape
@@ -98,11 +98,9 @@ def _measure(
     total, done = len(sizes) + 1 + len(expand_sizes), 0
     bt = BatchTarget(target)
     rows = DraftRows([drafter]) if batch == 1 else drafter.rows(batch)
-    want = step.hidden_request(drafter)
 
     def start() -> None:  # every row: the prompt, in the target and in its drafter
-        for d, h in zip(rows.drafters, bt.prefill([prompt] * batch, want_hidden=want)):
-            d.prefill(PrefillContext(input_ids=torch.tensor(prompt, dtype=torch.long), hidden=h))
+        step.prefill_rows(bt, rows.drafters, [prompt] * batch)
 
     def tick(what: str) -> None:
         nonlocal done

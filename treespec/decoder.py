@@ -1,5 +1,6 @@
-"""The decode loop: prefill → step* → output, each step being ``treespec.step.step`` (draft → verify →
-commit). Read ``Decoder._run`` top to bottom."""
+"""The Decoder: what a user builds (target, drafter, builder) and calls (``generate``). Its decode loop
+is ``treespec.engine`` (one prompt is a batch of one row), each step ``treespec.step.step_rows``
+(draft → verify → commit)."""
 
 from __future__ import annotations
 
@@ -267,21 +268,10 @@ class Decoder:
         out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
         self.builder.start(draft)
         try:  # the one decode loop, with one row: this Decoder's own drafter and builder
-            run = Engine(
-                self.target,
-                DraftRows([self.drafter]),
-                [self.builder],
-                [ids],
-                [out],
-                max_new_tokens,
-                lambda i, builder: accept,
-                self.room,
-                stream,
-            )
-            try:
-                run.run()
-            finally:
-                run.stop_clocks()
+            rows = DraftRows([self.drafter])
+            Engine(
+                self.target, rows, [self.builder], [ids], [out], max_new_tokens, lambda i, b: accept, self.room, stream
+            ).run()
         except KeyboardInterrupt:  # Ctrl-C: keep what was generated
             out.stats.stop_reason = "interrupted"
             out.text = self.text_of(out.token_ids, ids)

@@ -24,11 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from treespec import step, threads
 from treespec.batch_target import BatchTarget
-from treespec.interfaces import DraftRows, PlanningBuilder, PrefillContext, TreeBuilder
+from treespec.interfaces import DraftRows, PlanningBuilder, TreeBuilder
 from treespec.output import Output, StreamCallback, emit
 
 #: a prompt's acceptance rule, made when it takes a row: (prompt index, the row's builder) → rule
@@ -74,7 +72,6 @@ class Engine:
         self.prompts, self.outs, self.max_new, self.accept_for, self.room = prompts, outs, max_new, accept_for, room
         self.group, self.free, self.stream = drafters, list(builders), stream
         self.target = BatchTarget(target)
-        self.want = step.hidden_request(drafters.drafters[0])
         self.eos = target.eos_token_ids
         self.active: list[Row] = []
         self.next = 0  # the next prompt to take a row
@@ -88,10 +85,8 @@ class Engine:
             self.next += 1
             rows.append(Row(i, drafter, builder, self.accept_for(i, builder), self.outs[i], list(self.prompts[i])))
         t0 = time.perf_counter()
-        prompts = [self.prompts[r.index] for r in rows]
-        join = self.target.add if self.active else self.target.prefill
-        for r, hidden in zip(rows, join(prompts, want_hidden=self.want)):
-            r.drafter.prefill(PrefillContext(input_ids=torch.tensor(r.committed, dtype=torch.long), hidden=hidden))
+        step.prefill_rows(self.target, drafters, [r.committed for r in rows], join=bool(self.active))
+        for r in rows:  # every row waited for the whole prefill
             r.out.stats.t_prefill = time.perf_counter() - t0
         self.active += rows
 
@@ -103,7 +98,8 @@ class Engine:
             r = self.active[i]
             r.out.stats.stop_reason, r.out.stats.t_total = why, now - r.admitted
             self.free.append(r.builder)
-        keep = [i for i in range(len(self.active)) if i not in set(gone)]
+        left = set(gone)
+        keep = [i for i in range(len(self.active)) if i not in left]
         self.target.keep(keep)
         self.group.keep(keep)
         self.active = [self.active[i] for i in keep]
@@ -111,13 +107,17 @@ class Engine:
         if waiting > 0:
             self.admit(self.group.add(waiting))
 
-    def stop_clocks(self) -> None:
-        """Rows still in flight (a failure, Ctrl-C): their time so far."""
-        for r in self.active:
-            r.out.stats.t_total = time.perf_counter() - r.admitted
-
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
+        """Every prompt to its end (EOS, max_new tokens, the context). A failure or Ctrl-C leaves each
+        row's output as far as it got, its time so far included."""
+        try:
+            self._loop()
+        finally:
+            for r in self.active:  # rows still in flight
+                r.out.stats.t_total = time.perf_counter() - r.admitted
+
+    def _loop(self) -> None:
         self.admit(self.group.drafters)
         last = time.perf_counter()  # the end of the previous step
         while self.active:

@@ -1,7 +1,7 @@
 """What a decode returns, and the one place a finished step becomes output.
 
-Both loops — ``Decoder._run`` (one sequence) and ``batch._Batch.loop`` (rows) — hand every finished
-step of a sequence to ``emit``: the tokens are cut after the first EOS, appended to the sequence and
+The decode loop (``treespec.engine``, for one prompt or a batch's rows) hands every finished step of
+a sequence to ``emit``: the tokens are cut after the first EOS, appended to the sequence and
 its ``Output``, and the step's statistics recorded. Nothing else does any of the three.
 """
 

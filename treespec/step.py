@@ -4,7 +4,7 @@ Everything that steps (the decode loop ``treespec.engine`` for one prompt or a b
 tree show``, the cost measurement, the conformance kits in ``treespec.testing``) calls these functions;
 nothing else re-implements them. Read them top to bottom:
 
-    prefill(target, drafter, prompt)          the target caches prompt[:-1]; the drafter sees the prompt
+    prefill_rows(target, drafters, prompts)   the target caches each prompt[:-1]; each drafter sees its prompt
     step_rows(target, rows, builders, roots, ...)   one step of B rows (B = 1: one sequence):
       draft     every row's builder grows its tree with its drafter (``lockstep.draft_rows``: with a
                 batching drafter, one draft forward per tree level for all rows)
@@ -110,12 +110,19 @@ def hidden_request(drafter: Drafter) -> bool | tuple[int, ...]:
 
 
 @inference
+def prefill_rows(target: BatchTarget, drafters: list[Drafter], prompts: list[list[int]], *, join: bool = False) -> None:
+    """Start sequences: the target caches each ``prompt[:-1]`` (the last token is the row's first root)
+    and each row's drafter gets its whole prompt, with the target's hidden states of ``prompt[:-1]`` if
+    it asks. ``join``: the rows join those already in flight (``BatchTarget.add``)."""
+    start = target.add if join else target.prefill
+    hidden = start(prompts, want_hidden=hidden_request(drafters[0]))  # per row [L-1, H] or None
+    for drafter, prompt, h in zip(drafters, prompts, hidden):
+        drafter.prefill(PrefillContext(input_ids=torch.tensor(prompt, dtype=torch.long), hidden=h))
+
+
 def prefill(target: TargetModel, drafter: Drafter, prompt: list[int]) -> None:
-    """Start a sequence: the target caches ``prompt[:-1]`` (the last token is the first root) and the
-    drafter gets the whole prompt, with the target's hidden states of ``prompt[:-1]`` if it asks."""
-    ids = torch.tensor(prompt, dtype=torch.long)  # [L]
-    hidden = target.prefill(ids[:-1], want_hidden=hidden_request(drafter))  # [L-1, H] or None
-    drafter.prefill(PrefillContext(input_ids=ids, hidden=hidden))
+    """``prefill_rows`` for the one sequence ``target`` holds."""
+    prefill_rows(BatchTarget(target, single=True), [drafter], [prompt])
 
 
 def verify_rows(
@@ -203,6 +210,7 @@ __all__ = [
     "greedy",
     "hidden_request",
     "prefill",
+    "prefill_rows",
     "sampling_rule",
     "step",
     "step_rows",

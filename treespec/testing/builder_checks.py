@@ -2,7 +2,7 @@
 
 Every check decodes with a real ``treespec.Decoder`` on the target, with each of the settings'
 drafters (one builder instance per drafter, kept across prompts as the Decoder keeps it). The
-structural checks hand the Decoder the builder behind a ``watch.WatchedBuilder``, which checks the
+structural checks hand the Decoder the builder behind a ``watch.WatchedBuilder`` (``watch.watched``), which checks the
 rules of its check at every ``build``; the lossless check hands over the builder itself. Each check's
 docstring is the reference for what it enforces and why (``docs/plugins.md`` §10 shows the same as
 a table). ``BUILDER_ORDER`` lists them in run order.
@@ -21,7 +21,7 @@ from .reference import first_difference, greedy_reference
 from .rows import describe_plugin
 from .settings import BuilderSettings, ConformanceError, NamedDrafter, encode_prompt
 from .trees import max_nodes_problem
-from .watch import Watch, WatchedBuilder
+from .watch import Watch, watched
 
 #: makes a new builder, e.g. ``lambda: MyBuilder(MyBuilder.Config())``
 BuilderMaker = Callable[[], TreeBuilder]
@@ -101,7 +101,7 @@ class BuilderDriver:
         for name, make in self.settings.drafters:
             builder = self.new_builder(check)
             watch.label = self.label
-            dec = self.decoder(WatchedBuilder(builder, watch), (name, make), f"{check}, drafter {name!r}")
+            dec = self.decoder(watched(builder, watch), (name, make), f"{check}, drafter {name!r}")
             for i, prompt in enumerate(self.prompts):
                 n = self.length([prompt])
                 watch.where = f"{check}: drafter {name!r}, generate(prompt #{i}, max_new_tokens={n})"
@@ -151,7 +151,7 @@ def max_depth(driver: BuilderDriver) -> None:
     for name, make in driver.settings.drafters:
         builder = driver.new_builder("max_depth")
         watch.label = driver.label
-        dec = driver.decoder(WatchedBuilder(builder, watch), (name, make), f"max_depth, drafter {name!r}")
+        dec = driver.decoder(watched(builder, watch), (name, make), f"max_depth, drafter {name!r}")
         for cap in driver.settings.depth_caps:
             for i, prompt in enumerate(driver.prompts):
                 n = min(cap + 1, driver.length([prompt]))
@@ -182,7 +182,7 @@ def batch(driver: BuilderDriver) -> None:
     for name, make in driver.settings.drafters:
         builder = driver.new_builder("batch")
         watch.label = driver.label
-        dec = driver.decoder(WatchedBuilder(builder, watch), (name, make), f"batch, drafter {name!r}")
+        dec = driver.decoder(watched(builder, watch), (name, make), f"batch, drafter {name!r}")
         runs = [{}] + ([{"batch_size": 2}] if len(prompts) > 2 else [])
         for kw in runs:
             shown = ", batch_size=2" if kw else ""

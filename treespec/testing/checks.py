@@ -175,7 +175,7 @@ def commit_consistency(driver: Driver) -> None:
     Each builder (``opt-tree``, ``chain``) decodes real steps from the first prompts: grow a tree,
     verify it with ONE target forward, commit the accepted path + bonus token (with the target's
     hidden states of the root and accepted nodes when ``needs_target_hidden``), all through
-    ``treespec.step`` as ``Decoder._run`` does. How each step ends follows ``plan``: ``target``
+    ``treespec.step`` as the decode loop (``treespec.engine``) does. How each step ends follows ``plan``: ``target``
     (greedy verification), ``reject`` (nothing accepted; the bonus is the target's best token that
     is no child of the root), ``deepest`` (the path to the deepest node accepted), ``root``
     (``max_depth = 0``: no ``expand`` at all in that step). From the first commit on, every

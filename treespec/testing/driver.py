@@ -257,7 +257,7 @@ class Driver:
         twin: Other | None = None,
         record: list | None = None,
     ) -> list[int]:
-        """Decode ``len(plan)`` steps from ``prompt`` like ``Decoder._run``, each step ending as its
+        """Decode ``len(plan)`` steps from ``prompt`` like the decode loop (``treespec.engine``), each step ending as its
         policy says, then grow one more tree. Every ``expand`` is compared with ``twin`` (driven
         identically) and, if ``reference``, from the first commit on, with a fresh drafter
         prefilled with the committed sequence. Returns the committed sequence."""

@@ -143,28 +143,21 @@ class WatchedDrafter(Drafter):
         self.drafter.close()
 
 
-class WatchedBuilder(PlanningBuilder):
-    """The builder under test with every ``TreeBuilder`` attribute forwarded to it (and a
-    ``PlanningBuilder``'s hooks, when it is one), and ``build`` watched. ``copy.copy`` of it wraps a copy of the builder (what the Decoder makes for batch rows)."""
+class WatchedBuilder(TreeBuilder):
+    """The builder under test with every ``TreeBuilder`` attribute forwarded to it, and ``build``
+    watched (``watched`` makes one; a ``PlanningBuilder`` gets a ``WatchedPlanningBuilder``, so the
+    Decoder sees the same kind of builder as without the watch). ``copy.copy`` of it wraps a copy of
+    the builder (what the Decoder makes for batch rows)."""
 
     def __init__(self, inner: TreeBuilder, watch: Watch):  # no super().__init__: the config is the inner's
         self.inner, self.watch = inner, watch
 
     def __copy__(self) -> WatchedBuilder:
-        return WatchedBuilder(copy.copy(self.inner), self.watch)
+        return watched(copy.copy(self.inner), self.watch)
 
     @property
     def config(self) -> Any:  # type: ignore[override]
         return self.inner.config
-
-    @property
-    def batch_size(self) -> int:  # type: ignore[override]
-        return getattr(self.inner, "batch_size", 1)
-
-    @batch_size.setter
-    def batch_size(self, value: int) -> None:
-        if isinstance(self.inner, PlanningBuilder):
-            self.inner.batch_size = value
 
     @property
     def sampling(self) -> Any:  # type: ignore[override]
@@ -202,23 +195,40 @@ class WatchedBuilder(PlanningBuilder):
         watch.drafted += int(isinstance(tree, DraftTree) and tree.size > 0)
         return tree
 
-    def observe(self, stats: Any) -> None:
-        if isinstance(self.inner, PlanningBuilder):
-            self.inner.observe(stats)
-
     def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
         self.inner.verified(tree, path)
 
-    def plan_note(self) -> PlanNote | None:
-        return self.inner.plan_note() if isinstance(self.inner, PlanningBuilder) else None
-
-    def attach(self, target: Any, drafter: Drafter) -> None:
-        if isinstance(self.inner, PlanningBuilder):
-            self.inner.attach(target, drafter)
-
-    def join_batch(self, peers: list[TreeBuilder]) -> None:
-        if isinstance(self.inner, PlanningBuilder):
-            self.inner.join_batch([p.inner if isinstance(p, WatchedBuilder) else p for p in peers])
-
     def start(self, sampling: Any) -> None:
         self.inner.start(sampling)
+
+
+class WatchedPlanningBuilder(WatchedBuilder, PlanningBuilder):
+    """A watched ``PlanningBuilder``: its planning hooks forwarded too."""
+
+    inner: PlanningBuilder
+
+    @property
+    def batch_size(self) -> int:  # type: ignore[override]
+        return self.inner.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        self.inner.batch_size = value
+
+    def observe(self, stats: Any) -> None:
+        self.inner.observe(stats)
+
+    def plan_note(self) -> PlanNote | None:
+        return self.inner.plan_note()
+
+    def attach(self, target: Any, drafter: Drafter) -> None:
+        self.inner.attach(target, drafter)
+
+    def join_batch(self, peers: list[TreeBuilder]) -> None:
+        self.inner.join_batch([p.inner if isinstance(p, WatchedBuilder) else p for p in peers])
+
+
+def watched(inner: TreeBuilder, watch: Watch) -> WatchedBuilder:
+    """``inner`` behind a watch of its own kind (planning or not)."""
+    kind = WatchedPlanningBuilder if isinstance(inner, PlanningBuilder) else WatchedBuilder
+    return kind(inner, watch)
