@@ -225,3 +225,8 @@ from treespec.cli.train_pair import EPILOG as PAIR_EPILOG  # noqa: E402  (the su
 from treespec.cli.train_pair import pair  # noqa: E402
 
 train_app.command("pair", epilog=PAIR_EPILOG)(pair)
+
+from treespec.cli.train_block import EPILOG as BLOCK_EPILOG  # noqa: E402
+from treespec.cli.train_block import block  # noqa: E402
+
+train_app.command("block", epilog=BLOCK_EPILOG)(block)

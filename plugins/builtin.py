@@ -8,6 +8,7 @@ from typing import Any
 from treespec.hookspecs import hookimpl
 from treespec.interfaces import PluginSpec
 from treespec.plugins.configs import (
+    BlockConfig,
     ChainConfig,
     ComposeConfig,
     DatastoreConfig,
@@ -104,6 +105,13 @@ def treespec_drafters() -> list[PluginSpec]:
             summary="an EAGLE-3 head: one decoder layer drafting over its own vocabulary from three of the target's layers",
             config=Eagle3Config,
             load="treespec.plugins.eagle3:Eagle3Drafter",
+        ),
+        PluginSpec(
+            name="block",
+            summary="a block drafter: one forward over the target's features proposes every depth of the tree "
+            "(DFlash-style marginals; DDTree's trees with --builder opt-tree)",
+            config=BlockConfig,
+            load="treespec.plugins.block:BlockDrafter",
         ),
     ]
 

@@ -259,3 +259,17 @@ class Eagle3Config(PluginConfig):
         description="the head's q = softmax(logits / T), which shapes trees (never what is accepted) "
         "[default: the calibration temperature stored with the head by `treespec train eagle`, else 1]",
     )
+
+
+class BlockConfig(PluginConfig):
+    head: str | None = Field(
+        None,
+        description="the block drafter: a local directory (config.json + model.safetensors) or a hub id; train one "
+        "with `treespec train block` [default: the one shipped for the target (treespec-py, smollm2), else required]",
+    )
+    temperature: float | None = Field(
+        None,
+        gt=0,
+        description="the marginals' q = softmax(logits / T) at every depth, which shapes trees (never what is "
+        "accepted) [default: the per-depth calibration temperatures stored by `treespec train block`, else 1]",
+    )

@@ -40,7 +40,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from treespec.errors import ConfigError, ModelLoadError
 from treespec.files import save_safetensors_atomic, write_text_atomic, writing
-from treespec.lean import RopeTable, _rope, rms_norm
+from treespec.lean import RopeTable, apply_rope, rms_norm
 
 #: config keys that are not LlamaConfig's
 EXTRA_KEYS = (
@@ -186,7 +186,7 @@ class Eagle3Head(nn.Module):
         if self._rope is None or self._rope.rotary is not self.rotary:
             self._rope = RopeTable(self.rotary)
         cos, sin = self._rope(g, position_ids)  # [B, T, D]
-        q, k = _rope(q, cos[:, None], sin[:, None]), _rope(k, cos[:, None], sin[:, None])
+        q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
         if cache is not None:
             k, v = cache.update(k, v, 0)  # [B, Hkv, S, D]
         nq, nkv = self.shape[0], self.shape[1]

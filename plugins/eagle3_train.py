@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from treespec.errors import ConfigError
 from treespec.files import write_text_atomic
-from treespec.lean import _rope
+from treespec.lean import apply_rope
 from treespec.plugins.eagle3_head import Eagle3Head, default_layers
 from treespec.plugins.eagle_data import Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_head import head_config_for
@@ -123,7 +123,7 @@ def unroll(head: Eagle3Head, embed: Any, fused: torch.Tensor, ids: torch.Tensor,
         tok = F.pad(ids[:, 1 + i :], (0, 1 + i))  # [B, T] x_{t+1+i} (0 past the end: masked out of the loss)
         q, k, v = head.qkv(embed(tok), g)  # [B, Hq|Hkv, T, D]
         cos, sin = head.rotary(g, (torch.arange(t, device=g.device) + i)[None].expand(b, -1))  # [B, T, D]
-        q, k = _rope(q, cos[:, None], sin[:, None]), _rope(k, cos[:, None], sin[:, None])
+        q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
         keys.append(k.repeat_interleave(rep, 1))  # [B, Hq, T, D]
         values.append(v.repeat_interleave(rep, 1))
         scores = [q @ keys[0].transpose(-1, -2) * scale + causal]  # [B, Hq, T, T] the committed prefix

@@ -137,9 +137,10 @@ def fit_temperature(
 
 # ---------------------------------------------------------------------- the loop
 def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
-    """What must match to resume: every setting but where the files are (``out`` may be spelt differently)
-    and the dtype the final head is saved in (a finished run re-run with another ``save_dtype`` re-saves it)."""
-    return {k: v for k, v in settings.items() if k not in ("out", "save_dtype")}
+    """What must match to resume: every setting but where the files are (``out`` may be spelt differently),
+    the dtype the final head is saved in (a finished run re-run with another ``save_dtype`` re-saves it) and
+    where its answers were reused from (block drafters: ``--answers``)."""
+    return {k: v for k, v in settings.items() if k not in ("out", "save_dtype", "answers")}
 
 
 def frozen_target(name: str) -> tuple[TargetModel, Any, Any]:

@@ -111,6 +111,35 @@ def eagle3_head_dir() -> Path:
     return out
 
 
+@functools.cache
+def block_head_dir() -> Path:
+    """A block drafter for stories260K trained here once per session (≈ 20 s; not committed): the
+    continuations of ``eagle3_head_dir``'s run (``answers``), K = 4, one layer."""
+    import tempfile
+
+    from treespec.plugins.block_train import BlockSettings, train_block
+
+    out = Path(tempfile.mkdtemp(prefix="treespec-block-"))
+    train_block(
+        BlockSettings(
+            target=str(STORIES260K),
+            data="tinystories",
+            out=str(out),
+            offset=200,
+            limit=240,
+            max_new_tokens=64,
+            epochs=8,
+            batch_size=16,
+            lr=1e-2,
+            block_size=4,
+            draft_vocab=300,
+            answers=str(eagle3_head_dir() / "data.pt"),
+        ),
+        log=lambda _: None,
+    )
+    return out
+
+
 def EAGLE_TEST_SETTINGS(out: Path, **overrides):
     from treespec.plugins.eagle_train import TrainSettings
 

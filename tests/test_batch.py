@@ -13,7 +13,7 @@ import torch
 from test_tree_forward import VOCAB, make_model, random_tree
 
 import treespec
-from conftest import STORIES260K, eagle3_head_dir, eagle_head_dir, tinystories_prompts
+from conftest import STORIES260K, block_head_dir, eagle3_head_dir, eagle_head_dir, tinystories_prompts
 from treespec import TargetModel
 from treespec.batch_target import BatchTarget
 
@@ -23,6 +23,7 @@ DRAFTERS = {
     "eagle": ("eagle", "eagle"),
     "eagle3": ("eagle3", "eagle3"),
     "compose": (f"{STORIES260K}+ngram", {"model.layers": 2}),
+    "block": ("block", "block"),
 }
 
 
@@ -32,6 +33,8 @@ def _drafter(key):
         opts = {"head": str(eagle_head_dir())}
     elif opts == "eagle3":
         opts = {"head": str(eagle3_head_dir())}
+    elif opts == "block":
+        opts = {"head": str(block_head_dir())}
     return name, opts
 
 
@@ -52,6 +55,8 @@ def prompts():
         ("compose", "opt-tree", {"nodes": 8}),
         ("model", "opt-tree", {"nodes": "auto"}),
         ("eagle", "opt-tree", {"nodes": "auto"}),  # rows measure their costs through rows of a row
+        ("block", "opt-tree", {"nodes": 10}),
+        ("block", "opt-tree", {"nodes": "auto"}),
     ],
 )
 def test_every_row_is_lossless_and_takes_its_own_steps(target64, greedy_reference, prompts, key, builder, options):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import treespec
-from conftest import STORIES260K, eagle3_head_dir, eagle_head_dir, tinystories_prompts
+from conftest import STORIES260K, block_head_dir, eagle3_head_dir, eagle_head_dir, tinystories_prompts
 from treespec.testing import (
     DrafterConformance,
     check_commit_consistency,
@@ -66,6 +66,12 @@ def _eagle3(target):
     return Eagle3Drafter(Eagle3Drafter.Config(head=str(eagle3_head_dir())), target)
 
 
+def _block(target):
+    from treespec.plugins.block import BlockDrafter
+
+    return BlockDrafter(BlockDrafter.Config(head=str(block_head_dir())), target)
+
+
 def _bigram(target):
     from treespec_example.bigram import BigramDrafter
 
@@ -94,6 +100,8 @@ CASES: list[Case] = [
     # tree nodes below the root use the head's predicted features, not the target's: not path_exact
     Case("eagle", _eagle, expect_acceptance=True),
     Case("eagle3", _eagle3, expect_acceptance=True),
+    # every node at depth d gets depth d+1's marginal, whatever its path: not path_exact, by design
+    Case("block", _block, expect_acceptance=True),
 ]
 
 PROMPTS = tinystories_prompts(3)  # real text: two short prompts first (the commit-consistency check uses those)

@@ -96,15 +96,23 @@ class DrawLog:
 
 
 def build_trees(
-    builder_key: str, draft: str, setting: str, draft_t: float | None, n: int, seed: int = 0, log: DrawLog | None = None
+    builder_key: str,
+    draft: str,
+    setting: str,
+    draft_t: float | None,
+    n: int,
+    seed: int = 0,
+    log: DrawLog | None = None,
+    source=None,
 ) -> tuple[list[DraftTree], list[list[list[int]]]]:
-    """n trees from the real ``build`` with sample=true (the Decoder's draft settings), and, with a
-    ``log``, the draws behind each tree's recorded rows."""
+    """n trees from the real ``build`` with sample=true (the Decoder's draft settings) from the ``draft``
+    tables (or from ``source``, a drafter prefilled with PROMPT), and, with a ``log``, the draws behind
+    each tree's recorded rows."""
     name, opts = BUILDERS[builder_key]
     builder = make_builder(name, {**opts, "sample": True})
     params = SETTINGS[setting]
     builder.start(DraftSampling(temperature=draft_t or params.temperature, generator=make_generator(seed, "cpu")))
-    source = drafter(draft, setting)
+    source = source or drafter(draft, setting)
     trees, draws = [], []
     for _ in range(n):
         if log is not None:

@@ -175,12 +175,15 @@ RANKED_CASES = [  # (builder, draft, setting, rule)
 ]
 
 
-def ranked_trials(builder_key: str, draft: str, setting: str, rule: str, seed: int = 0):
+def ranked_trials(builder_key: str, draft: str, setting: str, rule: str, seed: int = 0, source: Drafter | None = None):
+    """n verifications of one ranked tree built from the ``draft`` tables (or from ``source``, a drafter
+    prefilled with PROMPT)."""
     params = SETTINGS[setting]
     name, opts = BUILDERS[builder_key]
     builder = make_builder(name, opts)
     builder.start(None)  # ranked children
-    tree = builder.build(TableDrafter(draft_tables(draft, params, 4)), PROMPT[-1], max_depth=3)
+    source = source or TableDrafter(draft_tables(draft, params, 4))
+    tree = builder.build(source, PROMPT[-1], max_depth=3)
     tt, probs = target_probs(tree, params)
     length = tree.depth + 1
     tables = target_tables(params, length)

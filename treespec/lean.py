@@ -119,7 +119,7 @@ class RopeTable:
     def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.cached:
             return self.rotary(x, position_ids)
-        top = int(position_ids.max()) + 1
+        top = int(position_ids.max()) + 1 if position_ids.numel() else 1
         if self.cos is None or top > self.cos.shape[0] or self.cos.dtype != x.dtype or self.cos.device != x.device:
             length = max(256, 2 * top, self.cos.shape[0] if self.cos is not None else 0)
             cos, sin = self.rotary(x, torch.arange(length, device=x.device)[None])  # [1, L, D]
@@ -133,7 +133,7 @@ def rms_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
     return g * (x.float() * torch.rsqrt(var + eps)).to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -155,8 +155,8 @@ def run_layers(
         n = x if L.g_in is None else rms_norm(x, L.g_in, eps)  # EAGLE's layer 0 reads fc's output as is
         qkv = F.linear(n, L.w_qkv, L.b_qkv)  # [B, T, (Hq + 2 Hkv) D]
         q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
-        q = _rope(q.view(b, t, nq, d).transpose(1, 2), cos, sin)  # [B, Hq, T, D]
-        k = _rope(k.view(b, t, nkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
+        q = apply_rope(q.view(b, t, nq, d).transpose(1, 2), cos, sin)  # [B, Hq, T, D]
+        k = apply_rope(k.view(b, t, nkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
         v = v.view(b, t, nkv, d).transpose(1, 2)  # [B, Hkv, T, D]
         k, v = cache.update(k, v, i)  # [B, Hkv, S, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nq != nkv)  # [B, Hq, T, D]

@@ -69,6 +69,8 @@ PACKAGED_MODELS: dict[str, Path] = {
 }
 #: the EAGLE head `--drafter eagle` uses for a target when no head= is given: target alias -> head alias
 SHIPPED_HEADS: dict[str, str] = {"treespec-py": "treespec-py-eagle", "smollm2": "smollm2-eagle"}
+#: the block drafter `--drafter block` uses for a target when no head= is given: target alias -> its alias
+SHIPPED_BLOCKS: dict[str, str] = {}
 MAIN_TARGET = "smollm2"  # `treespec run` without --target: SmolLM2-135M-Instruct, a real chat model
 DEFAULT_TARGET = "treespec-py"  # treespec's own small pair: tests, `bench`/`tree show` without --target
 DEFAULT_DRAFT = "treespec-py-draft"

@@ -1,0 +1,192 @@
+"""Drafter `block`: every depth of the tree from ONE forward of a block drafter (``block_head.py``).
+
+Per step the network reads the committed context (the target's fused features, cached as keys and
+values) and the block [root, m×K], and returns marginals Q_d for the next K positions at once:
+Q_d(x) ≈ P(x_{a+d} = x | committed tokens), d = 1..K, each blind to the tokens drafted before it.
+
+``expand(tree, nodes, k)`` answers a node at depth d with the top-k tokens of Q_{d+1} and their
+probabilities (calibrated: ``softmax(logits / T_{d+1})``, fitted per depth by `treespec train
+block`); every node at depth d is offered the same candidates, and nodes at depth ≥ K get none
+(q = 0), so builders stop there by themselves. A builder's p̂ (the product of q along a path) is
+then Π_d Q_d(x_d): DDTree's surrogate for the path's probability, which ignores that a rank-2
+branch makes deeper guesses less likely (docs/drafters.md). The first ``expand`` of a step runs the
+forward; later ones index the marginals, so a tree costs one forward whatever its shape, and a step
+that drafts nothing (a plain step of ``nodes=auto``) costs nothing.
+
+Sampling: ``distribution`` is Q_{d+1} at temperature 1, fixed by the committed context before any
+child is drawn, so children drawn from it are verified exactly by the rules that take q = the
+distribution drawn from (docs/sampling.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from treespec.errors import ConfigError
+from treespec.inference import inference
+from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.plugins.block_head import load_block_head
+from treespec.plugins.configs import BlockConfig
+from treespec.plugins.eagle_head import target_dims
+from treespec.target import TargetModel
+from treespec.tree import DraftTree
+
+
+def default_block(target: TargetModel) -> str:
+    """The block drafter shipped for a target treespec knows (``models.SHIPPED_BLOCKS``)."""
+    from treespec.gguf import PACKAGED_GGUF
+    from treespec.models import PACKAGED_MODELS, SHIPPED_BLOCKS, resolve_name
+
+    name = target.name or ""
+    for alias, block in SHIPPED_BLOCKS.items():
+        if name == alias:
+            return block
+        if (
+            alias in PACKAGED_MODELS
+            and name
+            and Path(resolve_name(name)).expanduser().resolve() == PACKAGED_MODELS[alias].resolve()
+        ):
+            return block
+        if alias in PACKAGED_GGUF and name and Path(name).name == PACKAGED_GGUF[alias][2]:
+            return block
+    raise ConfigError(
+        f"drafter 'block' needs a block drafter trained for target {name!r}: pass -D head=DIR-or-HUB-ID "
+        "(make one with `treespec train block --target ...`)"
+    )
+
+
+class BlockDrafter(Drafter):
+    Config = BlockConfig
+    config: BlockConfig
+    needs_target_hidden = True
+    provides_probabilities = True
+
+    def __init__(self, config: BlockConfig, target: TargetModel):
+        super().__init__(config, target)
+        hidden, vocab = target_dims(target.config)
+        vocab = min(vocab, target.vocab_size)
+        name = config.head or default_block(target)
+        self.head, self.meta = load_block_head(name, hidden, vocab, f"target {target.name!r}")
+        self.device, self.dtype = target.device, target.dtype
+        self.head.to(device=self.device, dtype=self.dtype)
+        self.target_hidden_layers = tuple(self.head.spec.target_layers)  # type: ignore[misc]  # per instance
+        self.K = self.head.spec.block_size
+        self.vocab = vocab
+        self.ids = self.head.draft_ids  # [Vd] target ids
+        self._pad: torch.Tensor | None = None  # draft ids then the others, for padding (``_padding``)
+        embed, out = target.model.get_input_embeddings(), target.model.get_output_embeddings()
+        if embed.weight.device.type == "meta" or out.weight.device.type == "meta":
+            raise ConfigError("drafter 'block' needs the target's embedding and output layer in memory (not offloaded)")
+        self.embed_weight = embed.weight  # [V, H] shared, no copy
+        self.out_weight = out.weight[self.ids].detach()  # [Vd, H]
+        bias = getattr(out, "bias", None)
+        self.out_bias = bias[self.ids].detach() if bias is not None else None
+        temps = config.temperature or self.meta.get("calibration_temperatures") or [1.0]
+        temps = [float(t) for t in (temps if isinstance(temps, list) else [temps])]
+        self.temperatures = torch.tensor((temps + temps[-1:] * self.K)[: self.K], device=self.device)  # [K]
+        self._new_sequence()
+
+    def _new_sequence(self) -> None:
+        self.ctx = [
+            (torch.zeros(1, self.head.shape[1], 0, self.head.shape[2], device=self.device, dtype=self.dtype),) * 2
+            for _ in self.head.layers
+        ]  # per layer: context keys, values [1, Hkv, S, D]
+        self.stable = 0  # context rows cached: x_0..x_{stable-1}; the root sits at position `stable`
+        self.pending: list[torch.Tensor] = []  # committed features not projected yet
+        self.root: int | None = None
+        self._drop_block()
+
+    def _drop_block(self) -> None:
+        self.logits: torch.Tensor | None = None  # [K, Vd] this step's block output, before temperatures
+        self.q_cal: torch.Tensor | None = None  # [K, Vd] calibrated marginals (what trees are shaped by)
+
+    # ------------------------------------------------------------------ lifecycle
+    @inference
+    def prefill(self, context: PrefillContext) -> None:
+        self._new_sequence()
+        ids = context.input_ids
+        if ids.shape[0] > 1:
+            if context.hidden is None:
+                raise ValueError("drafter 'block' needs the target's hidden states (PrefillContext.hidden)")
+            self.pending.append(context.hidden)
+        self.root = int(ids[-1])
+
+    def begin_step(self, root_token: int) -> None:
+        if root_token != self.root:  # never after prefill/commit, which set the root; kept for safety
+            self.root = root_token
+            self._drop_block()
+
+    @inference
+    def commit(self, commit: Commit) -> None:
+        if commit.hidden is None:
+            raise ValueError("drafter 'block' needs the target's hidden states (Commit.hidden)")
+        self.pending.append(commit.hidden)  # the old root and the accepted nodes: [m+1, k·H]
+        self.root = int(commit.tokens[-1])
+        self._drop_block()
+
+    # ------------------------------------------------------------------ drafting
+    @inference
+    def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
+        m, k = int(nodes.shape[0]), min(k, self.vocab)
+        kd = min(k, int(self.ids.numel()))  # from the marginals; the rest: tokens outside the draft vocabulary, q = 0
+        pad = self._padding(k)  # [k] distinct
+        tokens, q = pad.expand(m, k).clone(), torch.zeros(m, k)
+        if m == 0 or k == 0:
+            return Proposals(tokens, q)
+        q_cal = self._marginals()
+        depths = tree.depths[nodes]  # [M]
+        for d in depths.unique().tolist():
+            if d >= self.K:
+                continue  # beyond the block: nothing to propose (q = 0)
+            top, index = q_cal[d].topk(kd)  # [kd] best first, distinct
+            rows = (depths == d).nonzero().flatten()
+            tokens[rows, :kd], q[rows, :kd] = self.ids[index].cpu(), top.float().cpu()
+        return Proposals(tokens, q)
+
+    def _padding(self, k: int) -> torch.Tensor:
+        """k distinct target ids [k]: the draft vocabulary's, then the others. Rows keep them with q = 0
+        where the marginals propose nothing (depth ≥ K; columns past the draft vocabulary), so the
+        marginals' top-kd, written over the first kd columns, never repeat a column after them."""
+        if self._pad is None or self._pad.numel() < k:
+            inside = torch.zeros(self.vocab, dtype=torch.bool)
+            inside[self.ids.cpu()] = True
+            self._pad = torch.cat([self.ids.cpu(), (~inside).nonzero().flatten()])  # [V]
+        return self._pad[:k]
+
+    @inference
+    def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """Q_{d+1} at temperature 1 over target ids [M, V] for nodes at depth d (zeros for d ≥ K)."""
+        self._marginals()
+        out = torch.zeros(int(nodes.shape[0]), self.vocab, device=self.device)
+        depths = tree.depths[nodes].to(self.device)  # [M]
+        inside = depths < self.K
+        if inside.any():
+            raw = torch.softmax(self.logits.float(), -1)  # [K, Vd]
+            out[inside.nonzero().flatten()[:, None], self.ids[None]] = raw[depths[inside]]
+        return out
+
+    def _marginals(self) -> torch.Tensor:
+        """The step's calibrated marginals [K, Vd], running the block forward on the first call."""
+        if self.q_cal is None:
+            self._project_pending()
+            x = self.head.block_input(F.embedding(torch.tensor([self.root], device=self.device), self.embed_weight))[0]
+            positions = torch.arange(self.stable, self.stable + self.K + 1, device=self.device)  # [K+1]
+            out = self.head.forward_one(x, positions, self.ctx)  # [K+1, H]
+            self.logits = self.head.logits(out[1:], self.out_weight, self.out_bias)  # [K, Vd]
+            self.q_cal = torch.softmax(self.logits.float() / self.temperatures[:, None], -1)
+        return self.q_cal
+
+    def _project_pending(self) -> None:
+        """Append the committed features not yet in the context cache (one projection for all)."""
+        if not self.pending:
+            return
+        feats = torch.cat(self.pending).to(self.device, self.dtype)  # [n, k·H]
+        self.pending = []
+        n = feats.shape[0]
+        positions = torch.arange(self.stable, self.stable + n, device=self.device)[None]  # [1, n]
+        new = self.head.context(feats[None], positions)
+        self.ctx = [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(self.ctx, new)]
+        self.stable += n

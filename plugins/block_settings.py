@@ -1,0 +1,45 @@
+"""The settings of `treespec train block` (``block_train.py``), importable without torch (the CLI's
+``--help`` reads its defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DATA_VERSION = 3  # EAGLE-3's data (``eagle_data.py``): the same files serve both
+
+
+@dataclass(frozen=True)
+class BlockSettings:
+    target: str
+    data: str
+    out: str
+    offset: int = 0
+    limit: int = 2000
+    holdout: float = 0.1
+    max_new_tokens: int = 128
+    epochs: int = 10
+    batch_size: int = 8
+    lr: float = 1e-3
+    block_size: int = 7  # K draft positions
+    layers: int = 1  # decoder layers in the drafter
+    anchors: int = 32  # blocks per sequence per batch
+    gamma: float | None = None  # depth decay of the loss weights [default: K / 2]
+    draft_vocab: int | None = None  # default: the whole vocabulary up to 32,000 ids
+    max_len: int = 2048
+    gen_batch_size: int | None = None
+    save_dtype: str = "float32"
+    answers: str | None = None  # an earlier run's data.pt whose continuations to reuse
+    seed: int = 0
+    feature_layers: tuple[int, ...] = ()  # filled from the target (EAGLE-3's three layers)
+
+    def data_key(self) -> dict[str, Any]:
+        return {
+            "v": DATA_VERSION,
+            "target": self.target,
+            "data": self.data,
+            "offset": self.offset,
+            "limit": self.limit,
+            "max_new_tokens": self.max_new_tokens,
+            "layers": list(self.feature_layers),
+        }
