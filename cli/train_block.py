@@ -52,6 +52,14 @@ def block(
         int, typer.Option(help="K: positions drafted by one forward (the tree's depth limit)")
     ] = D.block_size,
     layers: Annotated[int, typer.Option(help="decoder layers in the drafter")] = D.layers,
+    feature_layers: Annotated[
+        Optional[str],
+        typer.Option(
+            help="the target's hidden states the drafter reads, as hidden_states indices (i = the input of layer i; "
+            "L = the last layer's output), e.g. 2,5,8 [default: EAGLE-3's 2, L//2, L-3]",
+            show_default=False,
+        ),
+    ] = None,
     anchors: Annotated[int, typer.Option(help="blocks per sequence per training batch")] = D.anchors,
     gamma: Annotated[
         Optional[float],
@@ -104,6 +112,10 @@ def block(
         fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
     if not lr > 0:
         fail(f"--lr must be a number > 0, got {lr}")
+    try:
+        features = tuple(int(x) for x in feature_layers.split(",")) if feature_layers else ()
+    except ValueError:
+        fail(f"--feature-layers {feature_layers!r}: give comma-separated layer indices, e.g. 2,5,8")
     settings = BlockSettings(
         target=target or DEFAULT_TARGET,
         data=data,
@@ -125,6 +137,7 @@ def block(
         save_dtype=save_dtype,
         answers=answers,
         seed=seed,
+        feature_layers=features,
     )
     with TrainingProgress() as (progress, log):
         try:

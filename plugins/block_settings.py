@@ -31,7 +31,7 @@ class BlockSettings:
     save_dtype: str = "float32"
     answers: str | None = None  # an earlier run's data.pt whose continuations to reuse
     seed: int = 0
-    feature_layers: tuple[int, ...] = ()  # filled from the target (EAGLE-3's three layers)
+    feature_layers: tuple[int, ...] = ()  # the target's hidden_states indices fused [default: EAGLE-3's three]
 
     def data_key(self) -> dict[str, Any]:
         return {

@@ -178,6 +178,30 @@ def fit_temperatures(
     return out
 
 
+def plot_history(history: list[dict[str, Any]], path: Any) -> None:
+    """``OUT/training.png``: training and held-out loss per epoch, and held-out top-1 agreement per depth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from treespec.files import savefig_atomic
+
+    epochs = [h["epoch"] for h in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(epochs, [h["train_loss"] for h in history], marker="o", label="training (smoothed)")
+    left.plot(epochs, [h["held_out"]["loss"] for h in history], marker="o", label="held out")
+    left.set(xlabel="epoch", ylabel="weighted cross-entropy", title="loss")
+    left.legend()
+    for d in range(len(history[0]["held_out"]["top1_per_depth"])):
+        right.plot(epochs, [h["held_out"]["top1_per_depth"][d] for h in history], marker=".", label=f"depth {d + 1}")
+    right.set(xlabel="epoch", ylabel="top-1 agreement with the target", title="held out, per depth", ylim=(0, 1))
+    right.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    savefig_atomic(fig, path, "--out", format="png", dpi=110)
+    plt.close(fig)
+
+
 def reuse_answers(s: BlockSettings, out: Any, log: Callable[[str], None]) -> None:
     """Write ``OUT/generated.pt`` (the data collector's journal) from an earlier run's ``data.pt`` on the
     same prompts, so only the features are computed (``eagle_data.collect`` picks the journal up)."""
@@ -220,7 +244,13 @@ def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str
     target, embed, lm_head = frozen_target(s.target)
     cfg = target.model.config
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    s = replace(s, feature_layers=default_layers(int(text.num_hidden_layers)))
+    n_layers = int(text.num_hidden_layers)
+    s = replace(s, feature_layers=tuple(s.feature_layers) or default_layers(n_layers))
+    if not all(0 <= i <= n_layers for i in s.feature_layers):
+        raise ConfigError(
+            f"--feature-layers {','.join(map(str, s.feature_layers))}: hidden-state indices must lie in 0..{n_layers} "
+            f"(i = the input of decoder layer i; {n_layers} = the last layer's output, after the final norm)"
+        )
     if s.answers and not (out / "data.pt").is_file():
         reuse_answers(s, out, log)
     seqs = training_data(target, s, out, progress, log, layers=s.feature_layers)
@@ -279,4 +309,6 @@ def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str
         dtype=getattr(torch, s.save_dtype),
     )
     write_text_atomic(out / "training.json", json.dumps(summary, indent=2) + "\n", "--out")
+    if history:
+        plot_history(history, out / "training.png")
     return summary

@@ -228,6 +228,23 @@ def test_wrong_heads_and_settings_are_one_line(target64, tmp_path):
         env=env,
     )
     assert r.returncode != 0 and "--block-size must be ≥ 1, got 0" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "treespec.cli.app",
+            "train",
+            "block",
+            "--feature-layers",
+            "2,x",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode != 0 and "give comma-separated layer indices" in r.stderr and "Traceback" not in r.stderr
 
 
 def settings(out, **overrides):
@@ -278,6 +295,7 @@ def test_cli_trains_and_decodes_losslessly(tmp_path, greedy_reference):
     assert r.returncode == 0, r.stderr
     assert "reusing 120 continuations" in r.stdout + r.stderr and "use it: treespec run" in r.stdout
     summary = json.loads((out / "training.json").read_text())
+    assert (out / "training.png").read_bytes()[:4] == b"\x89PNG"  # loss and agreement, plotted
     assert len(summary["calibration_temperatures"]) == 3 and all(
         math.isfinite(t) for t in summary["calibration_temperatures"]
     )
