@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -236,21 +237,26 @@ def check(s: BlockSettings) -> None:
         raise ConfigError(f"--save-dtype {s.save_dtype!r}: use float32, float16 or bfloat16")
 
 
-def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) a block drafter; returns the summary also written to ``OUT/training.json``."""
-    check(s)
-    out = prepare_out(s.out, "block drafter training")
-    torch.manual_seed(s.seed)
-    target, embed, lm_head = frozen_target(s.target)
+def with_layers(s: BlockSettings, target: Any) -> BlockSettings:
+    """``s`` with its feature layers filled in (EAGLE-3's three by default) and checked against the target."""
     cfg = target.model.config
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    n_layers = int(text.num_hidden_layers)
+    n_layers = int((cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg).num_hidden_layers)
     s = replace(s, feature_layers=tuple(s.feature_layers) or default_layers(n_layers))
     if not all(0 <= i <= n_layers for i in s.feature_layers):
         raise ConfigError(
             f"--feature-layers {','.join(map(str, s.feature_layers))}: hidden-state indices must lie in 0..{n_layers} "
             f"(i = the input of decoder layer i; {n_layers} = the last layer's output, after the final norm)"
         )
+    return s
+
+
+def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) a block drafter; returns the summary also written to ``OUT/training.json``."""
+    check(s)
+    out = prepare_out(s.out, "block drafter training")
+    torch.manual_seed(s.seed)
+    target, embed, lm_head = frozen_target(s.target)
+    s = with_layers(s, target)
     if s.answers and not (out / "data.pt").is_file():
         reuse_answers(s, out, log)
     seqs = training_data(target, s, out, progress, log, layers=s.feature_layers)
@@ -260,7 +266,7 @@ def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str
     held, train_set = crop(seqs[:n_hold], s.max_len), crop(seqs[n_hold:], s.max_len)
     used = draft_vocabulary(train_set, vocab, size)
     spec = BlockSpec(s.block_size, s.feature_layers, target.hidden_size, vocab, size)
-    head = BlockHead(head_config_for(cfg, layers=s.layers), spec)
+    head = BlockHead(head_config_for(target.model.config, layers=s.layers), spec)
     with torch.no_grad():
         head.draft_ids.copy_(used)
         head.mask.copy_(embed.weight[used].float().mean(0))  # a start: the average token
@@ -285,29 +291,27 @@ def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str
     head.eval()
     temps = fit_temperatures(head, embed_w, out_w, held, s)
     log("calibration temperatures per depth " + " ".join(f"{t:.2f}" for t in temps))
+    facts = {"train_sequences": len(train_set), "held_out_sequences": len(held), "draft_vocab": size}
+    return finish(head, s, final, history, temps, facts | {"train_seconds": time.perf_counter() - t0})
+
+
+def finish(
+    head: BlockHead, s: BlockSettings, final: dict, history: list, temps: list[float], facts: dict[str, Any]
+) -> dict[str, Any]:
+    """Save the drafter (safetensors + config.json), ``training.json`` and ``training.png``; the summary."""
+    out = Path(s.out)
     summary = {
         "settings": asdict(s),
         "feature_layers": list(s.feature_layers),
-        "draft_vocab": size,
-        "train_sequences": len(train_set),
-        "held_out_sequences": len(held),
+        **facts,
         "held_out": final,
         "history": history,
         "calibration_temperatures": temps,
-        "train_seconds": time.perf_counter() - t0,
         "parameters": sum(p.numel() for p in head.parameters()),
     }
-    head.save(
-        out,
-        extra={
-            "target": s.target,
-            "top1_per_depth": final["top1_per_depth"],
-            "chain_tau": final["chain_tau"],
-            "calibration_temperatures": temps,
-            "trained_with": "treespec train block",
-        },
-        dtype=getattr(torch, s.save_dtype),
-    )
+    extra = {"target": s.target, "top1_per_depth": final["top1_per_depth"], "chain_tau": final["chain_tau"]}
+    extra |= {"calibration_temperatures": temps, "trained_with": "treespec train block"}
+    head.save(out, extra=extra, dtype=getattr(torch, s.save_dtype))
     write_text_atomic(out / "training.json", json.dumps(summary, indent=2) + "\n", "--out")
     if history:
         plot_history(history, out / "training.png")
