@@ -61,6 +61,9 @@ def block(
         ),
     ] = None,
     anchors: Annotated[int, typer.Option(help="blocks per sequence per training batch")] = D.anchors,
+    last_feature: Annotated[
+        bool, typer.Option(help="add the newest context row's features to every block row's input")
+    ] = D.last_feature,
     gamma: Annotated[
         Optional[float],
         typer.Option(help="loss weight of depth k: exp(-(k-1)/gamma) [default: K/2]", show_default=False),
@@ -138,6 +141,7 @@ def block(
         answers=answers,
         seed=seed,
         feature_layers=features,
+        last_feature=last_feature,
     )
     with TrainingProgress() as (progress, log):
         try:

@@ -97,6 +97,7 @@ class BlockDrafter(Drafter):
         self.stable = 0  # context rows cached: x_0..x_{stable-1}; the root sits at position `stable`
         self.pending: list[torch.Tensor] = []  # committed features not projected yet
         self.root: int | None = None
+        self.last: torch.Tensor | None = None  # [1, H] c of the newest context row (None: no context yet)
         self._drop_block()
 
     def _drop_block(self) -> None:
@@ -172,7 +173,8 @@ class BlockDrafter(Drafter):
         """The step's calibrated marginals [K, Vd], running the block forward on the first call."""
         if self.q_cal is None:
             self._project_pending()
-            x = self.head.block_input(F.embedding(torch.tensor([self.root], device=self.device), self.embed_weight))[0]
+            root = F.embedding(torch.tensor([self.root], device=self.device), self.embed_weight)  # [1, H]
+            x = self.head.block_input(root, self.last)[0]  # [K+1, H]
             positions = torch.arange(self.stable, self.stable + self.K + 1, device=self.device)  # [K+1]
             out = self.head.forward_one(x, positions, self.ctx)  # [K+1, H]
             self.logits = self.head.logits(out[1:], self.out_weight, self.out_bias)  # [K, Vd]
@@ -187,6 +189,8 @@ class BlockDrafter(Drafter):
         self.pending = []
         n = feats.shape[0]
         positions = torch.arange(self.stable, self.stable + n, device=self.device)[None]  # [1, n]
-        new = self.head.context(feats[None], positions)
+        c = self.head.fuse(feats[None])  # [1, n, H]
+        new = self.head.context(c, positions)
+        self.last = c[:, -1]  # [1, H] the newest context row
         self.ctx = [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(self.ctx, new)]
         self.stable += n

@@ -6,10 +6,12 @@ context enter every layer as extra keys and values ("KV injection"). With a = th
 (the context is x_0..x_{a−1}, the root x_a is the last committed token, not yet run by the target):
 
     c_t    = rmsnorm_hidden(fc([h^1_t ; h^2_t ; h^3_t]))    t < a: the target's hidden states at x_t
-                                                             from three layers (EAGLE-3's), fused
+                                                             from three layers, fused
     layer l, context rows (keys/values only, never queries):
            K^l_t = RoPE_t(W^l_k c_t),  V^l_t = W^l_v c_t
-    block  x_0 = embed_target(root),  x_i = m (one learned vector), i = 1..K,  at positions a + i
+    block  x_0 = embed_target(root),  x_i = m (one learned vector), i = 1..K,  at positions a + i;
+           with ``last_feature`` every row also adds c_{a−1} (the newest context row as an input, the
+           way an EAGLE head reads f_{a−1}; not in DFlash)
     layer l, block rows: a Llama pre-norm layer whose queries are the block rows and whose keys and
            values are [context rows ; block rows]: every context row and the WHOLE block are visible
            (bidirectional inside the block)
@@ -57,6 +59,7 @@ class BlockSpec:
     target_hidden_size: int
     target_vocab_size: int
     draft_vocab_size: int
+    last_feature: bool = False  # every block row also adds c of the last context row (its input, not only keys)
 
 
 def _gain(h: int) -> nn.Module:
@@ -101,12 +104,14 @@ class BlockHead(nn.Module):
         self.rope = RopeTable(self.rotary)
 
     # ------------------------------------------------------------------ the math
-    def context(self, features: torch.Tensor, positions: torch.Tensor) -> list[KV]:
-        """Each layer's keys and values [B, Hkv, S, D] for context rows: features [B, S, k·Ht] at
-        ``positions`` [B, S]."""
-        _, nkv, d, eps = self.shape
-        b, s, _ = features.shape
-        c = rms_norm(F.linear(features, self.fc.weight), self.hidden_norm.weight, eps)  # [B, S, H]
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """c = rmsnorm_hidden(fc(features)): [.., S, k·Ht] → [.., S, H]."""
+        return rms_norm(F.linear(features, self.fc.weight), self.hidden_norm.weight, self.shape[3])
+
+    def context(self, c: torch.Tensor, positions: torch.Tensor) -> list[KV]:
+        """Each layer's keys and values [B, Hkv, S, D] for fused context rows c [B, S, H] at ``positions`` [B, S]."""
+        _, nkv, d, _ = self.shape
+        b, s, _ = c.shape
         cos, sin = self.rope(c, positions)  # [B, S, D]
         out = []
         for layer in self.layers:
@@ -116,10 +121,14 @@ class BlockHead(nn.Module):
             out.append((apply_rope(k, cos[:, None], sin[:, None]), v))
         return out
 
-    def block_input(self, roots: torch.Tensor) -> torch.Tensor:
-        """The block [.., K+1, H]: the roots' embeddings [.., H] then K mask rows."""
+    def block_input(self, roots: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+        """The block [.., K+1, H]: the roots' embeddings [.., H] then K mask rows; with ``spec.last_feature``,
+        plus ``last`` [.., H] (c of the last context row; None or zeros: an empty context) in every row."""
         masks = self.mask.to(roots.dtype).expand(*roots.shape[:-1], self.spec.block_size, roots.shape[-1])
-        return torch.cat([roots[..., None, :], masks], -2)
+        x = torch.cat([roots[..., None, :], masks], -2)
+        if self.spec.last_feature and last is not None:
+            x = x + last[..., None, :].to(x.dtype)
+        return x
 
     def forward(
         self,

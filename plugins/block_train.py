@@ -87,8 +87,11 @@ def block_outputs(
     k = head.spec.block_size
     a, real = _anchors(seqs, n, gen)
     a, real = a.to(dev), real.to(dev)
-    ctx = head.context(fused, torch.arange(t, device=dev)[None].expand(b, t))  # per layer [B, Hkv, T, D]
-    x = head.block_input(F.embedding(ids.gather(1, a), embed_w))  # [B, N, K+1, H]
+    c = head.fuse(fused)  # [B, T, H]
+    ctx = head.context(c, torch.arange(t, device=dev)[None].expand(b, t))  # per layer [B, Hkv, T, D]
+    last = c.gather(1, (a - 1).clamp(min=0)[..., None].expand(-1, -1, c.shape[-1]))  # [B, N, H] c_{a−1}
+    last = last * (a > 0)[..., None]  # an empty context adds nothing
+    x = head.block_input(F.embedding(ids.gather(1, a), embed_w), last)  # [B, N, K+1, H]
     positions = a[..., None] + torch.arange(k + 1, device=dev)  # [B, N, K+1]
     visible = torch.arange(t, device=dev)[None, None] < a[..., None]  # [B, N, T]: x_0..x_{a-1}
     out = head(x, positions, ctx, visible)  # [B, N, K+1, H]
@@ -265,7 +268,7 @@ def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str
     n_hold = max(1, round(len(seqs) * s.holdout))
     held, train_set = crop(seqs[:n_hold], s.max_len), crop(seqs[n_hold:], s.max_len)
     used = draft_vocabulary(train_set, vocab, size)
-    spec = BlockSpec(s.block_size, s.feature_layers, target.hidden_size, vocab, size)
+    spec = BlockSpec(s.block_size, s.feature_layers, target.hidden_size, vocab, size, s.last_feature)
     head = BlockHead(head_config_for(target.model.config, layers=s.layers), spec)
     with torch.no_grad():
         head.draft_ids.copy_(used)

@@ -29,10 +29,11 @@ from treespec.tree import DraftTree
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def random_head(target, k: int = 4, layers: int = 2, seed: int = 0) -> BlockHead:
+def random_head(target, k: int = 4, layers: int = 2, seed: int = 0, last: bool = True) -> BlockHead:
     torch.manual_seed(seed)
     cfg = target.model.config
-    spec = BlockSpec(k, default_layers(cfg.num_hidden_layers), cfg.hidden_size, cfg.vocab_size, cfg.vocab_size)
+    layers_in = default_layers(cfg.num_hidden_layers)
+    spec = BlockSpec(k, layers_in, cfg.hidden_size, cfg.vocab_size, cfg.vocab_size, last_feature=last)
     head = BlockHead(head_config_for(cfg, layers=layers), spec).to(torch.float64)
     with torch.no_grad():
         head.mask.normal_()
@@ -42,24 +43,28 @@ def random_head(target, k: int = 4, layers: int = 2, seed: int = 0) -> BlockHead
     return head.eval()
 
 
-def test_the_decoding_forward_is_the_training_forward(target64):
+@pytest.mark.parametrize("last", [True, False])
+def test_the_decoding_forward_is_the_training_forward(target64, last):
     """Blocks at several anchors of two sequences, each seeing only its context (training's batched
     ``forward``), equal one block at a time over exactly that context (decoding's ``forward_one``)."""
-    head = random_head(target64)
+    head = random_head(target64, last=last)
     gen = torch.Generator().manual_seed(1)
     b, t, width = 2, 11, head.fc.in_features
     feats = torch.randn(b, t, width, generator=gen, dtype=torch.float64)
     roots = torch.randn(b, 3, head.config.hidden_size, generator=gen, dtype=torch.float64)
     anchors = torch.tensor([[0, 4, 10], [1, 7, 3]])
-    ctx = head.context(feats, torch.arange(t)[None].expand(b, t))
-    x = head.block_input(roots)  # [B, N, K+1, H]
+    c = head.fuse(feats)
+    ctx = head.context(c, torch.arange(t)[None].expand(b, t))
+    newest = c.gather(1, (anchors - 1).clamp(min=0)[..., None].expand(-1, -1, c.shape[-1])) * (anchors > 0)[..., None]
+    x = head.block_input(roots, newest)  # [B, N, K+1, H]
     positions = anchors[..., None] + torch.arange(5)
     got = head(x, positions, ctx, torch.arange(t)[None, None] < anchors[..., None])
     for r in range(b):
         for n in range(3):
             a = int(anchors[r, n])
-            own = head.context(feats[r : r + 1, :a], torch.arange(a)[None])
-            want = head.forward_one(x[r, n], positions[r, n], own)
+            own_c = head.fuse(feats[r : r + 1, :a])
+            own = head.context(own_c, torch.arange(a)[None])
+            want = head.forward_one(head.block_input(roots[r, n], own_c[0, -1] if a else None), positions[r, n], own)
             assert torch.allclose(got[r, n], want, atol=1e-10), (r, n)
 
 
@@ -92,8 +97,9 @@ def test_marginals_after_many_steps_equal_a_fresh_computation(target64):
         hs = target64.model(torch.tensor([seq]), output_hidden_states=True).hidden_states
         fused = torch.cat([hs[i][0] for i in d.target_hidden_layers], -1)[:-1]  # [C-1, 3H]: all but the root
         head = d.head
-        ctx = head.context(fused[None], torch.arange(len(seq) - 1)[None])
-        x = head.block_input(torch.nn.functional.embedding(torch.tensor([seq[-1]]), d.embed_weight))[0]
+        c = head.fuse(fused[None])
+        ctx = head.context(c, torch.arange(len(seq) - 1)[None])
+        x = head.block_input(torch.nn.functional.embedding(torch.tensor([seq[-1]]), d.embed_weight), c[:, -1])[0]
         out = head.forward_one(x, torch.arange(len(seq) - 1, len(seq) + head.spec.block_size), ctx)
         logits = head.logits(out[1:], d.out_weight)
         q = torch.softmax(logits[0].double() / float(d.temperatures[0]), -1)
@@ -186,26 +192,20 @@ def test_opt_tree_builds_the_top_paths_under_the_product_of_marginals(target64, 
     builder.start(None)
     root = dec.encode(tinystories_prompts(1)[0])[-1]
     tree = builder.build(d, root, max_depth=d.K)
-    width = nodes
-    depth_q = torch.stack([d.expand(tree, torch.tensor([n]), width).q[0] for n in _one_node_per_depth(tree, d.K)])
-    ranks = {}
+    # the marginals' candidates per depth, read along a chain of a fresh tree of the same step
+    d.begin_step(root)
+    chain, node, cands, qs = DraftTree(root), 0, [], []
+    for _ in range(d.K):
+        got = d.expand(chain, torch.tensor([node]), nodes)
+        cands.append(got.tokens[0].tolist())
+        qs.append(got.q[0])
+        node = int(chain.add_children(torch.tensor([node]), got.tokens[0, :1], got.q[0, :1])[0])
+    ranks: dict[int, tuple[int, ...]] = {0: ()}
     for u in range(1, len(tree)):
-        cands = d.expand(tree, torch.tensor([int(tree.parents[u])]), width).tokens[0].tolist()
-        ranks[u] = ranks.get(int(tree.parents[u]), ()) + (cands.index(int(tree.tokens[u])),)
-    assert set(ranks.values()) == best_first(depth_q, nodes)
-
-
-def _one_node_per_depth(tree: DraftTree, k: int) -> list[int]:
-    """A node at each depth 0..K−1 of ``tree`` (its deepest chain of first children)."""
-    out, node = [0], 0
-    while len(out) < k:
-        kids = (tree.parents == node).nonzero().flatten()
-        if kids.numel() == 0:
-            break
-        node = int(kids[0])
-        out.append(node)
-    assert len(out) == k, "the tree reaches depth K"
-    return out
+        parent = int(tree.parents[u])
+        ranks[u] = ranks[parent] + (cands[len(ranks[parent])].index(int(tree.tokens[u])),)
+    del ranks[0]
+    assert set(ranks.values()) == best_first(torch.stack(qs), nodes)
 
 
 def test_wrong_heads_and_settings_are_one_line(target64, tmp_path):

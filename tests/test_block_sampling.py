@@ -44,7 +44,7 @@ def block_drafter(folder: str) -> BlockDrafter:
     model = tiny(TARGET_SEED)
     cfg = model.config
     torch.manual_seed(7)
-    spec = BlockSpec(3, default_layers(cfg.num_hidden_layers), cfg.hidden_size, cfg.vocab_size, cfg.vocab_size)
+    spec = BlockSpec(3, default_layers(cfg.num_hidden_layers), cfg.hidden_size, cfg.vocab_size, cfg.vocab_size, True)
     head = BlockHead(head_config_for(cfg, layers=1), spec)
     with torch.no_grad():
         for p in head.parameters():
