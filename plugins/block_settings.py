@@ -31,7 +31,7 @@ class BlockSettings:
     save_dtype: str = "float32"
     answers: str | None = None  # an earlier run's data.pt whose continuations to reuse
     seed: int = 0
-    last_feature: bool = True  # add the newest context row to the block's input (BlockSpec.last_feature)
+    last_feature: bool = False  # add the newest context row to every block row (BlockSpec.last_feature)
     feature_layers: tuple[int, ...] = ()  # the target's hidden_states indices fused [default: EAGLE-3's three]
 
     def data_key(self) -> dict[str, Any]:
