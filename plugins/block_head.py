@@ -216,7 +216,7 @@ class BlockHead(nn.Module):
 def load_block_head(name: str, hidden: int, vocab: int, target_name: str) -> tuple[BlockHead, dict[str, Any]]:
     """A block drafter by local directory or hub id; one line when it is not one or does not fit the
     target (``hidden``: the target's hidden size, ``vocab``: its vocabulary)."""
-    raw, folder = read_config(name)
+    raw, folder = read_config(name, "block drafter")
     spec_raw = raw.get("block")
     if not isinstance(spec_raw, dict):
         raise ConfigError(
@@ -237,7 +237,7 @@ def load_block_head(name: str, hidden: int, vocab: int, target_name: str) -> tup
         raise ModelLoadError(f"block drafter {name!r}: block_size {spec.block_size} must be ≥ 1")
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("block", "treespec")})
     head = BlockHead(config, spec)
-    state = read_weights(folder, name)
+    state = read_weights(folder, name, "block drafter")
     fit_weights(head, state, f"block drafter {name!r}", "the block drafter's layout")
     ids = head.draft_ids
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):

@@ -213,30 +213,31 @@ def fit_weights(head: nn.Module, state: dict[str, torch.Tensor], what: str, layo
         )
 
 
-def read_config(name: str) -> tuple[dict[str, Any], Path]:
-    """(config.json as a dict, the head's folder) for a local directory, hub id or cached head."""
+def read_config(name: str, what: str = "EAGLE head") -> tuple[dict[str, Any], Path]:
+    """(config.json as a dict, the head's folder) for a local directory, hub id or cached head
+    (``what`` names it in errors)."""
     from treespec.models import snapshot_dir
 
-    folder = snapshot_dir(name, ["config.json", *WEIGHT_FILES], what="EAGLE head")
+    folder = snapshot_dir(name, ["config.json", *WEIGHT_FILES], what=what)
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
-        raise ModelLoadError(f"EAGLE head {name!r}: {folder} has no config.json; pass the head's directory")
+        raise ModelLoadError(f"{what} {name!r}: {folder} has no config.json; pass the head's directory")
     try:
         raw = json.loads(cfg_path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise ModelLoadError(
-            f"EAGLE head {name!r}: {cfg_path} is not valid JSON ({exc}); download or save the head again"
+            f"{what} {name!r}: {cfg_path} is not valid JSON ({exc}); download or save the head again"
         ) from None
     if not isinstance(raw, dict):
-        raise ModelLoadError(f"EAGLE head {name!r}: {cfg_path} is not a config object; download or save the head again")
+        raise ModelLoadError(f"{what} {name!r}: {cfg_path} is not a config object; download or save the head again")
     return raw, folder
 
 
-def read_weights(folder: Path, name: str) -> dict[str, torch.Tensor]:
+def read_weights(folder: Path, name: str, what: str = "EAGLE head") -> dict[str, torch.Tensor]:
     """The head's tensors from model.safetensors or pytorch_model.bin (weights_only), keys unprefixed."""
     st, pt = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
     if not st.is_file() and not pt.is_file():
-        raise ModelLoadError(f"EAGLE head {name!r}: {folder} has neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
+        raise ModelLoadError(f"{what} {name!r}: {folder} has neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
     try:
         if st.is_file():
             from safetensors.torch import load_file
@@ -252,10 +253,10 @@ def read_weights(folder: Path, name: str) -> dict[str, torch.Tensor]:
             else f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
         )
         raise ModelLoadError(
-            f"EAGLE head {name!r}: cannot read {path.name} ({why}); download or save the head again"
+            f"{what} {name!r}: cannot read {path.name} ({why}); download or save the head again"
         ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ModelLoadError(f"EAGLE head {name!r}: its weights file is not a mapping of names to tensors")
+        raise ModelLoadError(f"{what} {name!r}: its weights file is not a mapping of names to tensors")
     # some re-uploads prefix the keys; the published layout has none
     for prefix in ("model.", "ea_layer."):
         if state and all(k.startswith(prefix) for k in state):

@@ -17,7 +17,7 @@ import torch
 
 import treespec
 from conftest import STORIES260K, block_head_dir, eagle3_head_dir, tinystories_prompts
-from treespec.errors import ConfigError
+from treespec.errors import ConfigError, TreespecError
 from treespec.interfaces import Commit
 from treespec.plugins.block import BlockDrafter
 from treespec.plugins.block_head import BlockHead, BlockSpec
@@ -224,6 +224,9 @@ def test_wrong_heads_and_settings_are_one_line(target64, tmp_path):
     head.save(tmp_path / "wide")
     with pytest.raises(ConfigError, match="hidden size 128 and 512 tokens, but target .* has 64 and 512"):
         BlockDrafter(BlockConfig(head=str(tmp_path / "wide")), target64)
+    with pytest.raises(TreespecError, match="block drafter") as err:
+        BlockDrafter(BlockConfig(head=str(tmp_path / "missing")), target64)
+    assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="needs a block drafter trained for target"):
         treespec.Decoder(target64, drafter="block", builder="chain")
     env = os.environ | {"OMP_NUM_THREADS": "1"}
