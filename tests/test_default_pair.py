@@ -38,6 +38,7 @@ def test_what_ships_fits_the_budget():
         shards = set(json.loads(index.read_text())["weight_map"].values()) if index.is_file() else {"model.safetensors"}
         assert {f"{part}/{shard}" for shard in shards} <= set(sizes)
     assert {"eagle/config.json", "eagle/model.safetensors"} <= set(sizes)
+    assert {"block/config.json", "block/model.safetensors"} <= set(sizes)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,7 @@ DRAFTERS = {
     "ngram": ("ngram", {}),
     "draft+ngram": ("treespec-py-draft+ngram", {}),
     "eagle+ngram": ("eagle+ngram", {}),
+    "block": ("block", {}),  # the packaged block drafter, chosen for the packaged target
 }
 BUILDERS = {"opt-tree": ("opt-tree", {"nodes": 16}), "chain": ("chain", {"k": 4})}
 
