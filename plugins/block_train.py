@@ -14,7 +14,7 @@ row k is scored against the target's distribution for x_{a+k}, restricted to the
 Soft labels (not only the greedy token) keep q a probability estimate, which matters when children
 are drawn from it. Held out: top-1 agreement per depth and the argmax chain's τ (1 + its mean
 accepted prefix). After the last epoch one temperature per depth is fitted for tree shaping
-(``treespec.train.calibration``). Resumable (``OUT/checkpoint.pt``, EAGLE's ``_Run``).
+(``treespec.train.calibration``). Resumable (``OUT/checkpoint.pt``, EAGLE's ``TrainRun``).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from treespec.files import save_torch_atomic, write_text_atomic
 from treespec.plugins.block_head import BlockHead, BlockSpec
 from treespec.plugins.block_settings import BlockSettings
 from treespec.plugins.eagle3_head import default_layers
-from treespec.plugins.eagle3_train import crop, draft_vocabulary
+from treespec.plugins.eagle3_train import crop, draft_vocabulary, pad_batch
 from treespec.plugins.eagle_data import Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_head import head_config_for
-from treespec.plugins.eagle_train import _Run, frozen_target
+from treespec.plugins.eagle_train import TrainRun, frozen_target
 from treespec.train import calibration
 from treespec.train.checkpoint import load_data, prepare_out
 
@@ -63,24 +63,12 @@ def _anchors(seqs: list[Sequence], n: int, gen: torch.Generator) -> tuple[torch.
     return a, real
 
 
-def _pad(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, T], fused [B, T, k·H], final feats [B, T, H] and lengths [B]."""
-    width = max(s.ids.numel() for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    fused = torch.zeros(len(seqs), width, seqs[0].fused.shape[-1])
-    feats = torch.zeros(len(seqs), width, seqs[0].feats.shape[-1])
-    for r, s in enumerate(seqs):
-        n = s.ids.numel()
-        ids[r, :n], fused[r, :n], feats[r, :n] = s.ids, s.fused, s.feats
-    return ids, fused, feats, torch.tensor([s.ids.numel() for s in seqs])
-
-
 def block_outputs(
     head: BlockHead, embed_w: torch.Tensor, out_w: torch.Tensor, seqs: list[Sequence], n: int, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
     """One batch through the drafter: its logits [B, N, K, Vd], the target's p [B, N, K, Vd] over the
     draft vocabulary, the data tokens x_{a+k} [B, N, K], and which rows count [B, N, K]."""
-    ids, fused, feats, lengths = _pad(seqs)
+    ids, fused, feats, lengths, _ = pad_batch(seqs)
     dev = out_w.device
     ids, fused, feats, lengths = ids.to(dev), fused.to(dev), feats.to(dev), lengths.to(dev)
     b, t = ids.shape
@@ -274,7 +262,7 @@ def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str
         head.draft_ids.copy_(used)
         head.mask.copy_(embed.weight[used].float().mean(0))  # a start: the average token
     embed_w, out_w = embed.weight.detach(), lm_head.weight[used].detach()  # [V, H], [Vd, H]
-    run = _Run.new(head, s, len(train_set))
+    run = TrainRun.new(head, s, len(train_set))
     ckpt_file = out / "checkpoint.pt"
     start, history = run.resume(ckpt_file, s, log)
     gen = torch.Generator().manual_seed(s.seed)

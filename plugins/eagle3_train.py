@@ -38,7 +38,7 @@ from treespec.lean import apply_rope
 from treespec.plugins.eagle3_head import Eagle3Head, default_layers
 from treespec.plugins.eagle_data import Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_head import head_config_for
-from treespec.plugins.eagle_train import _Run, frozen_target
+from treespec.plugins.eagle_train import TrainRun, frozen_target
 from treespec.train import calibration
 from treespec.train.checkpoint import prepare_out
 
@@ -98,7 +98,7 @@ def crop(seqs: list[Sequence], max_len: int) -> list[Sequence]:
     return out
 
 
-def _batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_batch(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids [B, T], fused [B, T, 3H], final feats [B, T, H], lengths [B], prompt lengths [B]."""
     width = max(s.ids.numel() for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -142,7 +142,7 @@ def head_step(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The TTT loss over a batch, and per step: top-1 agreement with the target's greedy token at
     generated positions (step i's agreement is what a chain's depth-(i+1) node would see)."""
-    ids, fused, feats, lengths, plen = _batch(seqs)
+    ids, fused, feats, lengths, plen = pad_batch(seqs)
     dev = next(head.parameters()).device
     ids, fused, feats = ids.to(dev), fused.to(dev), feats.to(dev)
     b, t = ids.shape
@@ -201,7 +201,7 @@ def fit_temperature(
     to_draft = torch.cumsum(head.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
     zs, ys, n = [], [], 0
     for b0 in range(0, len(seqs), 16):
-        ids, fused, feats, lengths, plen = _batch(seqs[b0 : b0 + 16])
+        ids, fused, feats, lengths, plen = pad_batch(seqs[b0 : b0 + 16])
         out = unroll(head, embed, fused, ids, 1)[0]  # [B, T, H]
         greedy = F.pad(lm_head(feats[:, 1:]).argmax(-1), (0, 1))  # [B, T] the target's token for x_{t+2}
         rows = torch.arange(ids.shape[1])[None]
@@ -244,7 +244,7 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
         head.d2t.copy_(used - torch.arange(size))
         head.t2d.zero_()[used] = True
         head.lm_head.weight.copy_(lm_head.weight[used])  # a start: the target's own output rows
-    run = _Run.new(head, s, len(train_set))
+    run = TrainRun.new(head, s, len(train_set))
     ckpt_file = out / "checkpoint.pt"
     start, history = run.resume(ckpt_file, s, log)
     t0 = time.perf_counter()

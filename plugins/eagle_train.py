@@ -152,7 +152,7 @@ def frozen_target(name: str) -> tuple[TargetModel, Any, Any]:
 
 
 @dataclass
-class _Run:
+class TrainRun:
     """The head being trained with its optimiser and schedule (linear warm-up over 2 %, then linear
     decay); EAGLE-3's trainer uses it too (``head`` any module, ``s`` any settings with lr, batch_size,
     epochs and seed)."""
@@ -163,7 +163,7 @@ class _Run:
     steps_per_epoch: int
 
     @classmethod
-    def new(cls, head: torch.nn.Module, s: Any, n_train: int) -> _Run:
+    def new(cls, head: torch.nn.Module, s: Any, n_train: int) -> TrainRun:
         opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
         steps_per_epoch = math.ceil(n_train / s.batch_size)
         total = steps_per_epoch * s.epochs
@@ -250,7 +250,7 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
     ids = _draft_vocab(train_set, target, s, log)
     draft_out = DraftOut.of(lm_head, ids)
 
-    run = _Run.new(EagleHead(head_config), s, len(train_set))
+    run = TrainRun.new(EagleHead(head_config), s, len(train_set))
     ckpt_file = out / "checkpoint.pt"
     start, history = run.resume(ckpt_file, s, log)
     before = evaluate(run.head, embed, lm_head, held, s, ids) if start == 0 else history[0]["held_out_before"]

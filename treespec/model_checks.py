@@ -16,7 +16,7 @@ def check_size(name: str, what: str, layers: int | None, dtype: Any, folder: Pat
     """Before allocating a local model: its config.json may not describe more decoder layers than its
     weights hold (``num_hidden_layers: 100000`` on a 5-layer checkpoint allocated gigabytes of random
     layers before ``_check_loaded`` could refuse it), and the model it describes must fit the memory
-    available. ``folder``: where the model is (``models._locate``). Anything unreadable is left to the
+    available. ``folder``: where the model is (``models.locate``). Anything unreadable is left to the
     loader, which says what is wrong in its words."""
     from treespec.memory import check_fits, decoder_parameters
 

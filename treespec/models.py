@@ -93,7 +93,7 @@ def looks_like_model(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/")) and not Path(name).exists()
 
 
-def _locate(name: str, what: str = "model") -> str:
+def locate(name: str, what: str = "model") -> str:
     """A local directory, or a hub id (after alias resolution); a path that is no directory is an error.
     A GGUF name (``smollm2``, ``*.gguf``) becomes its converted folder (``treespec.gguf``)."""
     from treespec.gguf import converted, is_gguf_name
@@ -225,7 +225,7 @@ def quiet_transformers() -> Any:
 
 
 def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
-    resolved = _locate(name, what)
+    resolved = locate(name, what)
     try:
         # Local directories and cached hub models load without touching the network.
         return loader.from_pretrained(resolved, local_files_only=True, **kwargs)
@@ -272,7 +272,7 @@ def _load(loader: Any, name: str, what: str, **kwargs: Any) -> Any:
 def snapshot_dir(name: str, patterns: list[str], what: str = "model") -> Path:
     """A folder holding a repository's files: a local directory, else the hub id's snapshot in the
     Hugging Face cache, else (online only) downloaded. For non-``transformers`` files (EAGLE heads)."""
-    resolved = _locate(name, what)
+    resolved = locate(name, what)
     if Path(resolved).is_dir():
         return Path(resolved)
     from huggingface_hub import snapshot_download
@@ -291,7 +291,7 @@ def _folder(name: str, what: str) -> Path | None:
     """The local folder of a model (for the checks before loading), or None: an unresolvable name is
     left to the loader, which says what is wrong in its words."""
     try:
-        return Path(_locate(name, what))
+        return Path(locate(name, what))
     except TreespecError:
         return None
 

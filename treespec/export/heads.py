@@ -49,9 +49,9 @@ class HeadFiles:
 
 def read_target(name: str) -> TargetInfo:
     """The target's config.json (local folder, GGUF alias, or a cached hub id); one line if missing."""
-    from treespec.models import _locate, snapshot_dir
+    from treespec.models import locate, snapshot_dir
 
-    folder = _locate(name, "target")
+    folder = locate(name, "target")
     path = (
         Path(folder) / "config.json"
         if Path(folder).is_dir()
