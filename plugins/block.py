@@ -20,8 +20,6 @@ distribution drawn from (docs/sampling.md).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
@@ -37,25 +35,15 @@ from treespec.tree import DraftTree
 
 def default_block(target: TargetModel) -> str:
     """The block drafter shipped for a target treespec knows (``models.SHIPPED_BLOCKS``)."""
-    from treespec.gguf import PACKAGED_GGUF
-    from treespec.models import PACKAGED_MODELS, SHIPPED_BLOCKS, resolve_name
+    from treespec.models import SHIPPED_BLOCKS, shipped_for
 
-    name = target.name or ""
-    for alias, block in SHIPPED_BLOCKS.items():
-        if name == alias:
-            return block
-        if (
-            alias in PACKAGED_MODELS
-            and name
-            and Path(resolve_name(name)).expanduser().resolve() == PACKAGED_MODELS[alias].resolve()
-        ):
-            return block
-        if alias in PACKAGED_GGUF and name and Path(name).name == PACKAGED_GGUF[alias][2]:
-            return block
-    raise ConfigError(
-        f"drafter 'block' needs a block drafter trained for target {name!r}: pass -D head=DIR-or-HUB-ID "
-        "(make one with `treespec train block --target ...`)"
-    )
+    block = shipped_for(target.name, SHIPPED_BLOCKS)
+    if block is None:
+        raise ConfigError(
+            f"drafter 'block' needs a block drafter trained for target {target.name!r}: pass -D head=DIR-or-HUB-ID "
+            "(make one with `treespec train block --target ...`)"
+        )
+    return block
 
 
 class BlockDrafter(Drafter):
@@ -76,7 +64,12 @@ class BlockDrafter(Drafter):
         self.K = self.head.spec.block_size
         self.vocab = vocab
         self.ids = self.head.draft_ids  # [Vd] target ids
-        self._pad: torch.Tensor | None = None  # draft ids then the others, for padding (``_padding``)
+        inside = torch.zeros(vocab, dtype=torch.bool)
+        inside[self.ids.cpu()] = True
+        # [V] distinct target ids: the draft vocabulary's, then the others. A row keeps them with q = 0
+        # where the marginals propose nothing (depth ≥ K; columns past the draft vocabulary), so the
+        # marginals' top-kd, written over the first kd columns, never repeat a column after them.
+        self.padding = torch.cat([self.ids.cpu(), (~inside).nonzero().flatten()])
         embed, out = target.model.get_input_embeddings(), target.model.get_output_embeddings()
         if embed.weight.device.type == "meta" or out.weight.device.type == "meta":
             raise ConfigError("drafter 'block' needs the target's embedding and output layer in memory (not offloaded)")
@@ -101,7 +94,8 @@ class BlockDrafter(Drafter):
         self._drop_block()
 
     def _drop_block(self) -> None:
-        self.logits: torch.Tensor | None = None  # [K, Vd] this step's block output, before temperatures
+        self.logits: torch.Tensor | None = None  # [K, Vd] this step's block output
+        self.q_raw: torch.Tensor | None = None  # [K, Vd] its softmax at temperature 1, made when asked (draws)
         self.q_cal: torch.Tensor | None = None  # [K, Vd] calibrated marginals (what trees are shaped by)
 
     # ------------------------------------------------------------------ lifecycle
@@ -133,8 +127,7 @@ class BlockDrafter(Drafter):
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         m, k = int(nodes.shape[0]), min(k, self.vocab)
         kd = min(k, int(self.ids.numel()))  # from the marginals; the rest: tokens outside the draft vocabulary, q = 0
-        pad = self._padding(k)  # [k] distinct
-        tokens, q = pad.expand(m, k).clone(), torch.zeros(m, k)
+        tokens, q = self.padding[:k].expand(m, k).clone(), torch.zeros(m, k)
         if m == 0 or k == 0:
             return Proposals(tokens, q)
         q_cal = self._marginals()
@@ -147,16 +140,6 @@ class BlockDrafter(Drafter):
             tokens[rows, :kd], q[rows, :kd] = self.ids[index].cpu(), top.float().cpu()
         return Proposals(tokens, q)
 
-    def _padding(self, k: int) -> torch.Tensor:
-        """k distinct target ids [k]: the draft vocabulary's, then the others. Rows keep them with q = 0
-        where the marginals propose nothing (depth ≥ K; columns past the draft vocabulary), so the
-        marginals' top-kd, written over the first kd columns, never repeat a column after them."""
-        if self._pad is None or self._pad.numel() < k:
-            inside = torch.zeros(self.vocab, dtype=torch.bool)
-            inside[self.ids.cpu()] = True
-            self._pad = torch.cat([self.ids.cpu(), (~inside).nonzero().flatten()])  # [V]
-        return self._pad[:k]
-
     @inference
     def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Q_{d+1} at temperature 1 over target ids [M, V] for nodes at depth d (zeros for d ≥ K)."""
@@ -165,8 +148,9 @@ class BlockDrafter(Drafter):
         depths = tree.depths[nodes].to(self.device)  # [M]
         inside = depths < self.K
         if inside.any():
-            raw = torch.softmax(self.logits.float(), -1)  # [K, Vd]
-            out[inside.nonzero().flatten()[:, None], self.ids[None]] = raw[depths[inside]]
+            if self.q_raw is None:
+                self.q_raw = torch.softmax(self.logits, -1)
+            out[inside.nonzero().flatten()[:, None], self.ids[None]] = self.q_raw[depths[inside]]
         return out
 
     def _marginals(self) -> torch.Tensor:
@@ -177,8 +161,8 @@ class BlockDrafter(Drafter):
             x = self.head.block_input(root, self.last)[0]  # [K+1, H]
             positions = torch.arange(self.stable, self.stable + self.K + 1, device=self.device)  # [K+1]
             out = self.head.forward_one(x, positions, self.ctx)  # [K+1, H]
-            self.logits = self.head.logits(out[1:], self.out_weight, self.out_bias)  # [K, Vd]
-            self.q_cal = torch.softmax(self.logits.float() / self.temperatures[:, None], -1)
+            self.logits = self.head.logits(out[1:], self.out_weight, self.out_bias).float()  # [K, Vd]
+            self.q_cal = torch.softmax(self.logits / self.temperatures[:, None], -1)
         return self.q_cal
 
     def _project_pending(self) -> None:

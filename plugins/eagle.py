@@ -21,7 +21,6 @@ A level of one node whose ancestors are all the tree items so far (a chain) is f
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -44,22 +43,15 @@ if TYPE_CHECKING:
 def default_head(target: TargetModel) -> str:
     """The head shipped for a target treespec knows (``models.SHIPPED_HEADS``: its own pair's target,
     SmolLM2 by alias or by its GGUF file); any other target needs ``head=``."""
-    from treespec.models import PACKAGED_MODELS, SHIPPED_HEADS, resolve_name
+    from treespec.models import SHIPPED_HEADS, shipped_for
 
-    own = PACKAGED_MODELS["treespec-py"].resolve()
-    if target.name and Path(resolve_name(target.name)).expanduser().resolve() == own:
-        return "treespec-py-eagle"
-    if target.name in SHIPPED_HEADS:
-        return SHIPPED_HEADS[target.name]
-    from treespec.gguf import PACKAGED_GGUF
-
-    for alias, (_, _, fname) in PACKAGED_GGUF.items():  # the same GGUF given by path
-        if alias in SHIPPED_HEADS and target.name and Path(target.name).name == fname:
-            return SHIPPED_HEADS[alias]
-    raise ConfigError(
-        f"drafter 'eagle' needs a head trained for target {target.name!r}: pass -D head=DIR-or-HUB-ID "
-        "(make one with `treespec train eagle --target ...`)"
-    )
+    head = shipped_for(target.name, SHIPPED_HEADS)
+    if head is None:
+        raise ConfigError(
+            f"drafter 'eagle' needs a head trained for target {target.name!r}: pass -D head=DIR-or-HUB-ID "
+            "(make one with `treespec train eagle --target ...`)"
+        )
+    return head
 
 
 class EagleDrafter(Drafter):

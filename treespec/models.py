@@ -77,6 +77,24 @@ DEFAULT_TARGET = "treespec-py"  # treespec's own small pair: tests, `bench`/`tre
 DEFAULT_DRAFT = "treespec-py-draft"
 
 
+def shipped_for(target_name: str | None, table: dict[str, str]) -> str | None:
+    """The drafter alias ``table`` (``SHIPPED_HEADS``, ``SHIPPED_BLOCKS``) ships for a target given by
+    alias, by the folder a packaged alias resolves to, or by a packaged GGUF's file name; None if none."""
+    from treespec.gguf import PACKAGED_GGUF
+
+    if not target_name:
+        return None
+    if target_name in table:
+        return table[target_name]
+    for alias, drafter in table.items():
+        if alias in PACKAGED_MODELS:
+            if Path(resolve_name(target_name)).expanduser().resolve() == PACKAGED_MODELS[alias].resolve():
+                return drafter
+        elif alias in PACKAGED_GGUF and Path(target_name).name == PACKAGED_GGUF[alias][2]:
+            return drafter
+    return None
+
+
 def resolve_name(name: str) -> str:
     """An alias becomes its folder (treespec's own models) or hub id; a path or hub id is returned unchanged."""
     if name in PACKAGED_MODELS:
