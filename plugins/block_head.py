@@ -44,6 +44,7 @@ from treespec.errors import ConfigError, ModelLoadError
 from treespec.files import save_safetensors_atomic, write_text_atomic, writing
 from treespec.lean import RopeTable, apply_rope, rms_norm
 from treespec.plugins.eagle_head import fit_weights, read_config, read_weights
+from treespec.row_matmul import linear
 
 ARCHITECTURE = "TreespecBlockDrafter"
 
@@ -106,7 +107,7 @@ class BlockHead(nn.Module):
     # ------------------------------------------------------------------ the math
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """c = rmsnorm_hidden(fc(features)): [.., S, k·Ht] → [.., S, H]."""
-        return rms_norm(F.linear(features, self.fc.weight), self.hidden_norm.weight, self.shape[3])
+        return rms_norm(linear(features, self.fc.weight), self.hidden_norm.weight, self.shape[3])
 
     def context(self, c: torch.Tensor, positions: torch.Tensor) -> list[KV]:
         """Each layer's keys and values [B, Hkv, S, D] for fused context rows c [B, S, H] at ``positions`` [B, S]."""
@@ -116,8 +117,8 @@ class BlockHead(nn.Module):
         out = []
         for layer in self.layers:
             a = layer.self_attn
-            k = F.linear(c, a.k_proj.weight).view(b, s, nkv, d).transpose(1, 2)  # [B, Hkv, S, D]
-            v = F.linear(c, a.v_proj.weight).view(b, s, nkv, d).transpose(1, 2)
+            k = linear(c, a.k_proj.weight).view(b, s, nkv, d).transpose(1, 2)  # [B, Hkv, S, D]
+            v = linear(c, a.v_proj.weight).view(b, s, nkv, d).transpose(1, 2)
             out.append((apply_rope(k, cos[:, None], sin[:, None]), v))
         return out
 
@@ -146,9 +147,9 @@ class BlockHead(nn.Module):
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx):
             a = layer.self_attn
             y = rms_norm(x, layer.input_layernorm.weight, eps)  # [B, N, R, H]
-            q = apply_rope(F.linear(y, a.q_proj.weight).view(b, n, r, nq, d).permute(0, 3, 1, 2, 4), cos, sin)
-            k = apply_rope(F.linear(y, a.k_proj.weight).view(b, n, r, nkv, d).permute(0, 3, 1, 2, 4), cos, sin)
-            v = F.linear(y, a.v_proj.weight).view(b, n, r, nkv, d).permute(0, 3, 1, 2, 4)  # [B, Hkv, N, R, D]
+            q = apply_rope(linear(y, a.q_proj.weight).view(b, n, r, nq, d).permute(0, 3, 1, 2, 4), cos, sin)
+            k = apply_rope(linear(y, a.k_proj.weight).view(b, n, r, nkv, d).permute(0, 3, 1, 2, 4), cos, sin)
+            v = linear(y, a.v_proj.weight).view(b, n, r, nkv, d).permute(0, 3, 1, 2, 4)  # [B, Hkv, N, R, D]
             rep = nq // nkv
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [B, Hq, N, R, D]
             kc, vc = k_ctx.repeat_interleave(rep, 1)[:, :, None], v_ctx.repeat_interleave(rep, 1)[:, :, None]
@@ -171,9 +172,9 @@ class BlockHead(nn.Module):
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx):
             a = layer.self_attn
             y = rms_norm(x, layer.input_layernorm.weight, eps)
-            q = apply_rope(F.linear(y, a.q_proj.weight).view(1, r, nq, d).transpose(1, 2), cos, sin)  # [1, Hq, R, D]
-            k = apply_rope(F.linear(y, a.k_proj.weight).view(1, r, nkv, d).transpose(1, 2), cos, sin)
-            v = F.linear(y, a.v_proj.weight).view(1, r, nkv, d).transpose(1, 2)  # [1, Hkv, R, D]
+            q = apply_rope(linear(y, a.q_proj.weight).view(1, r, nq, d).transpose(1, 2), cos, sin)  # [1, Hq, R, D]
+            k = apply_rope(linear(y, a.k_proj.weight).view(1, r, nkv, d).transpose(1, 2), cos, sin)
+            v = linear(y, a.v_proj.weight).view(1, r, nkv, d).transpose(1, 2)  # [1, Hkv, R, D]
             k, v = torch.cat([k_ctx, k], 2), torch.cat([v_ctx, v], 2)  # [1, Hkv, S + R, D]
             o = F.scaled_dot_product_attention(q, k, v, enable_gqa=nq != nkv)  # [1, Hq, R, D]
             x = self._finish(layer, x, o.transpose(1, 2).reshape(1, r, nq * d))
@@ -181,15 +182,15 @@ class BlockHead(nn.Module):
 
     def _finish(self, layer: nn.Module, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """The layer's residual, o_proj and SwiGLU MLP: x [.., H], attention output o [.., Hq·D]."""
-        h = x + F.linear(o, layer.self_attn.o_proj.weight)
+        h = x + linear(o, layer.self_attn.o_proj.weight)
         y = rms_norm(h, layer.post_attention_layernorm.weight, self.shape[3])
         m = layer.mlp
-        return h + F.linear(F.silu(F.linear(y, m.gate_proj.weight)) * F.linear(y, m.up_proj.weight), m.down_proj.weight)
+        return h + linear(F.silu(linear(y, m.gate_proj.weight)) * linear(y, m.up_proj.weight), m.down_proj.weight)
 
     def logits(self, out: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """Draft-vocabulary logits [.., Vd] from outputs [.., H]; ``weight`` [Vd, H] = the target's output
         rows of ``draft_ids``."""
-        return F.linear(rms_norm(out, self.norm.weight, self.shape[3]), weight, bias)
+        return linear(rms_norm(out, self.norm.weight, self.shape[3]), weight, bias)
 
     # ------------------------------------------------------------------ files
     def save(self, out: str | Path, extra: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> None:

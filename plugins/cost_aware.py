@@ -377,8 +377,10 @@ class AutoPlanner:
 
 
 def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
-    """What a cost profile was measured for: target, drafter and its options, device, dtype, threads."""
+    """What a cost profile was measured for: target, drafter and its options, device, dtype, threads, and
+    which few-row products the target's forward uses (``treespec.row_matmul``: they change T(n))."""
     options = {k: v for k, v in dict(getattr(drafter, "config", {}) or {}).items() if v is not None}
+    rows = getattr(target, "row_matmul", None)
     kind = type(drafter)
     if isinstance(drafter, CacheRow):  # a batch row: its drafter's own class (the batch size is keyed apart)
         kind = next(c for c in kind.__mro__[1:] if not issubclass(c, CacheRow))
@@ -389,4 +391,5 @@ def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        **({"row_matmul": "".join("1" if v else "0" for v in rows.verdict())} if rows is not None else {}),
     }

@@ -32,6 +32,7 @@ from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
 from treespec.kv import causal_mask, crop_cache, tree_mask
 from treespec.plugins.configs import EagleConfig
 from treespec.plugins.eagle_head import load_head, target_dims
+from treespec.row_matmul import linear
 from treespec.slack_cache import slack_cache
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
@@ -78,7 +79,7 @@ class EagleDrafter(Drafter):
         # then the modules' own hooks load them
         offloaded = any(m.weight.device.type == "meta" for m in (self.embed, self.lm_head))
         self._embed = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
-        self._head = self.lm_head if offloaded else (lambda x: F.linear(x, self.lm_head.weight, self.lm_head.bias))
+        self._head = self.lm_head if offloaded else (lambda x: linear(x, self.lm_head.weight, self.lm_head.bias))
         self.vocab = vocab
         self.ids = self._draft_ids(config, head, vocab)  # [N] target ids of a reduced draft vocabulary, or None
         if self.ids is not None:
@@ -88,7 +89,7 @@ class EagleDrafter(Drafter):
                 self.lm_head.weight[self.ids].detach() if not offloaded else None
             )  # [N, H]: N/V of the output layer
             full = self._head
-            self._head = (lambda x: full(x)[..., self.ids]) if offloaded else (lambda x: F.linear(x, weight, bias))
+            self._head = (lambda x: full(x)[..., self.ids]) if offloaded else (lambda x: linear(x, weight, bias))
         # greedy acceptance calibration (eagle_train.fit_temperature): q = softmax(logits / T)
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
         self._new_sequence()

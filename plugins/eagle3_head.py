@@ -41,6 +41,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from treespec.errors import ConfigError, ModelLoadError
 from treespec.files import save_safetensors_atomic, write_text_atomic, writing
 from treespec.lean import RopeTable, apply_rope, rms_norm
+from treespec.row_matmul import linear
 
 #: config keys that are not LlamaConfig's
 EXTRA_KEYS = (
@@ -155,23 +156,23 @@ class Eagle3Head(nn.Module):
         x = torch.cat(
             [rms_norm(embeds, m.input_layernorm.weight, eps), rms_norm(g, m.hidden_norm.weight, eps)], -1
         )  # [B, T, 2H]
-        q = F.linear(x, m.self_attn.q_proj.weight).view(b, t, nq, d).transpose(1, 2)
-        k = F.linear(x, m.self_attn.k_proj.weight).view(b, t, nkv, d).transpose(1, 2)
-        v = F.linear(x, m.self_attn.v_proj.weight).view(b, t, nkv, d).transpose(1, 2)
+        q = linear(x, m.self_attn.q_proj.weight).view(b, t, nq, d).transpose(1, 2)
+        k = linear(x, m.self_attn.k_proj.weight).view(b, t, nkv, d).transpose(1, 2)
+        v = linear(x, m.self_attn.v_proj.weight).view(b, t, nkv, d).transpose(1, 2)
         return q, k, v
 
     def finish(self, g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """The layer's output [B, T, H] from its residual g and the attention's output o [B, Hq, T, D]."""
         m, eps = self.midlayer, self.shape[3]
         b, _, t, _ = o.shape
-        h = g + F.linear(o.transpose(1, 2).reshape(b, t, -1), m.self_attn.o_proj.weight)  # [B, T, H]
+        h = g + linear(o.transpose(1, 2).reshape(b, t, -1), m.self_attn.o_proj.weight)  # [B, T, H]
         n = rms_norm(h, m.post_attention_layernorm.weight, eps)
-        gate, up = F.linear(n, m.mlp.gate_proj.weight), F.linear(n, m.mlp.up_proj.weight)
-        return h + F.linear(F.silu(gate) * up, m.mlp.down_proj.weight)  # [B, T, H]
+        gate, up = linear(n, m.mlp.gate_proj.weight), linear(n, m.mlp.up_proj.weight)
+        return h + linear(F.silu(gate) * up, m.mlp.down_proj.weight)  # [B, T, H]
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """g from a feature [.., 3·Ht] (fc) or from the head's own output [.., H] (as is)."""
-        return F.linear(features, self.fc.weight) if features.shape[-1] != self.hidden_size else features
+        return linear(features, self.fc.weight) if features.shape[-1] != self.hidden_size else features
 
     def forward(
         self,
@@ -199,7 +200,7 @@ class Eagle3Head(nn.Module):
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [.., Vd] from outputs [.., H]."""
-        return F.linear(rms_norm(out, self.norm.weight, self.shape[3]), self.lm_head.weight)
+        return linear(rms_norm(out, self.norm.weight, self.shape[3]), self.lm_head.weight)
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -36,6 +36,7 @@ from treespec.errors import ConfigError, ModelLoadError
 from treespec.files import save_safetensors_atomic, write_text_atomic, writing
 from treespec.inference import inference
 from treespec.kv import cache_keyword
+from treespec.row_matmul import linear
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -145,7 +146,7 @@ class LeanEagleHead:
     def __call__(self, features, embeds, position_ids, mask, cache=None) -> torch.Tensor:
         from treespec.lean import run_layers
 
-        x = torch.nn.functional.linear(torch.cat([embeds, features], dim=-1), self.head.fc.weight, self.head.fc.bias)
+        x = linear(torch.cat([embeds, features], dim=-1), self.head.fc.weight, self.head.fc.bias)
         pos = self.rotary(x, position_ids)  # (cos, sin) [B, T, D]
         return run_layers(x, self.layers, pos, mask, cache, self.shape)  # [B, T, H]
 

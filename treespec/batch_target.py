@@ -92,7 +92,7 @@ class BatchTarget:
         """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V])."""
         mask = float_mask(visible.to(self.device), self.dtype)  # [B, T, S+T]
         try:
-            with grouped_sdpa(self.target.grouped_sdpa):
+            with grouped_sdpa(self.target.grouped_sdpa), self.target.row_matmul.applied():
                 return self.model(
                     input_ids=ids.to(self.device),
                     position_ids=pos.to(self.device),

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from treespec.inference import inference
+from treespec.row_matmul import linear
 
 #: Model types whose decoder layer is exactly the formula above (q/k/v biases allowed: Qwen2).
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -153,16 +154,16 @@ def run_layers(
     mask = mask.to(x.dtype) if mask is not None else None
     for i, L in enumerate(layers):
         n = x if L.g_in is None else rms_norm(x, L.g_in, eps)  # EAGLE's layer 0 reads fc's output as is
-        qkv = F.linear(n, L.w_qkv, L.b_qkv)  # [B, T, (Hq + 2 Hkv) D]
+        qkv = linear(n, L.w_qkv, L.b_qkv)  # [B, T, (Hq + 2 Hkv) D]
         q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
         q = apply_rope(q.view(b, t, nq, d).transpose(1, 2), cos, sin)  # [B, Hq, T, D]
         k = apply_rope(k.view(b, t, nkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
         v = v.view(b, t, nkv, d).transpose(1, 2)  # [B, Hkv, T, D]
         k, v = cache.update(k, v, i)  # [B, Hkv, S, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nq != nkv)  # [B, Hq, T, D]
-        x = x + F.linear(o.transpose(1, 2).reshape(b, t, nq * d), L.w_o, L.b_o)  # [B, T, H]
-        gate, up = F.linear(rms_norm(x, L.g_post, eps), L.w_gate_up).chunk(2, dim=-1)  # [B, T, I] each
-        x = x + F.linear(F.silu(gate) * up, L.w_down)  # [B, T, H]
+        x = x + linear(o.transpose(1, 2).reshape(b, t, nq * d), L.w_o, L.b_o)  # [B, T, H]
+        gate, up = linear(rms_norm(x, L.g_post, eps), L.w_gate_up).chunk(2, dim=-1)  # [B, T, I] each
+        x = x + linear(F.silu(gate) * up, L.w_down)  # [B, T, H]
     return x
 
 
@@ -200,5 +201,5 @@ class LeanCausalLM:
     ) -> LeanOutput:
         x = F.embedding(input_ids, self.embed)  # [B, T, H]
         x = run_layers(x, self.layers, self.rotary(x, position_ids), attention_mask, cache, self.shape)
-        logits = F.linear(rms_norm(x, self.g_final, self.shape[3]), self.lm_head)  # [B, T, V]
+        logits = linear(rms_norm(x, self.g_final, self.shape[3]), self.lm_head)  # [B, T, V]
         return LeanOutput(logits=logits)

@@ -33,6 +33,7 @@ from treespec.kv import (
     max_positions,
     tree_refusal,
 )
+from treespec.row_matmul import RowMatmul
 from treespec.slack_cache import slack_cache
 from treespec.tree import TreeTensors
 
@@ -92,6 +93,9 @@ class TargetModel:
         device map (accelerate: split across devices, offloaded to disk) its embedding's execution
         device; each layer then moves what it reads to its own device."""
         first = next(self.model.parameters())
+        if getattr(self, "_placement", None) != (first.device, first.dtype):  # new, or moved: which layers
+            self.row_matmul = RowMatmul(self.model)  # few-row products on a CPU (treespec.row_matmul)
+            self._placement = (first.device, first.dtype)
         self._device, self._dtype = first.device, first.dtype
         self.grouped_sdpa = grouped_sdpa_helps(
             self.model
@@ -259,7 +263,10 @@ class TargetModel:
         before = self.past_len
         self._tree_len = None
         try:
-            with grouped_sdpa(self.grouped_sdpa and kwargs.get("attention_mask") is not None):
+            with (
+                grouped_sdpa(self.grouped_sdpa and kwargs.get("attention_mask") is not None),
+                self.row_matmul.applied(),
+            ):
                 out = self.model(**{self.cache_keyword: self.cache}, use_cache=True, return_dict=True, **kwargs)
         except Exception as exc:
             if self.cache is not None and self.cache.get_seq_length() > before:

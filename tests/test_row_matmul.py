@@ -1,0 +1,177 @@
+"""Few-row products (``treespec.row_matmul``): the same linear layers, switched only inside treespec's
+own forwards, measured once per machine and thread count, and decoding stays exactly the target's."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import treespec
+from conftest import STORIES260K, tinystories_prompts
+from treespec import row_matmul
+from treespec.row_matmul import SIZES, RowMatmul, linear, linear_rows
+
+
+@given(
+    rows=st.integers(1, 40),
+    lead=st.sampled_from([(), (1,), (2,), (2, 3)]),
+    dims=st.tuples(st.integers(1, 48), st.integers(1, 48)),
+    bias=st.booleans(),
+)
+@settings(max_examples=60, deadline=None)
+def test_linear_rows_is_linear(rows, lead, dims, bias):
+    """(W·Xᵀ)ᵀ, padded or not, is X·Wᵀ + b for any leading shape."""
+    g = torch.Generator().manual_seed(rows * 7 + dims[0])
+    x = torch.randn(*lead, rows, dims[0], generator=g, dtype=torch.float64)
+    w = torch.randn(dims[1], dims[0], generator=g, dtype=torch.float64)
+    b = torch.randn(dims[1], generator=g, dtype=torch.float64) if bias else None
+    want = torch.nn.functional.linear(x, w, b)
+    got = linear_rows(x, w, b)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture()
+def model():
+    target = treespec.TargetModel.load(str(STORIES260K))
+    return target.model
+
+
+@pytest.fixture()
+def spy(monkeypatch):
+    calls = []
+    real = row_matmul.linear_rows
+
+    def counted(*args):
+        calls.append(threading.get_ident())
+        return real(*args)
+
+    monkeypatch.setattr(row_matmul, "linear_rows", counted)
+    return calls
+
+
+def _forward(model, n: int = 5) -> torch.Tensor:
+    ids = torch.arange(3, 3 + n)[None]  # [1, n]
+    with torch.inference_mode():
+        return model(input_ids=ids, use_cache=False).logits  # [1, n, V]
+
+
+def test_applied_switches_only_inside_and_gives_the_same_logits(model, spy, monkeypatch):
+    monkeypatch.setenv("TREESPEC_ROW_MATMUL", "on")
+    rm = RowMatmul(model)
+    assert rm.layers, "stories260K's projections are plain nn.Linear layers"
+    stock = _forward(model)
+    assert not spy
+    with rm.applied():
+        inside = _forward(model)
+    assert len(spy) >= len(rm.layers)  # every plain linear layer took the few-row product
+    torch.testing.assert_close(inside, stock, rtol=1e-4, atol=1e-4)
+    assert torch.equal(inside.argmax(-1), stock.argmax(-1))
+    assert all("forward" not in vars(m) for m in rm.layers), "the user's model is as it was after the forward"
+    spy.clear()
+    _forward(model)
+    assert not spy
+
+
+def test_other_threads_keep_torchs_product(model, spy, monkeypatch):
+    """Inside one thread's forward, the same model called from another thread is untouched."""
+    monkeypatch.setenv("TREESPEC_ROW_MATMUL", "on")
+    rm = RowMatmul(model)
+    other = []
+    with rm.applied():
+        t = threading.Thread(target=lambda: other.append(_forward(model)))
+        t.start()
+        t.join()
+        mine = threading.get_ident()
+        _forward(model)
+    assert other and spy and all(ident == mine for ident in spy)
+
+
+def test_nested_applications_install_once(model, monkeypatch):
+    monkeypatch.setenv("TREESPEC_ROW_MATMUL", "on")
+    rm = RowMatmul(model)
+    with rm.applied():
+        with rm.applied():
+            assert all("forward" in vars(m) for m in rm.layers)
+        assert all("forward" in vars(m) for m in rm.layers), "the inner exit must not undo the outer forward"
+    assert all("forward" not in vars(m) for m in rm.layers)
+
+
+def test_layers_with_a_forward_of_their_own_are_left_alone(model):
+    layer = next(m for m in model.modules() if type(m) is torch.nn.Linear)
+    vars(layer)["forward"] = lambda x: torch.nn.functional.linear(x, layer.weight, layer.bias)  # as accelerate's hooks
+    try:
+        assert layer not in RowMatmul(model).layers
+    finally:
+        vars(layer).pop("forward")
+
+
+def test_off_keeps_torchs_product_everywhere(model, spy, monkeypatch):
+    monkeypatch.setenv("TREESPEC_ROW_MATMUL", "off")
+    rm = RowMatmul(model)
+    assert rm.verdict() == (False,) * len(SIZES)
+    with rm.applied():
+        _forward(model)
+        linear(torch.ones(2, 4), torch.ones(3, 4))
+    assert not spy
+
+
+def test_auto_measures_once_saves_and_reloads(model, monkeypatch, tmp_path):
+    monkeypatch.setenv("TREESPEC_ROW_MATMUL", "auto")
+    monkeypatch.setenv("TREESPEC_PROFILE_DIR", str(tmp_path))
+    first = RowMatmul(model)
+    verdict = first.verdict()
+    assert len(verdict) == len(SIZES) and all(isinstance(v, bool) for v in verdict)
+    (saved,) = tmp_path.glob("row-matmul-*.json")
+    data = json.loads(saved.read_text())
+    assert data["rows"] == list(verdict) and data["key"] == first.key(torch.get_num_threads())
+    assert len(data["ms"]["stock"]) == len(data["ms"]["rows"]) == len(SIZES)
+    # each size's verdict is what its own medians say
+    for fast, stock, rows in zip(data["rows"], data["ms"]["stock"], data["ms"]["rows"]):
+        assert fast == (rows <= row_matmul.MARGIN * stock) or stock == rows == 0
+
+    def refuse(self, threads):
+        raise AssertionError("measured again although a verdict was saved")
+
+    monkeypatch.setattr(RowMatmul, "_measure", refuse)
+    assert RowMatmul(model).verdict() == verdict
+    # a damaged file is measured again, not trusted and not fatal
+    saved.write_text("{not json")
+    monkeypatch.setattr(RowMatmul, "_measure", lambda self, threads: (True,) * len(SIZES))
+    assert RowMatmul(model).verdict() == (True,) * len(SIZES)
+
+
+@pytest.mark.parametrize("kind", ["on", "off"])
+def test_decoding_is_the_targets_own_greedy_output_either_way(kind, monkeypatch, target64, greedy_reference):
+    """A drafted decode with the few-row products on (the target's and the drafter's forwards) or off
+    gives exactly the target's own ``generate`` on real prompts."""
+    monkeypatch.setenv("TREESPEC_ROW_MATMUL", kind)
+    target64.row_matmul = RowMatmul(target64.model)  # the verdict is read again under this mode
+    row_matmul._LATEST.clear()
+    dec = treespec.Decoder(
+        target64,
+        drafter=str(STORIES260K),
+        drafter_options={"layers": 3},
+        builder="opt-tree",
+        builder_options={"nodes": 12},
+    )
+    for text in tinystories_prompts(4):
+        ids = target64.tokenizer(text).input_ids
+        out = dec.generate(ids, max_new_tokens=48)
+        assert out.token_ids == greedy_reference(ids, 48)
+    target64.row_matmul = RowMatmul(target64.model)
+    row_matmul._LATEST.clear()
+
+
+def test_linear_rows_returns_row_major_memory():
+    """Like F.linear: code after a projection may need the last dimension contiguous (Llama 4's does)."""
+    w = torch.randn(6, 4)
+    for rows in (1, 3, 17, 200):
+        for b in (None, torch.randn(6)):
+            y = linear_rows(torch.randn(rows, 4), w, b)
+            assert y.is_contiguous() and y.stride(-1) == 1

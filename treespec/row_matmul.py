@@ -1,0 +1,275 @@
+"""Linear layers over a few rows on a CPU: computed as W·Xᵀ where that is measured to be faster.
+
+Why. A decode step multiplies every weight matrix by a handful of rows: one token (a plain step) or a
+draft tree's nodes. torch computes ``F.linear(x, W) = X·Wᵀ`` (X: [R, I], W: [O, I]); for one row
+that is a matrix-vector product, for a few rows a GEMM that BLAS libraries tune for many rows. On
+this repository's 2-core CPU (docs/benchmarks.md, "Few-row products") SmolLM2-135M's whole forward
+took, stock vs the same product computed as (W·Xᵀ)ᵀ with one row doubled to two (a matrix product
+that reads W once, not a matrix-vector one):
+
+    rows      1     2     4     8    16    32
+    stock    59   112   109   127   136   156  ms
+    W·Xᵀ     33    53    72    87   109   129  ms
+
+with 2 threads, and with 1 thread better at 1–4 rows, worse at 8–16. So the choice depends on the
+machine, the thread count and the row count, and is measured, never assumed.
+
+How. ``RowMatmul(model)`` finds the model's plain ``nn.Linear`` layers whose weights live on a CPU.
+``verdict()`` times whole forwards of the model (no cache, arbitrary tokens) at R = 1, 2, 4, ... 64
+rows, stock and W·Xᵀ interleaved, and keeps W·Xᵀ for a size where its median is at least 3% faster;
+a forward of r rows follows the verdict of the largest measured size ≤ r (up to 2·64 − 1 rows; above,
+stock). Verdicts are per thread count, kept for the process and saved beside the cost profiles
+(``treespec.cost.profile_dir``), keyed by the model's shape, device, dtype, threads, torch and CPU.
+``applied()`` brackets one of treespec's own forwards: it installs a forward on each such layer that
+reads the verdict from a context variable, so the switch holds only inside that forward on that
+thread (the user's model is as it was outside it, and between forwards nothing is installed).
+
+Same arithmetic, another summation order: logits differ in the last bits, as they already do between
+a one-row and a many-row forward; every decoding test compares tokens with the target's own
+``generate``. ``TREESPEC_ROW_MATMUL=off`` keeps torch's own product everywhere, ``on`` uses W·Xᵀ at
+every measured size without measuring, ``auto`` (the default) measures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # rows measured; a forward of r rows follows size 2^floor(log2 r)
+PAD_UP_TO = 16  # up to this many rows, W·Xᵀ pads X to a power of two (above: measured slower padded)
+MARGIN = 0.97  # W·Xᵀ is kept only where its median is at most this fraction of stock's
+REPEATS = 3  # timed forwards per size and variant (after one warm-up each)
+MODES = ("auto", "on", "off")
+
+#: the verdict of the forward running in this context: per size index, W·Xᵀ or not (None: stock)
+_VERDICT: contextvars.ContextVar[tuple[bool, ...] | None] = contextvars.ContextVar("treespec_rows", default=None)
+#: the last verdict measured or loaded in this process, per thread count: what treespec's own draft code
+#: follows (``linear``) outside a target's forward
+_LATEST: dict[int, tuple[bool, ...]] = {}
+
+
+def mode() -> str:
+    """``TREESPEC_ROW_MATMUL``: auto (measure, the default), on, or off."""
+    value = os.environ.get("TREESPEC_ROW_MATMUL", "auto").strip().lower() or "auto"
+    return value if value in MODES else "auto"
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as (W·Xᵀ)ᵀ. Up to PAD_UP_TO rows, X is padded to a power
+    of two (one row to two: a matrix product, one read of W, instead of the matrix-vector path): BLAS
+    is measured much slower at some odd column counts (13 rows: 141 ms a forward, padded to 16: 109)."""
+    rows = x.numel() // x.shape[-1]
+    x2 = x.reshape(rows, x.shape[-1])  # [R, I]
+    if rows <= PAD_UP_TO:
+        padded = max(2, 1 << (rows - 1).bit_length())
+        if padded > rows:
+            x2 = torch.cat([x2, x2.new_zeros(padded - rows, x2.shape[1])])  # [P, I]
+    y = torch.mm(weight, x2.t()).t()[:rows]  # [R, O], transposed in memory
+    y = y.contiguous()  # [R, O] row-major, as F.linear returns it
+    if bias is not None:
+        y += bias
+    return y.view(*x.shape[:-1], weight.shape[0])  # [..., O]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for treespec's own few-row code (drafts: ``treespec.lean``, EAGLE's output layer):
+    W·Xᵀ where the verdict in force (this forward's, else the process's latest for this thread count)
+    says it is faster, on a CPU."""
+    verdict = _VERDICT.get() or _LATEST.get(torch.get_num_threads())
+    if verdict is not None and weight.device.type == "cpu" and x.dim() >= 1 and x.shape[-1]:
+        i = _index(x.numel() // x.shape[-1])
+        if i >= 0 and verdict[i]:
+            return linear_rows(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def _index(rows: int) -> int:
+    """The position in SIZES of the verdict a forward of ``rows`` rows follows: the size it is padded to
+    (up to PAD_UP_TO rows), else the largest size ≤ rows; -1 above twice the last size (stock)."""
+    i = (rows - 1).bit_length() if rows <= PAD_UP_TO else rows.bit_length() - 1
+    return i if 0 <= i < len(SIZES) else -1
+
+
+def _forward_of(module: torch.nn.Linear):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        verdict = _VERDICT.get()
+        if verdict is not None and x.dim() >= 1 and x.shape[-1]:
+            i = _index(x.numel() // x.shape[-1])
+            if i >= 0 and verdict[i]:
+                return linear_rows(x, module.weight, module.bias)
+        return F.linear(x, module.weight, module.bias)
+
+    return forward
+
+
+class RowMatmul:
+    """The few-row products of one model: which layers, the verdicts, and the switch around a forward."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.layers = [
+            m
+            for m in model.modules()
+            if type(m) is torch.nn.Linear
+            and m.weight.dim() == 2
+            and m.weight.device.type == "cpu"
+            and m.weight.dtype in (torch.float32, torch.float64)  # half precision: other kernels, larger rounding
+            and "forward" not in vars(m)  # a forward of its own (accelerate's hooks): left alone
+        ]
+        self.forwards = [_forward_of(m) for m in self.layers]
+        self.verdicts: dict[int, tuple[bool, ...]] = {}  # threads → per size: W·Xᵀ
+        self.timings: dict[int, dict[str, list[float]]] = {}  # threads → what the verdict was read from
+        self.depth = 0  # nested applications (a drafter's forward inside the target's): installed once
+
+    # ------------------------------------------------------------------ the verdict
+    def verdict(self) -> tuple[bool, ...]:
+        """Per size in SIZES, whether W·Xᵀ is used at this thread count (measured once, then saved)."""
+        threads = torch.get_num_threads()
+        found = self.verdicts.get(threads)
+        if found is not None:
+            return found
+        kind = mode()
+        if kind == "off" or not self.layers:
+            found = (False,) * len(SIZES)
+        elif kind == "on":
+            found = (True,) * len(SIZES)
+        else:
+            found = self._load(threads)
+            if found is None:
+                try:
+                    found = self._measure(threads)
+                except Exception:  # a model that cannot run bare token ids (it needs other inputs): stock
+                    found = (False,) * len(SIZES)
+        self.verdicts[threads] = _LATEST[threads] = found
+        return found
+
+    def key(self, threads: int) -> dict[str, Any]:
+        """What a verdict was measured for."""
+        cfg = getattr(self.model, "config", None)
+        shape = sorted({tuple(m.weight.shape) for m in self.layers})
+        first = self.layers[0].weight
+        return {
+            "model": type(self.model).__name__,
+            "config": getattr(cfg, "model_type", None),
+            "layers": len(self.layers),
+            "shapes": hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:12],
+            "dtype": str(first.dtype).replace("torch.", ""),
+            "threads": threads,
+            "torch": torch.__version__,
+            "cpu": _cpu_name(),
+        }
+
+    def _path(self, key: dict[str, Any]):
+        from treespec.cost import profile_dir
+
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return profile_dir() / f"row-matmul-{digest}.json"
+
+    def _load(self, threads: int) -> tuple[bool, ...] | None:
+        key = self.key(threads)
+        try:
+            saved = json.loads(self._path(key).read_text())
+            rows = saved["rows"]
+            if saved.get("key") == key and len(rows) == len(SIZES) and all(isinstance(v, bool) for v in rows):
+                self.timings[threads] = saved.get("ms", {})
+                return tuple(rows)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # nothing saved, or a damaged file: measured again
+        return None
+
+    @torch.inference_mode()
+    def _measure(self, threads: int) -> tuple[bool, ...]:
+        """Time whole forwards (no cache) at each size, stock and W·Xᵀ interleaved; medians decide."""
+        emb = self.model.get_input_embeddings()
+        vocab = int(getattr(emb, "num_embeddings", 0) or emb.weight.shape[0])
+        device = emb.weight.device if emb.weight.device.type != "meta" else torch.device("cpu")
+        ms: dict[str, list[float]] = {"stock": [], "rows": []}
+        limit = _max_positions(self.model)
+        rows = []
+        for size in SIZES:
+            if limit is not None and size > limit:
+                rows.append(False)
+                continue
+            ids = (torch.arange(size, device=device)[None] * 31 + 7) % max(vocab, 1)  # [1, R] arbitrary tokens
+            times: dict[str, list[float]] = {"stock": [], "rows": []}
+            for rep in range(REPEATS + 1):
+                for name, verdict in (("stock", None), ("rows", (True,) * len(SIZES))):
+                    with self.installed(verdict):
+                        began = time.perf_counter()
+                        self.model(input_ids=ids, use_cache=False)
+                        took = time.perf_counter() - began
+                    if rep:  # the first of each is a warm-up
+                        times[name].append(took)
+            stock, fast = (sorted(times[k])[len(times[k]) // 2] for k in ("stock", "rows"))
+            ms["stock"].append(round(stock * 1e3, 3))
+            ms["rows"].append(round(fast * 1e3, 3))
+            rows.append(fast <= MARGIN * stock)
+        verdict = tuple(rows)
+        self.timings[threads] = ms
+        key = self.key(threads)
+        try:
+            path = self._path(key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"key": key, "sizes": list(SIZES), "rows": list(verdict), "ms": ms}))
+        except OSError:
+            pass  # a read-only cache: measured again next process
+        return verdict
+
+    # ------------------------------------------------------------------ the switch
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """Inside: this model's plain linear layers follow the verdict for this thread count."""
+        if not self.layers:
+            yield
+            return
+        verdict = self.verdict()
+        with self.installed(verdict if any(verdict) else None):
+            yield
+
+    @contextlib.contextmanager
+    def installed(self, verdict: tuple[bool, ...] | None) -> Iterator[None]:
+        """Inside: the layers follow ``verdict`` (per size in SIZES; None: torch's own product), whatever
+        was measured (``examples/row_matmul.py`` compares the two this way)."""
+        if verdict is None:
+            yield
+            return
+        token = _VERDICT.set(verdict)
+        if not self.depth:
+            for module, forward in zip(self.layers, self.forwards):
+                vars(module)["forward"] = forward
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth:
+                for module in self.layers:
+                    vars(module).pop("forward", None)
+            _VERDICT.reset(token)
+
+
+def _max_positions(model: Any) -> int | None:
+    cfg = getattr(model, "config", None)
+    value = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
