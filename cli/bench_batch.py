@@ -111,10 +111,13 @@ def bench_batches(
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("{task.description}"),
+            auto_refresh=False,  # redrawn at each update: no refresh thread beside the timed forwards
         ) as progress:
             task = progress.add_task("warm-up", total=runs + 1)
             rows = runner.run(
-                prompts, progress=lambda what: progress.update(task, advance=1, description=what), on_rows=save
+                prompts,
+                progress=lambda what: progress.update(task, advance=1, description=what, refresh=True),
+                on_rows=save,
             )
         save(rows, partial=False)
     except (KeyboardInterrupt, Interrupted):
