@@ -2,24 +2,25 @@
 
 Why. A decode step multiplies every weight matrix by a handful of rows: one token (a plain step) or a
 draft tree's nodes. torch computes ``F.linear(x, W) = X·Wᵀ`` (X: [R, I], W: [O, I]); for one row
-that is a matrix-vector product, for a few rows a GEMM that BLAS libraries tune for many rows. On
-this repository's 2-core CPU (docs/benchmarks.md, "Few-row products") SmolLM2-135M's whole forward
-took, stock vs the same product computed as (W·Xᵀ)ᵀ with one row doubled to two (a matrix product
-that reads W once, not a matrix-vector one):
+that is a matrix-vector product, for a few rows a GEMM that BLAS libraries tune for many rows. On this
+repository's 2-core CPU (AMD EPYC, MKL) SmolLM2-135M's whole forward behind 200 cached tokens took,
+torch's product vs the same product computed as (W·Xᵀ)ᵀ (``python examples/row_matmul.py --target
+smollm2``, interleaved, medians; docs/bench/smollm2-mtbench/NOTES.md):
 
-    rows      1     2     4     8    16    32
-    stock    59   112   109   127   136   156  ms
-    W·Xᵀ     33    53    72    87   109   129  ms
+    rows      1     2     3     4     8    16    32
+    stock    56    93   114    80    77    98   140  ms
+    W·Xᵀ     32    33    45    45    62    88   125  ms
 
-with 2 threads, and with 1 thread better at 1–4 rows, worse at 8–16. So the choice depends on the
+with 2 threads; with 1 thread better at 1–4 rows, worse at 8–16. So the choice depends on the
 machine, the thread count and the row count, and is measured, never assumed.
 
 How. ``RowMatmul(model)`` finds the model's plain ``nn.Linear`` layers whose weights live on a CPU.
 ``verdict()`` times whole forwards of the model (no cache, arbitrary tokens) at R = 1, 2, 4, ... 64
 rows, stock and W·Xᵀ interleaved, and keeps W·Xᵀ for a size where its median is at least 3% faster;
-a forward of r rows follows the verdict of the largest measured size ≤ r (up to 2·64 − 1 rows; above,
-stock). Verdicts are per thread count, kept for the process and saved beside the cost profiles
-(``treespec.cost.profile_dir``), keyed by the model's shape, device, dtype, threads, torch and CPU.
+a forward of r rows follows the verdict of the size it is padded to (up to 16 rows: the next power of
+two), else of the largest measured size ≤ r (up to 2·64 − 1 rows; above, stock). Verdicts are per
+thread count, kept for the process and saved beside the cost profiles (``treespec.cost.profile_dir``),
+keyed by the model's shape, dtype (fp32/fp64 only), threads, torch and CPU.
 ``applied()`` brackets one of treespec's own forwards: it installs a forward on each such layer that
 reads the verdict from a context variable, so the switch holds only inside that forward on that
 thread (the user's model is as it was outside it, and between forwards nothing is installed).
