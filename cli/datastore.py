@@ -56,8 +56,9 @@ def build(
     ] = None,
 ) -> None:
     """Tokenise and index a corpus (a suffix array), then print: tokens, documents, seconds, path."""
+    from treespec.catalog import DEFAULT_TARGET
     from treespec.files import check_writable_dir, check_writable_file
-    from treespec.models import DEFAULT_TARGET, load_tokenizer
+    from treespec.models import load_tokenizer
     from treespec.plugins.datastore_index import Index, cache_path
 
     if corpus.exists() and not corpus.is_file():

@@ -164,7 +164,7 @@ def _export(
 
         target = target or defaults.MAIN
         if head is None:
-            from treespec.models import SHIPPED_HEADS
+            from treespec.catalog import SHIPPED_HEADS
 
             if target not in SHIPPED_HEADS:
                 fail(f"no head shipped for target {target!r}: pass --head DIR (a `treespec train eagle` output)")

@@ -100,7 +100,7 @@ def load(
         _fail(f"--skip must be >= 0, got {skip}")
     check_threads(threads)
     if target is None:
-        from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+        from treespec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
         target = DEFAULT_TARGET
         drafter = drafter or DEFAULT_DRAFT

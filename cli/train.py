@@ -95,8 +95,8 @@ def eagle(
 ) -> None:
     """Train an EAGLE head on the target's own greedy generations: EAGLE-1/2 (feature regression +
     token loss) or, with --version 3, EAGLE-3 (three fused target layers, training-time test)."""
+    from treespec.catalog import DEFAULT_TARGET
     from treespec.cli import TrainingProgress
-    from treespec.models import DEFAULT_TARGET
     from treespec.plugins.eagle_train import TrainSettings, train
 
     set_threads(threads)

@@ -95,8 +95,8 @@ def block(
 ) -> None:
     """Train a block drafter: one forward over the target's features proposes every depth of a tree
     (DFlash's recipe on the target's own greedy generations)."""
+    from treespec.catalog import DEFAULT_TARGET
     from treespec.cli import TrainingProgress
-    from treespec.models import DEFAULT_TARGET
     from treespec.plugins.block_train import train_block
 
     set_threads(threads)

@@ -34,8 +34,8 @@ from treespec.tree import DraftTree
 
 
 def default_block(target: TargetModel) -> str:
-    """The block drafter shipped for a target treespec knows (``models.SHIPPED_BLOCKS``)."""
-    from treespec.models import SHIPPED_BLOCKS, shipped_for
+    """The block drafter shipped for a target treespec knows (``catalog.SHIPPED_BLOCKS``)."""
+    from treespec.catalog import SHIPPED_BLOCKS, shipped_for
 
     block = shipped_for(target.name, SHIPPED_BLOCKS)
     if block is None:

@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 
 
 def default_head(target: TargetModel) -> str:
-    """The head shipped for a target treespec knows (``models.SHIPPED_HEADS``: its own pair's target,
+    """The head shipped for a target treespec knows (``catalog.SHIPPED_HEADS``: its own pair's target,
     SmolLM2 by alias or by its GGUF file); any other target needs ``head=``."""
-    from treespec.models import SHIPPED_HEADS, shipped_for
+    from treespec.catalog import SHIPPED_HEADS, shipped_for
 
     head = shipped_for(target.name, SHIPPED_HEADS)
     if head is None:

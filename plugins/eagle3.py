@@ -28,7 +28,7 @@ from treespec.target import TargetModel
 
 def default_head3(target: TargetModel) -> str:
     """The packaged EAGLE-3 head for the packaged target, if one ships; any other target needs ``head=``."""
-    from treespec.models import PACKAGED_MODELS, resolve_name
+    from treespec.catalog import PACKAGED_MODELS, resolve_name
 
     own = PACKAGED_MODELS["treespec-py"].resolve()
     packaged = PACKAGED_MODELS.get("treespec-py-eagle3")

@@ -214,7 +214,7 @@ def test_the_headline_command_picks_the_drafts_target_and_runs_from_the_cache(tm
     import huggingface_hub.constants
 
     from conftest import hf_cache
-    from treespec.models import default_target_for
+    from treespec.catalog import default_target_for
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

@@ -14,10 +14,10 @@ import pytest
 
 import treespec
 from conftest import SHARED
-from treespec import models
+from treespec import catalog, models
 from treespec.testing import GreedyReference
 
-PAIR = models.PAIR_DIR
+PAIR = catalog.PAIR_DIR
 MAX_NEW = 64
 
 

@@ -127,7 +127,7 @@ def test_the_shipped_smollm2_head_is_complete_and_fits_its_target():
     """The head in the package (docs/smollm2.md): SmolLM2-135M's sizes, fp16 weights, 8,192 draft ids."""
     from safetensors import safe_open
 
-    from treespec.models import PACKAGED_MODELS
+    from treespec.catalog import PACKAGED_MODELS
     from treespec.plugins.eagle_head import load_head
 
     folder = PACKAGED_MODELS["smollm2-eagle"]

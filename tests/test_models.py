@@ -8,7 +8,7 @@ import pytest
 
 import treespec
 from conftest import STORIES260K, ship_own_code
-from treespec import models
+from treespec import catalog, models
 
 
 @pytest.fixture
@@ -37,16 +37,16 @@ def test_hub_id_loads_from_the_local_cache_offline(hub_cache, greedy_reference):
 
 
 def test_alias_resolves_to_its_hub_id(hub_cache, monkeypatch):
-    monkeypatch.setitem(models.MODEL_ALIASES, "tiny-stories", hub_cache)
+    monkeypatch.setitem(catalog.MODEL_ALIASES, "tiny-stories", hub_cache)
     assert models.looks_like_model("tiny-stories")
     target = treespec.TargetModel.load("tiny-stories")
     assert target.config.num_hidden_layers == 5
 
 
 def test_public_draft_aliases():
-    assert models.resolve_name("llama-68m") == "JackFram/llama-68m"
-    assert models.resolve_name("llama-160m") == "JackFram/llama-160m"
-    assert models.resolve_name("some/other") == "some/other"
+    assert catalog.resolve_name("llama-68m") == "JackFram/llama-68m"
+    assert catalog.resolve_name("llama-160m") == "JackFram/llama-160m"
+    assert catalog.resolve_name("some/other") == "some/other"
 
 
 def test_drafter_flag_reads_models_as_the_model_drafter():
@@ -61,11 +61,11 @@ def test_drafter_flag_reads_models_as_the_model_drafter():
 
 def test_treespec_own_aliases_are_package_folders():
     for alias in ("treespec-py", "treespec-py-draft", "treespec-py-eagle"):
-        folder = models.PACKAGED_MODELS[alias]
-        assert models.resolve_name(alias) == str(folder) and (folder / "config.json").is_file()
+        folder = catalog.PACKAGED_MODELS[alias]
+        assert catalog.resolve_name(alias) == str(folder) and (folder / "config.json").is_file()
         assert folder.is_relative_to(os.path.dirname(treespec.__file__))
     assert models.looks_like_model("treespec-py-draft")
-    assert models.DEFAULT_TARGET == "treespec-py"
+    assert catalog.DEFAULT_TARGET == "treespec-py"
 
 
 def _custom_code_model(path):

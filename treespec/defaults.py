@@ -14,7 +14,7 @@ fixed budgets below are those that were fastest for the small pair on a 2-core C
 
 from __future__ import annotations
 
-from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MAIN_TARGET, SHIPPED_HEADS
+from treespec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, MAIN_TARGET, SHIPPED_HEADS
 
 MAIN = MAIN_TARGET  # "smollm2": `treespec run` / `treespec profile` without --target
 TARGET = DEFAULT_TARGET  # "treespec-py": the small pair (bench, tree show)
@@ -56,10 +56,10 @@ def apply(
     main: bool = True,
 ) -> tuple[str, str | None]:
     """No target given: the target a draft alias was made for (``--drafter llama-68m``: LLaMA-2,
-    ``treespec.models.DRAFT_TARGETS``), else the main job's target (``main``) or the small pair's.
-    A target with a shipped head (``models.SHIPPED_HEADS``) and no drafter gets that head, and for
+    ``treespec.catalog.DRAFT_TARGETS``), else the main job's target (``main``) or the small pair's.
+    A target with a shipped head (``catalog.SHIPPED_HEADS``) and no drafter gets that head, and for
     its builders the measured budget unless ``builder_options`` sets one (updated in place)."""
-    from treespec.models import default_target_for
+    from treespec.catalog import default_target_for
 
     if target is None and default_target_for(drafter) is not None:
         return default_target_for(drafter), drafter

@@ -14,6 +14,20 @@ def first_line(exc: BaseException) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform says: benchmarks record it,
+    and measured kernel choices are keyed by it (``treespec.row_matmul``)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 

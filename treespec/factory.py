@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from treespec.catalog import MODEL_ALIASES
 from treespec.config import build_config
 from treespec.errors import ConfigError, PluginError
 from treespec.inputs import is_loaded_model, model_name
 from treespec.interfaces import Drafter, TreeBuilder
-from treespec.models import MODEL_ALIASES
 from treespec.registry import Entry, load_plugins
 
 

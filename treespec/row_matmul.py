@@ -38,13 +38,15 @@ import contextvars
 import hashlib
 import json
 import os
-import platform
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from treespec.devices import cpu_name
+from treespec.kv import max_positions
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # rows measured; a forward of r rows follows size 2^floor(log2 r)
 PAD_UP_TO = 16  # up to this many rows, W·Xᵀ pads X to a power of two (above: measured slower padded)
@@ -87,7 +89,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     W·Xᵀ where the verdict in force (this forward's, else the process's latest for this thread count)
     says it is faster, on a CPU."""
     verdict = _VERDICT.get() or _LATEST.get(torch.get_num_threads())
-    if verdict is not None and weight.device.type == "cpu" and x.dim() >= 1 and x.shape[-1]:
+    return _dispatch(verdict, x, weight, bias) if weight.device.type == "cpu" else F.linear(x, weight, bias)
+
+
+def _dispatch(
+    verdict: tuple[bool, ...] | None, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """W·Xᵀ if ``verdict`` says so for x's row count, else torch's own product."""
+    if verdict is not None and x.dim() >= 1 and x.shape[-1]:
         i = _index(x.numel() // x.shape[-1])
         if i >= 0 and verdict[i]:
             return linear_rows(x, weight, bias)
@@ -102,13 +111,8 @@ def _index(rows: int) -> int:
 
 
 def _forward_of(module: torch.nn.Linear):
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        verdict = _VERDICT.get()
-        if verdict is not None and x.dim() >= 1 and x.shape[-1]:
-            i = _index(x.numel() // x.shape[-1])
-            if i >= 0 and verdict[i]:
-                return linear_rows(x, module.weight, module.bias)
-        return F.linear(x, module.weight, module.bias)
+    def forward(x: torch.Tensor) -> torch.Tensor:  # this forward's verdict only: other threads get torch's
+        return _dispatch(_VERDICT.get(), x, module.weight, module.bias)
 
     return forward
 
@@ -167,7 +171,7 @@ class RowMatmul:
             "dtype": str(first.dtype).replace("torch.", ""),
             "threads": threads,
             "torch": torch.__version__,
-            "cpu": _cpu_name(),
+            "cpu": cpu_name(),
         }
 
     def _path(self, key: dict[str, Any]):
@@ -195,7 +199,7 @@ class RowMatmul:
         vocab = int(getattr(emb, "num_embeddings", 0) or emb.weight.shape[0])
         device = emb.weight.device if emb.weight.device.type != "meta" else torch.device("cpu")
         ms: dict[str, list[float]] = {"stock": [], "rows": []}
-        limit = _max_positions(self.model)
+        limit = max_positions(self.model.config) if hasattr(self.model, "config") else None
         rows = []
         for size in SIZES:
             if limit is not None and size > limit:
@@ -257,20 +261,3 @@ class RowMatmul:
                 for module in self.layers:
                     vars(module).pop("forward", None)
             _VERDICT.reset(token)
-
-
-def _max_positions(model: Any) -> int | None:
-    cfg = getattr(model, "config", None)
-    value = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-    return int(value) if isinstance(value, int) and value > 0 else None
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

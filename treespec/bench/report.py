@@ -21,15 +21,8 @@ def environment() -> dict[str, Any]:
 
     import treespec
     from treespec import threads
+    from treespec.devices import cpu_name
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
@@ -37,7 +30,7 @@ def environment() -> dict[str, Any]:
         "transformers": transformers.__version__,
         "treespec": treespec.__version__,
         "platform": platform.platform(),
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "threads_follow_load": threads.enabled(),  # every row's, baselines' too (treespec/threads.py)
