@@ -144,22 +144,13 @@ def bench(
         fail("--out is empty: name a folder for the results (e.g. --out bench-out, or --out . for this one)")
     out = Path(out)
     load = _checked(check_load, background_load)
-    check_seed(seed)
-    check_threads(threads)
     sampling = parse_sampling(temperature, top_p, top_k)
     rules = parse_rules(sampling_rule, sampling)
-    if limit is not None and limit <= 0:
-        fail(f"--limit must be > 0, got {limit}")
-    if max_new_tokens <= 0:
-        fail(f"--max-new-tokens must be > 0, got {max_new_tokens}")
+    _check_counts(seed, threads, limit, max_new_tokens, turns, per_category)
     writable_dir(out, "--out")  # before the first run, not after the last
     if report_to is not None:
         writable_file(report_to, "--report")
-    if turns is not None and turns <= 0:
-        fail(f"--turns must be > 0, got {turns}")
     if per_category is not None:
-        if per_category <= 0:
-            fail(f"--per-category must be > 0, got {per_category}")
         limit = None
     items = load_items(dataset, data_dir, limit, category, turns, chat, per_category)
     if target is None:  # the default pair: its draft model and its EAGLE head, at their measured budgets
@@ -181,46 +172,47 @@ def bench(
             )
         if pairs:
             fail("--config rows are not measured in batches yet: with --batch-size give --drafter and --builder")
-
         with busy(load):
             bench_batches(
-                ctx,
-                batch_size,
-                items,
-                target,
-                drafter,
-                builder,
-                max_new_tokens,
-                device,
-                dtype,
-                seed,
-                threads,
-                placement,
-                dataset,
-                out,
-                report_to,
-                sampling,
-            )
-        if report_to is not None:
-            write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
-        return
-    given = baseline
-    baseline = baselines_for(baseline, builder)
-    runner = _runner(
-        target,
-        drafter,
-        builder,
-        baseline,
-        max_new_tokens,
-        device,
-        dtype,
-        sampling,
-        seed,
-        threads,
-        placement,
-        rules,
-        pairs,
-    )
+                ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
+                placement, dataset, out, report_to, sampling,
+            )  # fmt: skip
+    else:
+        given = baseline
+        baseline = baselines_for(baseline, builder)
+        runner = _runner(
+            target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads, placement,
+            rules, pairs,
+        )  # fmt: skip
+        _check_runner(runner, given, target, max_new_tokens)
+        names = {"target": target, "drafter": drafter, "limit": limit, "builder": builder, "baseline": baseline}
+        result = _result(ctx, names, dataset, category, max_new_tokens, seed, temperature, top_p, top_k, sampling)
+        result.update(sampling_rules=rules, background_load=load)
+        with busy(load):
+            _measure(runner, items, result, out)
+    if report_to is not None:
+        write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
+
+
+def _check_counts(
+    seed: int | None, threads: int | None, limit: int | None, max_new: int, turns: int | None, per_category: int | None
+) -> None:
+    """One line for a count that cannot run, before anything loads."""
+    check_seed(seed)
+    check_threads(threads)
+    for flag, value in (
+        ("limit", limit),
+        ("max-new-tokens", max_new),
+        ("turns", turns),
+        ("per-category", per_category),
+    ):
+        if value is not None and value <= 0:
+            fail(f"--{flag} must be > 0, got {value}")
+
+
+def _check_runner(runner: Any, given: list[str] | None, target: str, max_new_tokens: int) -> None:
+    """One line for rows the loaded models cannot run: assisted generation without a draft model, or no
+    room for a prompt in the target's context."""
     if any(b.split()[:1] == ["hf-assisted"] for b in given or []) and not any(
         c.kind == "hf-assisted" for c in runner.configs
     ):
@@ -234,36 +226,35 @@ def bench(
             f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in {target!r}'s context of {context} "
             f"tokens: use at most {context - 1}"
         )
-    result = {
-        "command": shlex.join(
-            command_line(
-                ctx,
-                {
-                    "target": target,
-                    "drafter": drafter,
-                    "limit": limit,
-                    "builder": builder,
-                    "baseline": baseline or ["none"],
-                },
-            )
-        ),
+
+
+def _result(
+    ctx: typer.Context,
+    names: dict[str, Any],
+    dataset: str,
+    category: str | None,
+    max_new_tokens: int,
+    seed: int,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    sampling: Any,
+) -> dict[str, Any]:
+    """results.json's header: the command that reproduces the run (every effective setting), and the settings."""
+    names = {**names, "baseline": names["baseline"] or ["none"]}
+    return {
+        "command": shlex.join(command_line(ctx, names)),
         "dataset": dataset,
         "category": category,
         "prompts": 0,
         "truncated": 0,
         "max_new_tokens": max_new_tokens,
-        "target": target,
+        "target": names["target"],
         "seed": seed,
         "temperature": temperature,
         "top_p": top_p if sampling else None,
         "top_k": top_k if sampling else None,
-        "sampling_rules": rules,
-        "background_load": load,
     }
-    with busy(load):
-        _measure(runner, items, result, out)
-    if report_to is not None:
-        write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
 
 
 def _runner(

@@ -44,11 +44,8 @@ def bench_batches(
     sampling: Any,
 ) -> None:
     import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from treespec.bench import report
-    from treespec.bench.batch_runner import BatchBench, plot
-    from treespec.bench.datasets import format_turns
+    from treespec.bench.batch_runner import plot
 
     sizes = _sizes(batch_size)
     if sampling is not None:
@@ -60,6 +57,58 @@ def bench_batches(
     builder = builder or ["opt-tree"]
     torch.manual_seed(seed)
     set_threads(threads)
+    runner, prompts = _load(target, drafter, builder, sizes, max_new_tokens, device, dtype, placement, items)
+    line = command_line(ctx, {"target": target, "drafter": drafter, "builder": builder})
+    result = _header(shlex.join(line), dataset, len(prompts), max_new_tokens, target, seed)
+
+    saved: list[int] = []  # the batch sizes whose rows are in results.json
+
+    def save(rows: list[dict[str, Any]], partial: bool = True) -> None:  # after every batch size, atomically
+        write_text_atomic(
+            out / "results.json",
+            json.dumps({**result, "rows": rows, "partial": partial}, indent=1, default=str) + "\n",
+            "--out",
+        )
+        saved[:] = sorted({r["batch_size"] for r in rows})
+
+    try:
+        rows = _run(runner, prompts, sizes, save)
+        save(rows, partial=False)
+    except (KeyboardInterrupt, Interrupted):
+        _stopped(out, "interrupted", 130, saved)
+    except TreespecError as exc:
+        _stopped(out, str(exc), 1, saved)
+    try:
+        png = plot(out, rows)
+    except TreespecError as exc:
+        fail(f"{exc}; the results are complete in {out / 'results.json'}", code=1)
+    _print_rows(rows)
+    typer.echo(f"wrote {out / 'results.json'}, {png}")
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        same = "lossless" if r["lossless"] else f"{r['mismatches']} rows differ"
+        typer.echo(
+            f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  {r['vs_hf']:.2f}x HF  {same}"
+        )
+
+
+def _load(
+    target: str,
+    drafter: list[str],
+    builder: list[str],
+    sizes: list[int],
+    max_new_tokens: int,
+    device: str | None,
+    dtype: str | None,
+    placement: dict[str, Any],
+    items: list,
+) -> tuple[Any, list[list[int]]]:
+    """The bench (its models loaded) and the prompts, left-cut to leave room for the new tokens."""
+    from treespec.bench.batch_runner import BatchBench
+    from treespec.bench.datasets import format_turns
+
     try:
         runner = BatchBench(
             target, drafter, builder, sizes, max_new_tokens, device=device, dtype=dtype, placement=placement
@@ -76,13 +125,19 @@ def bench_batches(
         fail(str(exc))
     if limit:
         prompts = [p[-(limit - max_new_tokens) :] for p in prompts]
-    line = command_line(ctx, {"target": target, "drafter": drafter, "builder": builder})
-    result = {
+    return runner, prompts
+
+
+def _header(command: str, dataset: str, prompts: int, max_new_tokens: int, target: str, seed: int) -> dict[str, Any]:
+    """results.json of a batch run before its rows (``partial`` until the last batch size is in)."""
+    from treespec.bench import report
+
+    return {
         "mode": "batch",
-        "command": shlex.join(line),
+        "command": command,
         "dataset": dataset,
         "category": None,
-        "prompts": len(prompts),
+        "prompts": prompts,
         "truncated": 0,
         "max_new_tokens": max_new_tokens,
         "target": target,
@@ -93,47 +148,27 @@ def bench_batches(
         "partial": True,
     }
 
-    saved: list[int] = []  # the batch sizes whose rows are in results.json
 
-    def save(rows: list[dict[str, Any]], partial: bool = True) -> None:  # after every batch size, atomically
-        write_text_atomic(
-            out / "results.json",
-            json.dumps({**result, "rows": rows, "partial": partial}, indent=1, default=str) + "\n",
-            "--out",
-        )
-        saved[:] = sorted({r["batch_size"] for r in rows})
+def _run(runner: Any, prompts: list[list[int]], sizes: list[int], save: Any) -> list[dict[str, Any]]:
+    """Every configuration at every batch size, with a progress bar (redrawn at each run: no refresh
+    thread beside the timed forwards); ``save(rows)`` after every batch size."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     runs = len(runner.configs) * sum(-(-len(prompts) // b) for b in sizes)
-    try:
-        with Progress(
-            TextColumn("[bold]bench"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            auto_refresh=False,  # redrawn at each update: no refresh thread beside the timed forwards
-        ) as progress:
-            task = progress.add_task("warm-up", total=runs + 1)
-            rows = runner.run(
-                prompts,
-                progress=lambda what: progress.update(task, advance=1, description=what, refresh=True),
-                on_rows=save,
-            )
-        save(rows, partial=False)
-    except (KeyboardInterrupt, Interrupted):
-        _stopped(out, "interrupted", 130, saved)
-    except TreespecError as exc:
-        _stopped(out, str(exc), 1, saved)
-    try:
-        png = plot(out, rows)
-    except TreespecError as exc:
-        fail(f"{exc}; the results are complete in {out / 'results.json'}", code=1)
-    for r in rows:
-        same = "lossless" if r["lossless"] else f"{r['mismatches']} rows differ"
-        typer.echo(
-            f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  {r['vs_hf']:.2f}x HF  {same}"
+    with Progress(
+        TextColumn("[bold]bench"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        auto_refresh=False,
+    ) as progress:
+        task = progress.add_task("warm-up", total=runs + 1)
+        return runner.run(
+            prompts,
+            progress=lambda what: progress.update(task, advance=1, description=what, refresh=True),
+            on_rows=save,
         )
-    typer.echo(f"wrote {out / 'results.json'}, {png}")
 
 
 def _stopped(out: Path, why: str, code: int, saved: list[int]) -> None:

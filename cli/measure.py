@@ -80,6 +80,18 @@ def refuse_plugin_names(drafter: str | None, command: str) -> None:
         )
 
 
+def _items(dataset: str, data_dir: Path | None, limit: int | None, skip: int, category: str | None) -> list:
+    from treespec.bench.datasets import load_prompts
+
+    try:
+        items = load_prompts(dataset, data_dir, (limit + skip) if limit else None, category)[skip:]
+    except TreespecError as exc:
+        _fail(str(exc))
+    if not items:
+        _fail(f"--skip {skip} leaves no prompts in {dataset!r}")
+    return items
+
+
 def load(
     target: str | None,
     drafter: str | None,
@@ -109,15 +121,9 @@ def load(
             "no draft model: pass --drafter MODEL (alias, hub id or directory), and --layers K for its first K layers"
         )
 
-    from treespec.bench.datasets import format_turns, load_prompts
+    items = _items(dataset, data_dir, limit, skip, category)
 
-    try:
-        items = load_prompts(dataset, data_dir, (limit + skip) if limit else None, category)[skip:]
-    except TreespecError as exc:
-        _fail(str(exc))
-    if not items:
-        _fail(f"--skip {skip} leaves no prompts in {dataset!r}")
-
+    from treespec.bench.datasets import format_turns
     from treespec.models import check_same_tokenizer, load_causal_lm, load_tokenizer
     from treespec.target import TargetModel
 

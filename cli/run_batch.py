@@ -27,6 +27,35 @@ from treespec.errors import DecodingError, Interrupted, TreespecError
 CHUNK = 4  # prompts per generate call, in batch sizes: outputs appear chunk by chunk, rows refill within one
 
 
+def _prompts(dec: Any, prompt_file: Path, chat: bool, system: str | None) -> list[list[int]]:
+    """The file's prompts as token ids (first turns; in the chat template with --chat or --system)."""
+    from treespec.bench.datasets import format_turns, load_prompts
+    from treespec.inputs import chat_ids
+
+    try:
+        items = load_prompts(str(prompt_file))
+        tok = dec.target.tokenizer
+        if not (chat or system is not None):
+            return [format_turns(tok, it, []) for it in items]
+        sys_turn = [{"role": "system", "content": system}] if system is not None else []
+        where = f"target {dec.target.name!r}"
+        return [dec.encode(chat_ids(tok, sys_turn + [{"role": "user", "content": it.turns[0]}], where)) for it in items]
+    except TreespecError as exc:
+        fail(str(exc))
+
+
+def _summary(outs: list[Any], start: int, n: int, batch_size: int, seconds: float) -> None:
+    tokens = sum(len(o.token_ids) for o in outs)
+    steps = sum(len(o.stats.steps) for o in outs)
+    tau = tokens / steps if steps else 0.0
+    typer.secho(
+        f"prompts {start + 1}-{start + n} ({batch_size} rows): {tokens} tokens in {seconds:.2f} s "
+        f"({tokens / max(seconds, 1e-9):.1f} tokens/s), τ {tau:.2f}",
+        fg=typer.colors.CYAN,
+        err=True,
+    )
+
+
 def run_batches(
     dec: Any,
     prompt_file: Path | None,
@@ -37,30 +66,13 @@ def run_batches(
     system: str | None,
     as_json: bool,
 ) -> None:
-    from treespec.bench.datasets import format_turns, load_prompts
-    from treespec.inputs import chat_ids
-
     if batch_size <= 0:
         fail(f"--batch-size must be > 0, got {batch_size}")
     if prompt_file is None:
         fail(
             "--batch-size decodes a file of prompts: give --prompt-file F (.jsonl records or blank-line separated .txt)"
         )
-    try:
-        items = load_prompts(str(prompt_file))
-        tok = dec.target.tokenizer
-        if chat or system is not None:
-            sys_turn = [{"role": "system", "content": system}] if system is not None else []
-            prompts = [
-                dec.encode(
-                    chat_ids(tok, sys_turn + [{"role": "user", "content": it.turns[0]}], f"target {dec.target.name!r}")
-                )
-                for it in items
-            ]
-        else:
-            prompts = [format_turns(tok, it, []) for it in items]
-    except TreespecError as exc:
-        fail(str(exc))
+    prompts = _prompts(dec, prompt_file, chat, system)
     with sigterm_as_interrupt() as term:
         for start in range(0, len(prompts), CHUNK * batch_size):
             chunk = prompts[start : start + CHUNK * batch_size]
@@ -75,16 +87,7 @@ def run_batches(
             except TreespecError as exc:
                 fail(str(exc))
             _print_chunk(outs, start, as_json)
-            tokens = sum(len(o.token_ids) for o in outs)
-            seconds = time.perf_counter() - began
-            steps = sum(len(o.stats.steps) for o in outs)
-            tau = tokens / steps if steps else 0.0
-            typer.secho(
-                f"prompts {start + 1}-{start + len(chunk)} ({batch_size} rows): {tokens} tokens in {seconds:.2f} s "
-                f"({tokens / max(seconds, 1e-9):.1f} tokens/s), τ {tau:.2f}",
-                fg=typer.colors.CYAN,
-                err=True,
-            )
+            _summary(outs, start, len(chunk), batch_size, time.perf_counter() - began)
             if error:
                 fail(
                     f"{error} in prompts {start + 1}-{start + len(chunk)} of {len(prompts)}; every prompt that "

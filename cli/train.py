@@ -100,44 +100,14 @@ def eagle(
     from treespec.plugins.eagle_train import TrainSettings, train
 
     set_threads(threads)
-    check_seed(seed)
-    for name, value in (
-        ("--limit", limit),
-        ("--epochs", epochs),
-        ("--batch-size", batch_size),
-        ("--layers", layers),
-        ("--ttt-steps", ttt_steps),
-        ("--max-new-tokens", max_new_tokens),
-        ("--gen-batch-size", gen_batch_size),
-    ):
-        if value is not None and value <= 0:
-            _fail(f"{name} must be > 0, got {value}")
-    if offset < 0:
-        _fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
-    if lr is not None and not (math.isfinite(lr) and lr > 0):
-        _fail(f"--lr must be a finite number > 0, got {lr}")
-    if not (math.isfinite(noise) and noise >= 0):
-        _fail(f"--noise must be a finite number >= 0 (0: no noise), got {noise}")
-    if version not in (1, 3):
-        _fail(f"--version {version}: use 1 (EAGLE-1/2) or 3 (EAGLE-3)")
+    _check(
+        seed, limit, epochs, batch_size, layers, ttt_steps, max_new_tokens, gen_batch_size, offset, lr, noise, version
+    )
     if version == 3:
         return _eagle3(
-            out,
-            data,
-            target or DEFAULT_TARGET,
-            offset,
-            limit,
-            holdout,
-            max_new_tokens,
-            layers,
-            epochs,
-            batch_size,
-            lr if lr is not None else 1e-3,
-            seed,
-            ttt_steps,
-            draft_vocab,
-            max_len,
-        )
+            out, data, target or DEFAULT_TARGET, offset, limit, holdout, max_new_tokens, layers, epochs, batch_size,
+            lr if lr is not None else 1e-3, seed, ttt_steps, draft_vocab, max_len,
+        )  # fmt: skip
     settings = TrainSettings(
         target=target or DEFAULT_TARGET,
         data=data,
@@ -167,6 +137,43 @@ def eagle(
         f"generated positions of {summary['held_out_sequences']} held-out prompts"
     )
     typer.echo(f"use it: treespec run --target {settings.target} --drafter eagle -D head={out}")
+
+
+def _check(
+    seed: int,
+    limit: int,
+    epochs: int,
+    batch_size: int,
+    layers: int,
+    ttt_steps: int,
+    max_new_tokens: int,
+    gen_batch_size: int | None,
+    offset: int,
+    lr: float | None,
+    noise: float,
+    version: int,
+) -> None:
+    """One line for a setting that cannot train, before the target loads."""
+    check_seed(seed)
+    for name, value in (
+        ("--limit", limit),
+        ("--epochs", epochs),
+        ("--batch-size", batch_size),
+        ("--layers", layers),
+        ("--ttt-steps", ttt_steps),
+        ("--max-new-tokens", max_new_tokens),
+        ("--gen-batch-size", gen_batch_size),
+    ):
+        if value is not None and value <= 0:
+            _fail(f"{name} must be > 0, got {value}")
+    if offset < 0:
+        _fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        _fail(f"--lr must be a finite number > 0, got {lr}")
+    if not (math.isfinite(noise) and noise >= 0):
+        _fail(f"--noise must be a finite number >= 0 (0: no noise), got {noise}")
+    if version not in (1, 3):
+        _fail(f"--version {version}: use 1 (EAGLE-1/2) or 3 (EAGLE-3)")
 
 
 def _eagle3(

@@ -265,26 +265,8 @@ def load_head3(
         )
     h = raw.get("hidden_size")
     th = raw.get("target_hidden_size") or h
-    if th != hidden:
-        raise ConfigError(
-            f"EAGLE-3 head {name!r} reads target features of size {th} but {target_name} has {hidden}: "
-            "use a head trained for this target (`treespec train eagle --version 3 --target ...`)"
-        )
-    if raw.get("vocab_size") != vocab:
-        raise ConfigError(
-            f"EAGLE-3 head {name!r} has a vocabulary of {raw.get('vocab_size')} tokens but {target_name} has "
-            f"{vocab}: use a head trained for this target (`treespec train eagle --version 3 --target ...`)"
-        )
     emb = state.pop("embed_tokens.weight", None)
-    if h != hidden and emb is None:
-        raise ConfigError(
-            f"EAGLE-3 head {name!r} has hidden size {h} ≠ the target's {hidden} and no embedding of its own"
-        )
-    if emb is not None and tuple(emb.shape) != (vocab, h):
-        raise ConfigError(
-            f"EAGLE-3 head {name!r}: its embed_tokens is {tuple(emb.shape)}, but its vocabulary and hidden size "
-            f"need {(vocab, h)}"
-        )
+    _check_fit(name, raw, emb, hidden, vocab, target_name)
     draft_vocab = int(raw.get("draft_vocab_size") or vocab)
     if "d2t" not in state:  # published heads without a reduced vocabulary may omit the maps
         state["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
@@ -309,3 +291,31 @@ def load_head3(
             f"EAGLE-3 head {name!r}: its d2t does not map the draft vocabulary onto distinct target ids"
         )
     return head.eval(), raw
+
+
+def _check_fit(
+    name: str, raw: dict[str, Any], emb: torch.Tensor | None, hidden: int, vocab: int, target_name: str
+) -> None:
+    """One line for a head that does not fit the target: the features it reads, its vocabulary, and its
+    own embedding where its width differs from the target's."""
+    h = raw.get("hidden_size")
+    th = raw.get("target_hidden_size") or h
+    if th != hidden:
+        raise ConfigError(
+            f"EAGLE-3 head {name!r} reads target features of size {th} but {target_name} has {hidden}: "
+            "use a head trained for this target (`treespec train eagle --version 3 --target ...`)"
+        )
+    if raw.get("vocab_size") != vocab:
+        raise ConfigError(
+            f"EAGLE-3 head {name!r} has a vocabulary of {raw.get('vocab_size')} tokens but {target_name} has "
+            f"{vocab}: use a head trained for this target (`treespec train eagle --version 3 --target ...`)"
+        )
+    if h != hidden and emb is None:
+        raise ConfigError(
+            f"EAGLE-3 head {name!r} has hidden size {h} ≠ the target's {hidden} and no embedding of its own"
+        )
+    if emb is not None and tuple(emb.shape) != (vocab, h):
+        raise ConfigError(
+            f"EAGLE-3 head {name!r}: its embed_tokens is {tuple(emb.shape)}, but its vocabulary and hidden size "
+            f"need {(vocab, h)}"
+        )

@@ -214,12 +214,49 @@ def fit_temperature(
     return calibration.fit_temperature(torch.cat(zs)[:max_positions], torch.cat(ys)[:max_positions])
 
 
-def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) an EAGLE-3 head; returns the summary also written to ``OUT/training.json``."""
+def _check(s: Train3Settings) -> None:
+    """One line for settings that cannot train, before the target is loaded."""
     if not 0 < s.holdout < 1:
         raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
     if s.ttt_steps < 1:
         raise ConfigError(f"--ttt-steps must be ≥ 1, got {s.ttt_steps}")
+    if s.draft_vocab and s.draft_vocab < 2:  # 0 or None: the default
+        raise ConfigError(f"--draft-vocab must be ≥ 2, got {s.draft_vocab}")
+    if s.max_len < 8:
+        raise ConfigError(f"--max-len must be ≥ 8, got {s.max_len}")
+
+
+def _new_head(config: Any, hidden: int, vocab: int, used: torch.Tensor, lm_head: torch.nn.Module) -> Eagle3Head:
+    """A fresh head over the draft vocabulary ``used`` (target ids), its output rows the target's own."""
+    size = int(used.numel())
+    head = Eagle3Head(head_config_for(config), target_hidden=hidden, draft_vocab=size, target_vocab=vocab)
+    with torch.no_grad():
+        head.d2t.copy_(used - torch.arange(size))
+        head.t2d.zero_()[used] = True
+        head.lm_head.weight.copy_(lm_head.weight[used])  # a start: the target's own output rows
+    return head
+
+
+def _epoch_line(h: dict[str, Any]) -> str:
+    steps = " ".join(f"{a:.2f}" for a in h["held_out"]["top1_per_step"])
+    return (
+        f"epoch {h['epoch']}: train loss {h['train_loss']:.4f} · held-out loss {h['held_out']['loss']:.4f} · "
+        f"top-1 agreement per unrolled step {steps}"
+    )
+
+
+def _final_figures(final: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "held_out_positions": final["positions"],
+        "top1": final["top1"],
+        "top1_per_step": final["top1_per_step"],
+        "held_out_loss": final["loss"],
+    }
+
+
+def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) an EAGLE-3 head; returns the summary also written to ``OUT/training.json``."""
+    _check(s)
     out = prepare_out(s.out, "EAGLE-3 training")
     torch.manual_seed(s.seed)
     target, embed, lm_head = frozen_target(s.target)
@@ -229,21 +266,11 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
     seqs = training_data(target, s, out, progress, log, layers=layers)
     vocab = target.vocab_size
     size = min(vocab, s.draft_vocab or 32_000)
-    if size < 2:
-        raise ConfigError(f"--draft-vocab must be ≥ 2, got {s.draft_vocab}")
-    if s.max_len < 8:
-        raise ConfigError(f"--max-len must be ≥ 8, got {s.max_len}")
     n_hold = max(1, round(len(seqs) * s.holdout))
     held, train_set = crop(seqs[:n_hold], s.max_len), crop(seqs[n_hold:], s.max_len)
     used = draft_vocabulary(train_set, vocab, size)
 
-    head = Eagle3Head(
-        head_config_for(model.config), target_hidden=target.hidden_size, draft_vocab=size, target_vocab=vocab
-    )
-    with torch.no_grad():
-        head.d2t.copy_(used - torch.arange(size))
-        head.t2d.zero_()[used] = True
-        head.lm_head.weight.copy_(lm_head.weight[used])  # a start: the target's own output rows
+    head = _new_head(model.config, target.hidden_size, vocab, used, lm_head)
     run = TrainRun.new(head, s, len(train_set))
     ckpt_file = out / "checkpoint.pt"
     start, history = run.resume(ckpt_file, s, log)
@@ -254,11 +281,7 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
         )
         held_out = evaluate(head, embed, lm_head, used, held, s)
         history.append({"epoch": epoch + 1, "train_loss": running, "held_out": held_out})
-        steps = " ".join(f"{a:.2f}" for a in held_out["top1_per_step"])
-        log(
-            f"epoch {epoch + 1}: train loss {running:.4f} · held-out loss {held_out['loss']:.4f} · "
-            f"top-1 agreement per unrolled step {steps}"
-        )
+        log(_epoch_line(history[-1]))
         run.save(ckpt_file, s, epoch + 1, history)
     final = history[-1]["held_out"] if history else evaluate(head, embed, lm_head, used, held, s)
     head.eval()
@@ -271,10 +294,7 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
         "draft_vocab": size,
         "train_sequences": len(train_set),
         "held_out_sequences": len(held),
-        "held_out_positions": final["positions"],
-        "top1": final["top1"],
-        "top1_per_step": final["top1_per_step"],
-        "held_out_loss": final["loss"],
+        **_final_figures(final),
         "history": history,
         "calibration_temperature": temperature,
         "train_seconds": time.perf_counter() - t0,

@@ -67,16 +67,7 @@ def collect(
     256 tokens here), and a stop should cost a batch, not the hour."""
     model, dev, eos = target.model, target.device, target.eos_token_ids
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
-    done: dict[int, Sequence] = {}
-    if journal is not None and journal.is_file():
-        saved = load_data(journal)
-        if saved.get("key") == key:
-            for i, cont in zip(saved["index"], saved["conts"]):
-                done[int(i)] = Sequence(
-                    torch.tensor(prompts[int(i)] + cont.tolist(), dtype=torch.long),
-                    torch.empty(0),
-                    len(prompts[int(i)]),
-                )
+    done = _journaled(prompts, journal, key)
     todo = [i for i in order if i not in done]
     for b0 in range(0, len(todo), batch):
         idx = todo[b0 : b0 + batch]
@@ -106,21 +97,41 @@ def collect(
             )
         progress("generating the target's continuations", len(done), len(order), "")
     for b0 in range(0, len(order), batch):
-        idx = order[b0 : b0 + batch]
-        width = max(done[i].ids.numel() for i in idx)
-        ids = torch.zeros(len(idx), width, dtype=torch.long)  # [B, T] right-padded
-        for r, i in enumerate(idx):
-            ids[r, : done[i].ids.numel()] = done[i].ids
-        extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        states = model(input_ids=ids.to(dev), output_hidden_states=True, **extra).hidden_states  # no [B, T, V] logits
-        hs = states[-1].float().cpu()  # [B, T, H]
-        fused = torch.cat([states[j] for j in layers], -1).float().cpu() if layers else None  # [B, T, k·H]
-        for r, i in enumerate(idx):
-            done[i].feats = hs[r, : done[i].ids.numel()].clone()
-            if fused is not None:
-                done[i].fused = fused[r, : done[i].ids.numel()].clone()
+        _features(model, dev, [done[i] for i in order[b0 : b0 + batch]], layers)
         progress("computing the target's features", min(b0 + batch, len(order)), len(order), "")
     return [done[i] for i in range(len(prompts))]
+
+
+def _journaled(prompts: list[list[int]], journal: Path | None, key: Any) -> dict[int, Sequence]:
+    """The continuations an interrupted run saved in ``journal`` for the same ``key`` (features to come)."""
+    done: dict[int, Sequence] = {}
+    if journal is not None and journal.is_file():
+        saved = load_data(journal)
+        if saved.get("key") == key:
+            for i, cont in zip(saved["index"], saved["conts"]):
+                done[int(i)] = Sequence(
+                    torch.tensor(prompts[int(i)] + cont.tolist(), dtype=torch.long),
+                    torch.empty(0),
+                    len(prompts[int(i)]),
+                )
+    return done
+
+
+def _features(model: Any, dev: Any, seqs: list[Sequence], layers: tuple[int, ...] | None) -> None:
+    """Fill each sequence's features (the last hidden state; with ``layers``, those layers' hidden states
+    concatenated) from ONE forward of the batch, right-padded."""
+    width = max(s.ids.numel() for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)  # [B, T] right-padded
+    for r, s in enumerate(seqs):
+        ids[r, : s.ids.numel()] = s.ids
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    states = model(input_ids=ids.to(dev), output_hidden_states=True, **extra).hidden_states  # no [B, T, V] logits
+    hs = states[-1].float().cpu()  # [B, T, H]
+    fused = torch.cat([states[j] for j in layers], -1).float().cpu() if layers else None  # [B, T, k·H]
+    for r, s in enumerate(seqs):
+        s.feats = hs[r, : s.ids.numel()].clone()
+        if fused is not None:
+            s.fused = fused[r, : s.ids.numel()].clone()
 
 
 def training_data(

@@ -210,26 +210,15 @@ class Decoder:
         Ctrl-C ``Interrupted`` (a ``DecodingError``); for a list of prompts ``.outputs`` holds every
         prompt's output (finished, partial, not started).
         """
-        if unknown:
-            raise ConfigError(
-                f"generate() got unknown argument(s) {', '.join(map(repr, unknown))}; it takes prompt (or input_ids and "
-                "attention_mask), max_new_tokens, stream, temperature, top_p, top_k, do_sample, seed, "
-                "draft_temperature, rule, batch_size"
-            )
+        decoder_args.refuse_unknown(unknown)
         prompt = decoder_args.hf_prompt(prompt, input_ids, attention_mask)
         temperature = decoder_args.sample_or_not(do_sample, temperature)
         if batch.is_batch(prompt):
             batch.check_batch_settings(stream)
             if seed is not None:
                 inputs.seed_value(seed)  # before any row starts (a row's seed + i would fail mid-batch)
-            sampling = dict(
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                seed=seed,
-                draft_temperature=draft_temperature,
-                rule=rule,
-            )
+            sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+            sampling.update(draft_temperature=draft_temperature, rule=rule)
             with self._exclusive():
                 return batch.generate_batch(self, list(prompt), max_new_tokens, sampling, batch_size)
         if batch_size is not None:

@@ -150,3 +150,13 @@ def sample_or_not(do_sample: Any, temperature: float | None) -> float | None:
             raise ConfigError(f"do_sample=False is greedy, but temperature={temperature} asks to sample: drop one")
         return None
     return 1.0 if temperature is None else temperature
+
+
+def refuse_unknown(unknown: dict[str, Any]) -> None:
+    """``generate(**kwargs)`` with names it does not take: one line naming them and what it takes."""
+    if unknown:
+        raise ConfigError(
+            f"generate() got unknown argument(s) {', '.join(map(repr, unknown))}; it takes prompt (or input_ids and "
+            "attention_mask), max_new_tokens, stream, temperature, top_p, top_k, do_sample, seed, "
+            "draft_temperature, rule, batch_size"
+        )

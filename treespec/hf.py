@@ -77,22 +77,7 @@ def generate(
     **kwargs: Any,
 ) -> Any:
     """``model.generate`` through treespec (see the module docstring); returns what ``generate`` would."""
-    for name in UNSET:
-        value = kwargs.pop(name, None)
-        if value is not None and not (hasattr(value, "__len__") and len(value) == 0):
-            raise ConfigError(f"treespec's generate does not run {name}: drop it, or use plain generate()")
-    if synced_gpus:
-        raise ConfigError("treespec's generate runs one process: drop synced_gpus")
-    input_ids, attention_mask = kwargs.pop("input_ids", None), kwargs.pop("attention_mask", None)
-    if inputs is not None:
-        if input_ids is not None:
-            raise ConfigError("generate() got both inputs and input_ids: pass one")
-        input_ids = inputs
-    if input_ids is None or not torch.is_tensor(input_ids):
-        raise ConfigError(
-            "treespec's generate needs input_ids: a [B, L] tensor (e.g. **tokenizer(text, return_tensors='pt'))"
-        )
-    rows = input_ids if input_ids.dim() == 2 else input_ids[None]  # [B, L]
+    rows, attention_mask = _inputs(inputs, kwargs, synced_gpus)  # [B, L]
     settings = _settings(model, generation_config, kwargs, rows.shape[1])
     if drafter is None:
         if assistant_model is None:
@@ -118,17 +103,42 @@ def generate(
     )
     if streamer is not None:
         streamer.end()
-    outs = outs if isinstance(outs, list) else [outs]
-    width = max(len(o.token_ids) for o in outs)
-    new = torch.full((len(outs), width), settings["pad"], dtype=rows.dtype)  # [B, max new]
-    for i, o in enumerate(outs):
-        new[i, : len(o.token_ids)] = torch.tensor(o.token_ids, dtype=rows.dtype)
-    sequences = torch.cat([rows, new.to(rows.device)], dim=1)  # [B, L + max new], as generate pads finished rows
+    sequences = _sequences(rows, outs if isinstance(outs, list) else [outs], settings["pad"])
     if settings["return_dict"]:
         from transformers.generation.utils import GenerateDecoderOnlyOutput
 
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences
+
+
+def _inputs(inputs: Any, kwargs: dict[str, Any], synced_gpus: bool | None) -> tuple[torch.Tensor, Any]:
+    """(the prompts as [B, L] ids, their attention mask) from ``generate``'s arguments; one line for what
+    treespec does not run (``UNSET``, ``synced_gpus``) and for missing or doubled ids."""
+    for name in UNSET:
+        value = kwargs.pop(name, None)
+        if value is not None and not (hasattr(value, "__len__") and len(value) == 0):
+            raise ConfigError(f"treespec's generate does not run {name}: drop it, or use plain generate()")
+    if synced_gpus:
+        raise ConfigError("treespec's generate runs one process: drop synced_gpus")
+    input_ids, attention_mask = kwargs.pop("input_ids", None), kwargs.pop("attention_mask", None)
+    if inputs is not None:
+        if input_ids is not None:
+            raise ConfigError("generate() got both inputs and input_ids: pass one")
+        input_ids = inputs
+    if input_ids is None or not torch.is_tensor(input_ids):
+        raise ConfigError(
+            "treespec's generate needs input_ids: a [B, L] tensor (e.g. **tokenizer(text, return_tensors='pt'))"
+        )
+    return (input_ids if input_ids.dim() == 2 else input_ids[None]), attention_mask
+
+
+def _sequences(rows: torch.Tensor, outs: list[Any], pad: int) -> torch.Tensor:
+    """[B, L + max new]: each prompt and its new tokens, finished rows padded, as ``generate`` returns them."""
+    width = max(len(o.token_ids) for o in outs)
+    new = torch.full((len(outs), width), pad, dtype=rows.dtype)  # [B, max new]
+    for i, o in enumerate(outs):
+        new[i, : len(o.token_ids)] = torch.tensor(o.token_ids, dtype=rows.dtype)
+    return torch.cat([rows, new.to(rows.device)], dim=1)
 
 
 def _settings(model: Any, generation_config: Any, kwargs: dict[str, Any], prompt_len: int) -> dict[str, Any]:

@@ -159,19 +159,30 @@ def verify_batch(
         # sampled children: leaf to root accepts at least what SpecInfer's token-level rule does (on ranked
         # children the two are equal in expectation, and the token-level rule is cheaper)
         return traversal_verify(tt, tokens, probs, generator, draw_dist, fill)
-    if rule == "block":
-        rule = "auto"  # a tree with branches: token by token (treespec.block_verify is for chains)
+    if rule == "target-only":
+        return _target_only(tt, tokens, probs, generator, fill)
+    # "block" on a tree with branches: token by token, as "auto" (treespec.block_verify is for chains)
+    return _token_level(tt, tokens, probs, generator, rule == "specinfer", draw_dist, fill)
+
+
+def _token_level(
+    tt: TreeTensors,
+    tokens: torch.Tensor,
+    probs: torch.Tensor,
+    generator: torch.Generator,
+    specinfer: bool,
+    draw_dist: torch.Tensor | None,
+    fill: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token by token, root to leaf: each child passes with its ranked rate (SpecInfer's rate for sampled
+    children under ``specinfer``); the bonus is drawn from the deepest accepted node's residual."""
     dev = probs.device
     B, N, V = probs.shape
     parents = tt.parents.to(dev)
     par = parents.clamp(min=0)  # [N] the root points at itself
     # (auto reaches here with sampled nodes only as leaves: SpecInfer's residual there is p, the same)
-    sampled = rule == "specinfer" and tt.draw_row is not None and bool((tt.draw_row >= 0).any())
+    sampled = specinfer and tt.draw_row is not None and bool((tt.draw_row >= 0).any())
     rows = torch.arange(B, device=dev)
-
-    if rule == "target-only":
-        return _target_only(tt, tokens, probs, generator, fill)
-
     a = _ranked_rates(parents, tokens, probs)  # [B, N] acceptance probability of each child
     if sampled:
         rates, residual, sampled_nodes = _specinfer_rates(tt, tokens, probs, draw_dist)

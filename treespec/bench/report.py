@@ -115,7 +115,25 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    files = []
+    files = [_plot_tau(plt, out, result)]
+    configs = [r["config"] for r in result["rows"] if r["builder"]]
+    by_config: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    for s in steps:
+        by_config.setdefault(s["config"], []).append(s)
+    if configs:
+        files += [_plot_ea(plt, out, configs, by_config), _plot_accepted(plt, out, configs, by_config, steps)]
+    budgets = planning.plot(out, result, steps, budget)
+    return files + ([budgets] if budgets else [])
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    savefig_atomic(fig, path, "--out", dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_tau(plt: Any, out: Path, result: dict[str, Any]) -> Path:
     rows = [r for r in result["rows"] if r["builder"] and budget(r) is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
     for builder, drafter in sorted({(r["builder"], r["drafter"]) for r in rows}):
@@ -126,49 +144,39 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]]) -> list
     ax.set_title(f"τ vs node budget · {result['dataset']}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(out / "tau_vs_budget.png")
-    savefig_atomic(fig, files[-1], "--out", dpi=110)
-    plt.close(fig)
+    return _save(plt, fig, out / "tau_vs_budget.png")
 
-    configs = [r["config"] for r in result["rows"] if r["builder"]]
-    by_config: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
-    for s in steps:
-        by_config.setdefault(s["config"], []).append(s)
-    if configs:
-        cols = min(3, len(configs))
-        nrows = (len(configs) + cols - 1) // cols
-        fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.4 * nrows), squeeze=False)
-        for ax, c in zip(axes.flat, configs):
-            xs = [s["expected_accepted"] for s in by_config[c]]
-            ys = [s["accepted"] for s in by_config[c]]
-            if xs:
-                top = max(max(xs), max(ys)) + 1
-                ax.hist2d(xs, ys, bins=[20, range(int(top) + 2)], cmap="Blues")
-                ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--")
-            ax.set_title(c, fontsize=7)
-            ax.set_xlabel("E(A) = Σ p̂")
-            ax.set_ylabel("accepted draft tokens")
-        for ax in list(axes.flat)[len(configs) :]:
-            ax.axis("off")
-        fig.tight_layout()
-        files.append(out / "ea_vs_accepted.png")
-        savefig_atomic(fig, files[-1], "--out", dpi=110)
-        plt.close(fig)
 
-        fig, ax = plt.subplots(figsize=(6, 4))
-        top = max((s["accepted"] for s in steps), default=0) + 2
-        for c in configs:
-            ax.hist([s["accepted"] for s in by_config[c]], bins=range(top), histtype="step", density=True, label=c)
-        ax.set_xlabel("accepted draft tokens per step")
-        ax.set_ylabel("share of steps")
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        files.append(out / "accepted_hist.png")
-        savefig_atomic(fig, files[-1], "--out", dpi=110)
-        plt.close(fig)
-    budgets = planning.plot(out, result, steps, budget)
-    return files + ([budgets] if budgets else [])
+def _plot_ea(plt: Any, out: Path, configs: list[str], by_config: dict[str, list[dict[str, Any]]]) -> Path:
+    cols = min(3, len(configs))
+    nrows = (len(configs) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.4 * nrows), squeeze=False)
+    for ax, c in zip(axes.flat, configs):
+        xs = [s["expected_accepted"] for s in by_config[c]]
+        ys = [s["accepted"] for s in by_config[c]]
+        if xs:
+            top = max(max(xs), max(ys)) + 1
+            ax.hist2d(xs, ys, bins=[20, range(int(top) + 2)], cmap="Blues")
+            ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--")
+        ax.set_title(c, fontsize=7)
+        ax.set_xlabel("E(A) = Σ p̂")
+        ax.set_ylabel("accepted draft tokens")
+    for ax in list(axes.flat)[len(configs) :]:
+        ax.axis("off")
+    return _save(plt, fig, out / "ea_vs_accepted.png")
+
+
+def _plot_accepted(
+    plt: Any, out: Path, configs: list[str], by_config: dict[str, list[dict[str, Any]]], steps: list[dict[str, Any]]
+) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    top = max((s["accepted"] for s in steps), default=0) + 2
+    for c in configs:
+        ax.hist([s["accepted"] for s in by_config[c]], bins=range(top), histtype="step", density=True, label=c)
+    ax.set_xlabel("accepted draft tokens per step")
+    ax.set_ylabel("share of steps")
+    ax.legend(fontsize=6)
+    return _save(plt, fig, out / "accepted_hist.png")
 
 
 def targets(result: dict[str, Any]) -> list[str]:
@@ -245,67 +253,79 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path, out: Pat
         "",
     ]
     for path, res in results:
-        env = res["environment"]
-        rel = os.path.relpath(path.parent, doc_dir)
-        parts += [
-            f"## {res['dataset']}{' / ' + res['category'] if res.get('category') else ''}: {res['prompts']} prompts, "
-            f"{res['max_new_tokens']} new tokens, target {res['target']}"
-            + (" (PARTIAL: the run stopped before its last prompt)" if res.get("partial") else "")
-            + (f", temperature {res['temperature']}" if res.get("temperature") else "")
-            + (f", {res['background_load']} busy process(es) beside it" if res.get("background_load") else "")
-            + f" (`{rel}`)",
-            "",
-            "```bash",
-            res["command"],
-            "```",
-            "",
-            f"{env['date']} · {env['cpu']} · {env['threads']} torch thread(s)"
-            + (", following the load" if env.get("threads_follow_load") else "")
-            + f" · Python {env['python']} · "
-            f"torch {env['torch']} · transformers {env['transformers']} · treespec {env['treespec']}"
-            + (f" · {res['truncated']} prompt(s) left-truncated to fit the context" if res.get("truncated") else ""),
-            "",
-        ]
-        if res.get("mode") == "batch":  # throughput mode: treespec.bench.batch_runner
-            from treespec.bench.batch_runner import markdown_rows
+        parts += _section(path, res, os.path.relpath(path.parent, doc_dir))
+    return "\n".join(parts).rstrip() + "\n"
 
-            parts += [*markdown_rows(res["rows"]), ""]
-            notes = path.parent / "NOTES.md"
-            if notes.is_file():
-                parts += [notes.read_text().strip(), ""]
-            if (path.parent / "throughput_vs_batch.png").exists():
-                parts += [f"![throughput_vs_batch.png]({rel}/throughput_vs_batch.png)", ""]
-            continue
-        parts += [
-            "| config | τ | tokens/s | × greedy | × assisted | lossless | corr E(A),A | tree nodes | draft / verify / bookkeeping |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in res["rows"]:
-            shares = (
-                " / ".join(_fmt(r.get(f"share_{p}"), ".0%") for p in ("draft", "verify", "bookkeeping"))
-                if r.get("share_draft") is not None
-                else "–"
-            )
-            settings = (
-                ""
-                if r["builder"]
-                else (" (" + ", ".join(f"{k}={v}" for k, v in r["options"].items()) + ")" if r["options"] else "")
-            )
-            cell = f"{r['config']}{settings}".replace("|", "\\|")  # a literal pipe inside a table cell
-            parts.append(
-                f"| {cell} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'], '.0f')} | {_fmt(r['speedup'])} | "
-                f"{_fmt(r['speedup_vs_assisted'])} | {_fmt(r['lossless'])} | {_fmt(r['corr_ea_a'])} | "
-                f"{_fmt(r.get('mean_tree_size'), '.1f')} | {shares} |"
-            )
-        parts += ["", *planning.table(res["rows"]), "Targets:", "", *targets(res), ""]
-        notes = path.parent / "NOTES.md"  # hand-written reading of this run, kept beside its results
+
+def _section(path: Path, res: dict[str, Any], rel: str) -> list[str]:
+    """One run's section: its heading, command and machine, its table, and (single-sequence runs) the
+    planning table, the targets checked, the hand-written NOTES.md beside it and its plots."""
+    parts = _section_head(res, rel)
+    notes = path.parent / "NOTES.md"  # hand-written reading of this run, kept beside its results
+    if res.get("mode") == "batch":  # throughput mode: treespec.bench.batch_runner
+        from treespec.bench.batch_runner import markdown_rows
+
+        parts += [*markdown_rows(res["rows"]), ""]
         if notes.is_file():
             parts += [notes.read_text().strip(), ""]
-        for png in ("tau_vs_budget.png", "tokens_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png"):
-            if (path.parent / png).exists():
-                parts.append(f"![{png}]({rel}/{png})")
-        parts.append("")
-    return "\n".join(parts).rstrip() + "\n"
+        if (path.parent / "throughput_vs_batch.png").exists():
+            parts += [f"![throughput_vs_batch.png]({rel}/throughput_vs_batch.png)", ""]
+        return parts
+    parts += [*_rows_table(res["rows"]), "", *planning.table(res["rows"]), "Targets:", "", *targets(res), ""]
+    if notes.is_file():
+        parts += [notes.read_text().strip(), ""]
+    for png in ("tau_vs_budget.png", "tokens_vs_budget.png", "ea_vs_accepted.png", "accepted_hist.png"):
+        if (path.parent / png).exists():
+            parts.append(f"![{png}]({rel}/{png})")
+    return parts + [""]
+
+
+def _section_head(res: dict[str, Any], rel: str) -> list[str]:
+    env = res["environment"]
+    return [
+        f"## {res['dataset']}{' / ' + res['category'] if res.get('category') else ''}: {res['prompts']} prompts, "
+        f"{res['max_new_tokens']} new tokens, target {res['target']}"
+        + (" (PARTIAL: the run stopped before its last prompt)" if res.get("partial") else "")
+        + (f", temperature {res['temperature']}" if res.get("temperature") else "")
+        + (f", {res['background_load']} busy process(es) beside it" if res.get("background_load") else "")
+        + f" (`{rel}`)",
+        "",
+        "```bash",
+        res["command"],
+        "```",
+        "",
+        f"{env['date']} · {env['cpu']} · {env['threads']} torch thread(s)"
+        + (", following the load" if env.get("threads_follow_load") else "")
+        + f" · Python {env['python']} · "
+        f"torch {env['torch']} · transformers {env['transformers']} · treespec {env['treespec']}"
+        + (f" · {res['truncated']} prompt(s) left-truncated to fit the context" if res.get("truncated") else ""),
+        "",
+    ]
+
+
+def _rows_table(rows: list[dict[str, Any]]) -> list[str]:
+    parts = [
+        "| config | τ | tokens/s | × greedy | × assisted | lossless | corr E(A),A | tree nodes | draft / verify / bookkeeping |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        shares = (
+            " / ".join(_fmt(r.get(f"share_{p}"), ".0%") for p in ("draft", "verify", "bookkeeping"))
+            if r.get("share_draft") is not None
+            else "–"
+        )
+        settings = (
+            ""
+            if r["builder"]
+            else (" (" + ", ".join(f"{k}={v}" for k, v in r["options"].items()) + ")" if r["options"] else "")
+        )
+        cell = f"{r['config']}{settings}".replace("|", "\\|")  # a literal pipe inside a table cell
+        parts.append(
+            f"| {cell} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'], '.0f')} | {_fmt(r['speedup'])} | "
+            f"{_fmt(r['speedup_vs_assisted'])} | {_fmt(r['lossless'])} | {_fmt(r['corr_ea_a'])} | "
+            f"{_fmt(r.get('mean_tree_size'), '.1f')} | {shares} |"
+        )
+    return parts
 
 
 def command_line(argv: list[str]) -> str:

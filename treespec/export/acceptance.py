@@ -70,6 +70,19 @@ class RankChain(TreeBuilder):
         return tree
 
 
+def _count(hits: list[list[int]], tests: list[int], proposals: list[list[int]], tokens: list[int], deep: int) -> None:
+    """One step's tests: depths 1..m passed at rank 0 (the chain's node was the target's token), and at
+    depth m + 1 the rank the bonus token had among the proposals there (m = len(tokens) - 1 accepted)."""
+    m = len(tokens) - 1
+    for d in range(deep):
+        tests[d] += 1
+        hits[d][0] += 1
+    if m < len(proposals):
+        tests[m] += 1
+        if tokens[-1] in proposals[m]:
+            hits[m][proposals[m].index(tokens[-1])] += 1
+
+
 def measure_depth_rank(
     decoder: Any,
     prompts: list[list[int]],
@@ -94,24 +107,13 @@ def measure_depth_rank(
         for i, prompt in enumerate(prompts):
             steps.prefill(target, drafter, prompt)
             root, made = prompt[-1], 0
-            limit = (
-                min(max_new_tokens, target.max_positions - len(prompt))
-                if getattr(target, "max_positions", None)
-                else max_new_tokens
-            )
+            limit = min(max_new_tokens, (getattr(target, "max_positions", None) or 1 << 62) - len(prompt))
             while made < limit:
                 cap = max(0, min(depth, limit - made - 1))
                 result = steps.step(target, drafter, builder, root, cap, steps.greedy)
                 tokens = result.tokens
                 m = len(tokens) - 1  # accepted draft tokens; tokens[-1] is the bonus
-                for d in range(min(m, cap)):  # depths 1..m: the chain's rank-0 node was the target's token
-                    tests[d] += 1
-                    hits[d][0] += 1
-                if m < len(builder.proposals):  # depth m + 1: where the bonus ranked among the proposals
-                    tests[m] += 1
-                    wanted = builder.proposals[m]
-                    if tokens[-1] in wanted:
-                        hits[m][wanted.index(tokens[-1])] += 1
+                _count(hits, tests, builder.proposals, tokens, min(m, cap))
                 accepted += m
                 n_steps += 1
                 cut = next((j + 1 for j, t in enumerate(tokens) if t in eos), None)

@@ -58,15 +58,7 @@ def contract(driver: Driver) -> None:
         torch.zeros(len(top) + 1, dtype=torch.long), _ids(top + [other]), torch.tensor([0.5] * (len(top) + 1))
     )  # proposed children + one it did not propose
     at_children = ask(children.flip(0).tolist())  # several nodes in one call, newest first: row r is children[-1 - r]
-    parents, tokens = [], []
-    if top:  # below the best proposed child: its own best proposal (or any token if it has none)
-        last = len(children) - 1
-        best = at_children.tokens[last][at_children.q[last] > 0][:1].tolist()
-        parents.append(int(children[0]))
-        tokens.append(best[0] if best else unproposed_token(at_children, last, vocab, salt=2))
-    parents.append(int(children[-1]))  # below the unproposed child: another unproposed token
-    tokens.append(unproposed_token(at_children, 0, vocab, salt=3))
-    grandchildren = tree.add_children(_ids(parents), _ids(tokens), torch.full((len(tokens),), 0.25))
+    grandchildren = _grandchildren(tree, children, at_children, bool(top), vocab)
     mixed = list(
         dict.fromkeys([int(grandchildren[-1]), 0, int(children[-1]), int(grandchildren[0])])
     )  # depths 2, 0, 1, 2
@@ -91,6 +83,22 @@ def contract(driver: Driver) -> None:
         "its answer for the root alone",
     )
     drafter.close()
+
+
+def _grandchildren(
+    tree: DraftTree, children: torch.Tensor, at_children: Proposals, proposed: bool, vocab: int
+) -> torch.Tensor:
+    """Below the best proposed child (if any) its own best proposal (or any token if it has none); below
+    the unproposed child another unproposed token. ``at_children`` row r answers ``children[-1 - r]``."""
+    parents, tokens = [], []
+    if proposed:
+        last = len(children) - 1
+        best = at_children.tokens[last][at_children.q[last] > 0][:1].tolist()
+        parents.append(int(children[0]))
+        tokens.append(best[0] if best else unproposed_token(at_children, last, vocab, salt=2))
+    parents.append(int(children[-1]))
+    tokens.append(unproposed_token(at_children, 0, vocab, salt=3))
+    return tree.add_children(_ids(parents), _ids(tokens), torch.full((len(tokens),), 0.25))
 
 
 def budget(driver: Driver) -> None:

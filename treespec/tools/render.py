@@ -96,20 +96,8 @@ def to_png(tree: DraftTree, acc: Acceptance, decode: Callable[[int], str], path:
         raise TreespecError("--png needs matplotlib: pip install matplotlib (or use --dot and Graphviz)") from None
     g = tree.graph
     accepted = set(acc.nodes.tolist())
-    y: dict[int, float] = {}
-    leaves = [0]
-
-    def place(n: int) -> float:
-        kids = sorted(g.successors(n), key=lambda c: -g.nodes[c]["phat"])
-        if not kids:
-            y[n] = leaves[0]
-            leaves[0] += 1
-        else:
-            y[n] = sum(place(c) for c in kids) / len(kids)
-        return y[n]
-
-    place(0)
-    fig, ax = plt.subplots(figsize=(2.2 * (tree.depth + 2), max(3, 0.32 * leaves[0] + 1)))
+    y, leaves = _rows(g)
+    fig, ax = plt.subplots(figsize=(2.2 * (tree.depth + 2), max(3, 0.32 * leaves + 1)))
     for a, b in g.edges():
         color = "#2e8b57" if a in accepted and b in accepted else "#bbbbbb"
         ax.plot(
@@ -128,20 +116,9 @@ def to_png(tree: DraftTree, acc: Acceptance, decode: Callable[[int], str], path:
             family="monospace",
             bbox=dict(boxstyle="round", fc="#b7e4b2" if on else "white", ec="#2e8b57" if on else "#999999"),
         )
-    last = int(acc.nodes[-1])
-    ax.plot([g.nodes[last]["depth"], g.nodes[last]["depth"] + 1], [y[last], y[last]], color="#9c36b5", ls="--", lw=1)
-    ax.text(
-        g.nodes[last]["depth"] + 1,
-        y[last],
-        _token_text(decode, acc.bonus) + "\n(bonus)",
-        ha="center",
-        va="center",
-        fontsize=7,
-        family="monospace",
-        bbox=dict(boxstyle="round", fc="#f3d9fa", ec="#9c36b5", ls="--"),
-    )
+    _draw_bonus(ax, g, y, int(acc.nodes[-1]), _token_text(decode, acc.bonus))
     ax.set_xlim(-0.7, tree.depth + 1.7)
-    ax.set_ylim(-1, leaves[0])
+    ax.set_ylim(-1, leaves)
     ax.invert_yaxis()
     ax.axis("off")
     ax.set_title(
@@ -152,3 +129,38 @@ def to_png(tree: DraftTree, acc: Acceptance, decode: Callable[[int], str], path:
     fig.tight_layout()
     savefig_atomic(fig, path, "--png", format="png", dpi=120)
     plt.close(fig)
+
+
+def _rows(g: Any) -> tuple[dict[int, float], int]:
+    """Each node's vertical place (leaves one row apart, most probable first; a parent at its children's
+    mean) and the number of leaves."""
+    y: dict[int, float] = {}
+    leaves = 0
+
+    def place(n: int) -> float:
+        nonlocal leaves
+        kids = sorted(g.successors(n), key=lambda c: -g.nodes[c]["phat"])
+        if not kids:
+            y[n] = leaves
+            leaves += 1
+        else:
+            y[n] = sum(place(c) for c in kids) / len(kids)
+        return y[n]
+
+    place(0)
+    return y, leaves
+
+
+def _draw_bonus(ax: Any, g: Any, y: dict[int, float], last: int, text: str) -> None:
+    """The target's own token, dashed, after the last accepted node."""
+    ax.plot([g.nodes[last]["depth"], g.nodes[last]["depth"] + 1], [y[last], y[last]], color="#9c36b5", ls="--", lw=1)
+    ax.text(
+        g.nodes[last]["depth"] + 1,
+        y[last],
+        text + "\n(bonus)",
+        ha="center",
+        va="center",
+        fontsize=7,
+        family="monospace",
+        bbox=dict(boxstyle="round", fc="#f3d9fa", ec="#9c36b5", ls="--"),
+    )

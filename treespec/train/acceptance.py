@@ -94,16 +94,7 @@ def measure_acceptance(
         raise ValueError(f"ranks must be > 0, got {ranks}")
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-    model, draft = _causal_lm(target), _causal_lm(drafter_model)
-    counts = torch.zeros(ranks, dtype=torch.long)
-    positions = 0
-    for logits, chosen, vocab in greedy_positions(model, draft, prompts_ids, max_new_tokens):
-        inside = chosen < vocab
-        picked = logits.gather(1, chosen.clamp(max=vocab - 1)[:, None])  # [G, 1]
-        rank = (logits > picked).sum(dim=1)  # [G] tokens the draft prefers (ties favour the target's token)
-        rank = torch.where(inside, rank, ranks)  # a token the draft cannot produce is never accepted
-        counts += torch.bincount(rank[rank < ranks].cpu(), minlength=ranks)[:ranks]
-        positions += int(chosen.shape[0])
+    counts, positions = _rank_counts(_causal_lm(target), _causal_lm(drafter_model), prompts_ids, max_new_tokens, ranks)
     if positions == 0:
         raise ValueError("no generated positions to measure: give non-empty prompts")
     acceptance = [c / positions for c in counts.tolist()]
@@ -120,3 +111,19 @@ def measure_acceptance(
         "ranks": ranks,
         "chain_expected_accepted": sum(p0**d for d in range(1, 9)),
     }
+
+
+def _rank_counts(
+    model: Any, draft: Any, prompts_ids: list[list[int]], max_new_tokens: int, ranks: int
+) -> tuple[torch.Tensor, int]:
+    """([ranks] how often the target's greedy token had each draft rank, generated positions)."""
+    counts = torch.zeros(ranks, dtype=torch.long)
+    positions = 0
+    for logits, chosen, vocab in greedy_positions(model, draft, prompts_ids, max_new_tokens):
+        inside = chosen < vocab
+        picked = logits.gather(1, chosen.clamp(max=vocab - 1)[:, None])  # [G, 1]
+        rank = (logits > picked).sum(dim=1)  # [G] tokens the draft prefers (ties favour the target's token)
+        rank = torch.where(inside, rank, ranks)  # a token the draft cannot produce is never accepted
+        counts += torch.bincount(rank[rank < ranks].cpu(), minlength=ranks)[:ranks]
+        positions += int(chosen.shape[0])
+    return counts, positions
