@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -55,10 +55,11 @@ Acceptance = Annotated[
 ]
 Nodes = Annotated[int, typer.Option(help="node budget: drafted nodes per step at most")]
 Profile = Annotated[
-    Optional[Path],
+    Optional[list[Path]],
     typer.Option(
-        help="a `treespec profile --out FILE` cost profile: pick the size with "
-        "the most expected tokens per second within --nodes",
+        help="a `treespec profile [--batch-size B] --out FILE` cost profile: pick the size with the most expected "
+        "tokens per second within --nodes; repeat it with profiles of other batch sizes for a shape per batch size "
+        "(SGLang: its adaptive mode's file)",
         show_default=False,
     ),
 ]
@@ -148,7 +149,7 @@ def _export(
     out: Path,
     acceptance: Path | None,
     nodes: int,
-    profile: Path | None,
+    profiles: list[Path] | None,
     tokens: int | None,
     dtype: str,
     force: bool,
@@ -160,88 +161,21 @@ def _export(
     try:
         from treespec import defaults
         from treespec.export import heads
-        from treespec.export import tree as trees
 
         target = target or defaults.MAIN
-        if head is None:
-            from treespec.catalog import SHIPPED_HEADS
-
-            if target not in SHIPPED_HEADS:
-                fail(f"no head shipped for target {target!r}: pass --head DIR (a `treespec train eagle` output)")
-            head = SHIPPED_HEADS[target]
+        head = head or _shipped_head(target)
         info = heads.read_target(target)
         files = heads.read_head(head, info)
         dt = heads.parse_dtype(dtype)
-        planned = None
-        if acceptance is not None:
-            from treespec.export.acceptance import load
-            from treespec.export.plan import plan
-
-            cost = None
-            if profile is not None:
-                from treespec.cost import CostModel
-
-                try:
-                    cost = CostModel.from_json(profile.read_text(encoding="utf-8"))
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    fail(
-                        f"--profile {profile} is not a `treespec profile` file ({type(exc).__name__}): make one with "
-                        "`treespec profile --target T --drafter D --out FILE`"
-                    )
-            planned = plan(load(str(acceptance))["acceptance"], nodes, cost)
+        planned, buckets = _plans(acceptance, nodes, profiles or [])
         heads.prepare_out(out, force)
         if engine == "vllm":
-            from treespec.export import vllm
-
-            k = planned.chain.nodes if planned else (tokens or 3)
-            written = vllm.write(files, info, out, k, dt)
-            tree = trees.to_vllm_string(planned.vllm_tree.paths) if planned else None
-            python, serve = vllm.launch(info, out, files.version, k, None)
-            lines = [
-                "# vLLM 0.32 (no tree attention): a chain of num_speculative_tokens",
-                serve,
-                "",
-                python,
-                "# vLLM CPU: add gpu_memory_utilization=0.1 (there: the share of RAM for the KV cache) and run it "
-                "under if __name__ == '__main__':",
-            ]
-            if tree is not None:
-                _, serve_tree = vllm.launch(info, out, files.version, planned.vllm_tree.nodes, tree)
-                lines += [
-                    "# vLLM releases with tree attention (speculative_token_tree; one branching factor per level):",
-                    serve_tree,
-                ]
+            written, lines = _vllm(files, info, out, dt, planned, tokens, buckets)
         else:
-            from treespec.export import sglang
-
-            written = sglang.write(files, info, out, dt)
-            steps, topk, n = (
-                (planned.sglang.steps, planned.sglang.topk, planned.sglang.draft_tokens)
-                if planned
-                else ((tokens or 3), 1, (tokens or 3) + 1)
-            )
-            lines = [
-                sglang.launch(
-                    info, out, files.version, steps, topk, n, files.version == 1 and files.draft_vocab is not None
-                )
-            ]
+            written, lines = _sglang(files, info, out, dt, planned, tokens, buckets)
     except TreespecError as exc:
         fail(str(exc))
-    record = {
-        "engine": engine,
-        "target": target,
-        "target_folder": info.folder,
-        "head": head,
-        "version": files.version,
-        "files": written,
-        "acceptance": str(acceptance) if acceptance else None,
-        "profile": str(profile) if profile else None,
-        "nodes": nodes,
-    }
-    if files.version == 3:
-        record["feature_layers_hidden_states"] = list(files.layers or ())
-    if planned:
-        record["plan"] = planned.summary()
+    record = _record(engine, target, info, head, files, written, acceptance, profiles, nodes, planned, buckets)
     heads.write_json(out / "plan.json", record)
     if planned:  # treespec runs the OPT-Tree optimum too: --builder static -B shape=FILE
         (out / "treespec-tree.json").write_text(json.dumps([list(p) for p in planned.optimum.paths]) + "\n")
@@ -252,28 +186,158 @@ def _export(
     (out / "launch.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     typer.echo("\n".join(lines))
     if planned:
-        s = planned.summary()
-        typer.secho(
-            f"E(A): chain {s['chain']['expected_accepted']:.2f} ({s['chain']['nodes']} nodes), vLLM tree "
-            f"{s['vllm_tree']['expected_accepted']:.2f} ({s['vllm_tree']['nodes']}), OPT-Tree optimum "
-            f"{s['optimum']['expected_accepted']:.2f} ({s['optimum']['nodes']}), SGLang "
-            f"{s['sglang']['expected_accepted']:.2f} (steps {s['sglang']['steps']}, topk {s['sglang']['topk']}, "
-            f"{s['sglang']['num_draft_tokens']} draft tokens)",
-            fg=typer.colors.CYAN,
-            err=True,
-        )
-        rates = {k: v for k, v in s["predicted_tokens_per_second"].items() if v is not None and k != "plain"}
-        plain = s["predicted_tokens_per_second"].get("plain")
-        if rates and plain is not None and plain >= max(rates.values()):
-            typer.secho(
-                f"note: under this profile plain decoding ({plain:.2f} tokens/s) beats every speculative shape "
-                f"(best {max(rates.values()):.2f}): on this machine the head does not pay; serve without it, or "
-                "train it further",
-                fg=typer.colors.YELLOW,
-                err=True,
-            )
+        _report(planned)
     extra = ["plan.json", "launch.txt"] + (["treespec-tree.json"] if planned else [])
     typer.secho(f"wrote {out}: {', '.join(written + extra)}", fg=typer.colors.CYAN, err=True)
+
+
+def _record(engine, target, info, head, files, written, acceptance, profiles, nodes, planned, buckets) -> dict:
+    """plan.json: what was exported, from what, and the plans (per batch size when profiled for several)."""
+    record = {
+        "engine": engine,
+        "target": target,
+        "target_folder": info.folder,
+        "head": head,
+        "version": files.version,
+        "files": written,
+        "acceptance": str(acceptance) if acceptance else None,
+        "profiles": [str(p) for p in profiles or []],
+        "nodes": nodes,
+    }
+    if files.version == 3:
+        record["feature_layers_hidden_states"] = list(files.layers or ())
+    if planned:
+        record["plan"] = planned.summary()
+    if len(buckets) > 1:
+        record["by_batch_size"] = [b.summary() for b in buckets]
+    return record
+
+
+def _shipped_head(target: str) -> str:
+    from treespec.catalog import SHIPPED_HEADS
+
+    if target not in SHIPPED_HEADS:
+        fail(f"no head shipped for target {target!r}: pass --head DIR (a `treespec train eagle` output)")
+    return SHIPPED_HEADS[target]
+
+
+def _plans(acceptance: Path | None, nodes: int, profiles: list[Path]) -> tuple[Any, list[Any]]:
+    """(the plan, one bucket per profiled batch size): the plan is the smallest batch size's (a single
+    sequence when a profile of batch 1 is given); no plan without --acceptance."""
+    costs = [_cost(p) for p in profiles]
+    if acceptance is None:
+        if costs:
+            fail("--profile prices the trees --acceptance plans: give --acceptance FILE (`treespec export measure`)")
+        return None, []
+    from treespec.export.acceptance import load
+    from treespec.export.plan import batch_of, buckets, plan
+
+    sizes = [batch_of(c) for c in costs]
+    if len(set(sizes)) < len(sizes):
+        fail(f"two --profile files for one batch size ({sorted(sizes)}): give one profile per batch size")
+    p = load(str(acceptance))["acceptance"]
+    by_batch = buckets(p, nodes, costs)
+    return (by_batch[0].plan if by_batch else plan(p, nodes, None)), by_batch
+
+
+def _cost(path: Path) -> Any:
+    from treespec.cost import CostModel
+
+    try:
+        return CostModel.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        fail(
+            f"--profile {path} is not a `treespec profile` file ({type(exc).__name__}): make one with "
+            "`treespec profile --target T --drafter D [--batch-size B] --out FILE`"
+        )
+
+
+def _vllm(files, info, out: Path, dt, planned, tokens: int | None, buckets: list) -> tuple[list[str], list[str]]:
+    """Write the vLLM export; (files written, launch lines)."""
+    from treespec.export import tree as trees
+    from treespec.export import vllm
+
+    k = planned.chain.nodes if planned else (tokens or 3)
+    written = vllm.write(files, info, out, k, dt)
+    python, serve = vllm.launch(info, out, files.version, k, None)
+    lines = [
+        "# vLLM 0.32 (no tree attention): a chain of num_speculative_tokens",
+        serve,
+        "",
+        python,
+        "# vLLM CPU: add gpu_memory_utilization=0.1 (there: the share of RAM for the KV cache) and run it "
+        "under if __name__ == '__main__':",
+    ]
+    if len(buckets) > 1:  # vLLM takes one chain length: the measured best per batch size, to choose from
+        best = ", ".join(f"batch {b.batch}: {b.plan.chain.nodes}" for b in buckets)
+        lines.append(f"# num_speculative_tokens by the batch size you expect ({best}); plan.json by_batch_size")
+    if planned:
+        tree = trees.to_vllm_string(planned.vllm_tree.paths)
+        _, serve_tree = vllm.launch(info, out, files.version, planned.vllm_tree.nodes, tree)
+        lines += [
+            "# vLLM releases with tree attention (speculative_token_tree; one branching factor per level):",
+            serve_tree,
+        ]
+    return written, lines
+
+
+def _sglang(files, info, out: Path, dt, planned, tokens: int | None, buckets: list) -> tuple[list[str], list[str]]:
+    """Write the SGLang export (and its adaptive-mode file for several batch sizes); (files, launch lines)."""
+    from treespec.export import sglang
+    from treespec.export.heads import write_json
+    from treespec.export.plan import adaptive_steps
+
+    written = sglang.write(files, info, out, dt)
+    token_map = files.version == 1 and files.draft_vocab is not None
+    if planned:
+        steps, topk, n = planned.sglang.steps, planned.sglang.topk, planned.sglang.draft_tokens
+    else:
+        steps, topk, n = (tokens or 3), 1, (tokens or 3) + 1
+    lines = [sglang.launch(info, out, files.version, steps, topk, n, token_map)]
+    if len(buckets) > 1:
+        slots = {b.batch: adaptive_steps(b) for b in buckets}
+        start = sglang.adaptive_start(slots)
+        shapes = "; ".join(
+            f"batch {b.batch}: steps {b.plan.sglang.steps}, topk {b.plan.sglang.topk}, "
+            f"{b.plan.sglang.draft_tokens} draft tokens"
+            for b in buckets
+        )
+        lines.append(f"# the static shape by the batch size you expect: {shapes}")
+        if start is None:
+            lines.append("# adaptive mode not written: at every profiled batch size plain decoding is predicted best")
+        else:
+            write_json(out / sglang.ADAPTIVE, sglang.adaptive_config(slots))
+            written.append(sglang.ADAPTIVE)
+            lines += [
+                "# adaptive (topk 1; chain lengths per batch-size range from the profiles, in "
+                + sglang.ADAPTIVE
+                + "):",
+                sglang.launch(info, out, files.version, start, 1, start + 1, token_map, out / sglang.ADAPTIVE),
+            ]
+    return written, lines
+
+
+def _report(planned) -> None:
+    s = planned.summary()
+    typer.secho(
+        f"E(A): chain {s['chain']['expected_accepted']:.2f} ({s['chain']['nodes']} nodes), vLLM tree "
+        f"{s['vllm_tree']['expected_accepted']:.2f} ({s['vllm_tree']['nodes']}), OPT-Tree optimum "
+        f"{s['optimum']['expected_accepted']:.2f} ({s['optimum']['nodes']}), SGLang "
+        f"{s['sglang']['expected_accepted']:.2f} (steps {s['sglang']['steps']}, topk {s['sglang']['topk']}, "
+        f"{s['sglang']['num_draft_tokens']} draft tokens)",
+        fg=typer.colors.CYAN,
+        err=True,
+    )
+    rates = {k: v for k, v in s["predicted_tokens_per_second"].items() if v is not None and k != "plain"}
+    plain = s["predicted_tokens_per_second"].get("plain")
+    if rates and plain is not None and plain >= max(rates.values()):
+        typer.secho(
+            f"note: under this profile plain decoding ({plain:.2f} tokens/s) beats every speculative shape "
+            f"(best {max(rates.values()):.2f}): on this machine the head does not pay; serve without it, or "
+            "train it further",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
 
 
 @export_app.command("vllm", epilog=EPILOG)

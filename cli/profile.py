@@ -34,10 +34,14 @@ Examples:
 
   treespec profile --target ../shared/models/stories260K --drafter self -D layers=4 --threads 1
 
+  treespec profile --batch-size 4                    # one row of a batch of 4 (`run --batch-size 4` reads it)
+
 It times a verification of n drafted nodes for n on a grid (0 ... 128, within the context), a draft
 expansion of m nodes at once (1 ... 64), and each step's bookkeeping, on this machine, and saves the
 result where `opt-tree nodes=auto` finds it for the same target, drafter, device, dtype and thread
-count (docs/cost-aware.md). Runs refine it online anyway; without a saved profile, each run takes a
+count (docs/cost-aware.md); with --batch-size B, what one row of B rows decoded together pays (every
+row verifying n nodes, expanding m), which batch runs of B rows and `treespec export --profile` read.
+Runs refine it online anyway; without a saved profile, each run takes a
 quick measurement of a few sizes when it starts.
 """
 
@@ -60,6 +64,9 @@ def profile(
         typer.Option(help="the prompt the measurements run on [default: a Python class opening]", show_default=False),
     ] = defaults.PROMPT,
     repeats: Annotated[int, typer.Option(help="measurements per point (the median is kept)")] = 5,
+    batch_size: Annotated[
+        int, typer.Option(help="rows decoded together: the profile prices one row of a batch of this many")
+    ] = 1,
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
     device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
@@ -76,6 +83,8 @@ def profile(
     """Measure what drafting and verifying cost on this machine, for `opt-tree nodes=auto`."""
     if repeats <= 0:
         fail(f"--repeats must be > 0, got {repeats}")
+    if batch_size <= 0:
+        fail(f"--batch-size must be > 0, got {batch_size}")
     check_threads(threads)
     from treespec.cost import profile_dir
 
@@ -100,7 +109,7 @@ def profile(
             max_memory=max_memory,
             offload_folder=offload_folder,
         )
-        model = _measure(dec, prompt, repeats)
+        model = _measure(dec, prompt, repeats, batch_size)
     except TreespecError as exc:
         fail(str(exc))
     from treespec.cost import profile_path
@@ -112,13 +121,14 @@ def profile(
     except TreespecError as exc:
         fail(str(exc), code=1)
     plain = model.plain_seconds()
+    rows = f"{batch_size} rows: " if batch_size > 1 else ""
     typer.echo(
-        f"plain step {1000 * plain:.2f} ms · verify 16 nodes {1000 * model.verify.predict(16):.2f} ms · "
+        f"{rows}plain step {1000 * plain:.2f} ms · verify 16 nodes {1000 * model.verify.predict(16):.2f} ms · "
         f"expand 1 node {1000 * model.expand.predict(1):.2f} ms · wrote {path}"
     )
 
 
-def _measure(dec, prompt: str, repeats: int):
+def _measure(dec, prompt: str, repeats: int, batch: int):
     from rich.progress import Progress
 
     from treespec.cost_measure import measure
@@ -126,6 +136,8 @@ def _measure(dec, prompt: str, repeats: int):
 
     ids = dec.encode(prompt)
     key = profile_key(dec.target, dec.drafter)
+    if batch > 1:  # keyed as a batch row's planner looks it up (plugins/cost_aware.py, attach)
+        key["batch"] = batch
     # no refresh thread: it would wake ten times a second beside the forwards being timed (measured: a
     # one-token forward of SmolLM2 37 → 64 ms with rich's auto-refresh running); redrawn at each point
     with Progress(transient=True, auto_refresh=False) as bar:
@@ -134,4 +146,4 @@ def _measure(dec, prompt: str, repeats: int):
         def progress(what: str, done: int, total: int) -> None:
             bar.update(task, completed=done, total=total, description=what, refresh=True)
 
-        return measure(dec.target, dec.drafter, ids, key, repeats, progress)
+        return measure(dec.target, dec.drafter, ids, key, repeats, progress, batch=batch)

@@ -329,3 +329,62 @@ def test_a_speculators_head_re_exports_its_residual_variant(target64, tmp_path):
     assert files.layers == (1, 3, 4)
     with pytest.raises(ConfigError, match="normalises before its residual.*serve it with vLLM$"):
         export("sglang", folder, tmp_path)
+
+
+def test_cli_export_with_profiles_of_several_batch_sizes_writes_a_shape_per_batch_size(tmp_path):
+    """`--profile` repeated with profiles of batch sizes 1 and 4: plan.json plans per batch size, SGLang gets
+    its adaptive-mode file (topk 1, draft tokens = steps + 1, the start step among the candidates), vLLM a
+    chain length per batch size; two profiles of one batch size, or profiles without --acceptance, are one
+    line each."""
+    from treespec.cost import CostModel
+
+    acc = tmp_path / "acc.json"
+    acc.write_text(json.dumps({"format": "treespec-depth-rank/1", "acceptance": [[0.8, 0.1], [0.75, 0.1], [0.7]]}))
+    files = []
+    for batch, per_node in ((1, 0.0002), (4, 0.01)):
+        cost = CostModel(key={"batch": batch} if batch > 1 else {})
+        for n in (0, 1, 2, 4, 8, 16):
+            cost.verify.observe(n, 0.02 + per_node * n)
+            cost.bookkeeping.observe(n, 0.0003)
+        for m in (1, 2, 4, 8):
+            cost.expand.observe(m, 0.001)
+        cost.first.observe(1, 0.001)
+        files.append(tmp_path / f"p{batch}.json")
+        files[-1].write_text(cost.to_json())
+    common = ["--target", str(STORIES260K), "--head", str(eagle_head_dir()), "--acceptance", str(acc), "--nodes", "6"]
+    profiles = ["--profile", str(files[1]), "--profile", str(files[0])]
+    r = run_cli("export", "sglang", *common, *profiles, "--out", str(tmp_path / "s"))
+    assert r.returncode == 0, r.stderr
+    record = json.loads((tmp_path / "s" / "plan.json").read_text())
+    by = record["by_batch_size"]
+    assert [b["batch_size"] for b in by] == [1, 4] and by[0]["chain"]["nodes"] > by[1]["chain"]["nodes"]
+    assert record["plan"] == {k: v for k, v in by[0].items() if k in record["plan"]}  # the plan is batch 1's
+    adaptive = json.loads((tmp_path / "s" / "sglang-adaptive.json").read_text())
+    assert {k: v["candidate_steps"] for k, v in adaptive.items()} == {
+        str(b["batch_size"]): b["adaptive_steps"] for b in by
+    }
+    line = next(x for x in r.stdout.splitlines() if "--speculative-adaptive" in x).split()
+    steps = int(line[line.index("--speculative-num-steps") + 1])
+    assert line[line.index("--speculative-eagle-topk") + 1] == "1"
+    assert int(line[line.index("--speculative-num-draft-tokens") + 1]) == steps + 1
+    assert steps in {s for v in adaptive.values() for s in v["candidate_steps"]}
+    r = run_cli("export", "vllm", *common, *profiles, "--out", str(tmp_path / "v"))
+    assert r.returncode == 0 and "num_speculative_tokens by the batch size you expect (batch 1: " in r.stdout
+    for bad, message in (
+        (["--profile", str(files[0]), "--profile", str(files[0])], "two --profile files for one batch size"),
+        (["--profile", str(tmp_path / "acc.json")], "is not a `treespec profile` file"),
+    ):
+        r = run_cli("export", "sglang", *common, *bad, "--out", str(tmp_path / "x"), "--force")
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run_cli(
+        "export",
+        "sglang",
+        "--target",
+        str(STORIES260K),
+        "--head",
+        str(eagle_head_dir()),
+        *profiles,
+        "--out",
+        str(tmp_path / "y"),
+    )
+    assert r.returncode == 2 and "give --acceptance FILE" in r.stderr

@@ -87,3 +87,49 @@ def test_plan_prices_sizes_with_a_cost_profile():
     assert got.plain_rate == pytest.approx(1 / 0.0505)
     free = plans.plan(P, 32)  # no profile: the budget, and a chain cut where a node adds < 0.05
     assert free.optimum.nodes == 32 and free.chain.nodes == 4  # gains .62, .34, .17, .077, then .035
+
+
+def _cost(batch: int, fixed: float, per_node: float) -> CostModel:
+    cost = CostModel(key={"batch": batch} if batch > 1 else {})
+    for n in (0, 1, 2, 4, 8, 16, 32):
+        cost.verify.observe(n, fixed + per_node * n)
+        cost.bookkeeping.observe(n, 0.0005)
+    for m in (1, 2, 4, 8, 16):
+        cost.expand.observe(m, 0.002)
+    cost.first.observe(1, 0.002)
+    return cost
+
+
+def test_batch_buckets_shrink_trees_as_nodes_get_dearer_and_slots_follow_sglang_s_rules():
+    """One plan per profiled batch size: where a node costs more (a fuller batch), the best chain is no
+    longer; SGLang's adaptive slots hold the chain lengths within ADAPTIVE_WITHIN of the bucket's best,
+    without gaps, and the file reads as SGLang reads it (digit keys; a batch of bs takes the largest key
+    ≤ bs; --speculative-num-steps one of the candidates; adaptive_spec_params.py, SGLang 0.5.23)."""
+    from treespec.export import sglang
+
+    costs = [_cost(8, 0.05, 0.02), _cost(1, 0.05, 0.0005), _cost(4, 0.05, 0.004)]  # any order
+    got = plans.buckets(P, 8, costs)
+    assert [b.batch for b in got] == [1, 4, 8]
+    chains = [b.plan.chain.nodes for b in got]
+    assert chains == sorted(chains, reverse=True) and chains[0] > chains[-1], chains
+    for b in got:
+        cost = next(c for c in costs if plans.batch_of(c) == b.batch)
+        rates = [1 / cost.plain_seconds()] + [plans.rate(cost, trees.chain(P, k)) for k in range(1, 9)]
+        assert b.chain_rates == pytest.approx(rates)
+        steps = plans.adaptive_steps(b)
+        best = max(range(len(rates)), key=rates.__getitem__)
+        assert best in steps and steps == list(range(steps[0], steps[-1] + 1))
+        assert all(rates[k] >= plans.ADAPTIVE_WITHIN * rates[best] for k in (steps[0], steps[-1]))
+        assert all(rates[k] < plans.ADAPTIVE_WITHIN * rates[best] for k in (steps[0] - 1, steps[-1] + 1) if 0 <= k < 9)
+    slots = {b.batch: plans.adaptive_steps(b) for b in got}
+    config = sglang.adaptive_config(slots)
+    assert all(k.isdigit() and v["candidate_steps"] for k, v in config.items())
+
+    def route(bs: int) -> list[int]:  # SGLang's rule: the largest key <= bs, else the smallest key
+        keys = sorted(int(k) for k in config)
+        return config[str(max([k for k in keys if k <= bs], default=keys[0]))]["candidate_steps"]
+
+    assert route(1) == slots[1] and route(3) == slots[1] and route(7) == slots[4] and route(64) == slots[8]
+    start = sglang.adaptive_start(slots)
+    assert start in {s for v in slots.values() for s in v} and start == max(slots[1])
+    assert sglang.adaptive_start({1: [0], 4: [0]}) is None  # nothing pays: no adaptive mode

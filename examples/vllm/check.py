@@ -16,6 +16,8 @@ over ``--rounds`` rounds of the prompts so that the machine's load falls on all 
     treespec-chain  treespec, the same head as a chain of k (EAGLE-1: the shipped head with vocab=0, the full
                     vocabulary, as vLLM drafts it; EAGLE-3: the export folder itself, loaded as it is)
     treespec        treespec's default (`treespec run`: the shipped head, opt-tree nodes=auto)
+    treespec-ngram  treespec's prompt lookup (`opt-tree nodes=auto | ngram`), beside vLLM's n-gram proposer
+    treespec-mixed  the shipped head and prompt lookup composed (`opt-tree nodes=auto | eagle+ngram`)
 
 Prompts: MT-Bench first turns in the target's chat template (treespec's ``format_turns``), the same
 token ids for every configuration. Each prompt is decoded alone (batch 1); tokens/s = generated tokens
@@ -36,16 +38,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-CONFIGS = ("vllm", "vllm-ngram", "vllm-eagle", "treespec-chain", "treespec")
+CONFIGS = ("vllm", "vllm-ngram", "vllm-eagle", "treespec-chain", "treespec", "treespec-ngram", "treespec-mixed")
 
 
 # ------------------------------------------------------------------------------------------ workers
 def worker_prompts(args: argparse.Namespace) -> None:
     """treespec's Python: the prompts' token ids and the target's folder."""
     from treespec.bench.datasets import format_turns, load_prompts
-    from treespec.models import _locate, load_tokenizer
+    from treespec.models import load_tokenizer, locate
 
-    folder = _locate(args.target, "target")
+    folder = locate(args.target, "target")
     tok = load_tokenizer(folder)
     items = load_prompts("mt-bench", args.data_dir, args.limit)
     ids = [format_turns(tok, item, []) for item in items]
@@ -72,8 +74,9 @@ def worker_treespec(args: argparse.Namespace) -> None:
         dec = treespec.Decoder(
             args.target, drafter="eagle", drafter_options={"vocab": 0}, builder="chain", builder_options={"k": args.k}
         )
-    else:  # `treespec run`'s default for the target
-        dec = treespec.Decoder(args.target, drafter="eagle", builder="opt-tree", builder_options={"nodes": "auto"})
+    else:  # `treespec run`'s default for the target, or its drafter swapped for lookup or a composition
+        drafter = {"treespec-ngram": "ngram", "treespec-mixed": "eagle+ngram"}.get(args.config, "eagle")
+        dec = treespec.Decoder(args.target, drafter=drafter, builder="opt-tree", builder_options={"nodes": "auto"})
     dec.generate(job["prompts"][0][:32], max_new_tokens=8)  # warm-up
     rows = []
     for i in job["indices"]:
@@ -168,7 +171,7 @@ def run(cmd: list[str], log: Path, preload: str = "") -> None:
         raise SystemExit(f"error: {' '.join(cmd[:4])} ... failed (exit {r.returncode}); see {log}")
 
 
-def summarise(rows: dict[str, list[dict]], prompts: int) -> dict[str, dict]:
+def summarise(rows: dict[str, list[dict]], prompts: int, rounds: int = 1) -> dict[str, dict]:
     ref = {r["index"]: r["tokens"] for r in rows.get("vllm", [])}
     out = {}
     for name, rs in rows.items():
@@ -190,12 +193,18 @@ def summarise(rows: dict[str, list[dict]], prompts: int) -> dict[str, dict]:
             "tokens": tokens,
             "seconds": round(seconds, 2),
             "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
+            "tokens_per_second_by_round": [_rate([r for r in rs if r["index"] % rounds == k]) for k in range(rounds)],
             "tau": round(1 + acc / drafts, 3) if drafts else None,
             "drafting_steps": drafts,
             "identical_to_vllm": f"{len(same)}/{len(rs)}",
             "first_difference_at": first_diff,
         }
     return out
+
+
+def _rate(rs: list[dict]) -> float | None:
+    seconds = sum(r["seconds"] for r in rs)
+    return round(sum(len(r["tokens"]) for r in rs) / seconds, 2) if seconds else None
 
 
 def main() -> None:
@@ -287,7 +296,7 @@ def main() -> None:
             rows[c] += json.loads(res.read_text())
             load.append(os.getloadavg())
             print(f"round {r + 1}/{args.rounds}: {c} done (load {load[-1][0]:.1f})", file=sys.stderr, flush=True)
-    summary = summarise(rows, n)
+    summary = summarise(rows, n, args.rounds)
     record = {
         "settings": vars(args),
         "prompts": n,

@@ -10,6 +10,12 @@ expanding m nodes at once on this machine) every size up to the budget is priced
 and the one with the most expected tokens per second, (1 + E(A)) / T, is kept; plain decoding
 (1 / T(0)) is reported beside it. These are treespec's costs: an engine's kernels differ, so the
 figure ranks shapes, it does not predict the engine's throughput.
+
+Batch-size buckets: a profile measured with ``treespec profile --batch-size B`` prices one row of B rows
+decoded together (a verified node costs the batch's forward, shared out). Given several profiles, one
+plan per batch size (``buckets``): trees shrink as the batch fills the machine. SGLang's adaptive mode
+(``--speculative-adaptive``, topk 1) takes them as slots of chain lengths per batch-size range
+(``adaptive_steps``; ``treespec.export.sglang.adaptive_config`` writes the file).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 from treespec.export import tree as trees
 
 MIN_GAIN = 0.05  # a chain's next node must add this many expected tokens (no profile)
+ADAPTIVE_WITHIN = 0.9  # SGLang adaptive slots: the chain lengths predicted within 10% of the bucket's best
 
 
 @dataclass
@@ -108,3 +115,43 @@ def plan(p: Sequence[Sequence[float]], nodes: int, cost: Any | None = None, max_
     }
     plain = 1.0 / max(cost.plain_seconds(), 1e-9) if cost is not None else None
     return Plan(chain, vtree, optimum, sg, rates, plain)
+
+
+def batch_of(cost: Any) -> int:
+    """The batch size a profile was measured for (``treespec profile --batch-size``; 1 when unkeyed)."""
+    return int((getattr(cost, "key", None) or {}).get("batch", 1))
+
+
+@dataclass
+class Bucket:
+    """The plan for one batch size, and the predicted tokens/s of every chain length (0: plain decoding)."""
+
+    batch: int
+    plan: Plan
+    chain_rates: list[float]  # [k] for k = 0 .. max chain length
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch,
+            "chain_tokens_per_second": [round(r, 3) for r in self.chain_rates],
+            "adaptive_steps": adaptive_steps(self),
+            **self.plan.summary(),
+        }
+
+
+def buckets(p: Sequence[Sequence[float]], nodes: int, costs: Sequence[Any], max_depth: int = 12) -> list[Bucket]:
+    """One ``Bucket`` per profile, by batch size (module docstring); the profiles' batch sizes differ."""
+    out = []
+    for cost in sorted(costs, key=batch_of):
+        chains = [trees.chain(p, k) for k in range(1, min(nodes, max_depth) + 1)]
+        rates = [1.0 / max(cost.plain_seconds(), 1e-9)] + [rate(cost, t) for t in chains]
+        out.append(Bucket(batch_of(cost), plan(p, nodes, cost, max_depth), rates))
+    return out
+
+
+def adaptive_steps(bucket: Bucket, within: float = ADAPTIVE_WITHIN) -> list[int]:
+    """The chain lengths (0 = no drafting) SGLang's adaptive mode may pick from at this batch size: those
+    predicted within ``within`` of the best, a range with no gaps (its controller steps to neighbours)."""
+    best = max(bucket.chain_rates)
+    good = [k for k, r in enumerate(bucket.chain_rates) if r >= within * best]
+    return list(range(min(good), max(good) + 1))

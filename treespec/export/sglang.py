@@ -25,6 +25,13 @@ EAGLE-1 (``--speculative-algorithm EAGLE``): ``models/llama_eagle.py`` (``LlamaF
     written as ``hot_token_map.pt`` (one int64 tensor). treespec itself reads the same ids from
     ``draft_vocab.safetensors``, also written.
 
+Adaptive mode (``--speculative-adaptive --speculative-adaptive-config FILE``; read in SGLang 0.5.23's
+``speculative/adaptive_spec_params.py``, ``_load_adaptive_config`` and ``AdaptiveSpeculativeParams``;
+flags in ``arg_groups/fields/spec.py``): topk 1 and ``num_draft_tokens = steps + 1`` always; the JSON's
+digit keys are the LOWER bounds of batch-size ranges (a batch of bs uses the largest key ≤ bs), each
+``{"candidate_steps": [...]}`` (0 = no drafting); the controller moves between neighbouring candidates
+by an EMA of accepted drafts. ``--speculative-num-steps`` must be one of the candidates.
+
 Shapes: ``--speculative-num-steps`` levels of ``--speculative-eagle-topk`` children per frontier node,
 ``--speculative-num-draft-tokens`` verified (the root included); ``tree.sglang_shape`` picks them.
 """
@@ -40,6 +47,7 @@ import torch
 from treespec.export.heads import HeadFiles, TargetInfo, cast, llama_config, write_json
 
 TOKEN_MAP = "hot_token_map.pt"
+ADAPTIVE = "sglang-adaptive.json"
 
 
 def eagle3_config(head: HeadFiles, target: TargetInfo) -> dict[str, Any]:
@@ -112,10 +120,32 @@ def write(head: HeadFiles, target: TargetInfo, out: Path, dtype: torch.dtype | N
     return files
 
 
+def adaptive_config(slots: dict[int, list[int]]) -> dict[str, Any]:
+    """SGLang's adaptive JSON from {batch size: candidate chain lengths} (module docstring)."""
+    return {str(b): {"candidate_steps": list(steps)} for b, steps in sorted(slots.items())}
+
+
+def adaptive_start(slots: dict[int, list[int]]) -> int | None:
+    """``--speculative-num-steps`` for adaptive mode: the smallest batch's longest candidate (steps move
+    down by acceptance from there), or None when every slot is 0 only (the head never pays: no adaptive)."""
+    for b in sorted(slots):
+        if max(slots[b]) > 0:
+            return max(slots[b])
+    return None
+
+
 def launch(
-    target: TargetInfo, head_dir: Path, version: int, steps: int, topk: int, draft_tokens: int, token_map: bool
+    target: TargetInfo,
+    head_dir: Path,
+    version: int,
+    steps: int,
+    topk: int,
+    draft_tokens: int,
+    token_map: bool,
+    adaptive: Path | None = None,
 ) -> str:
-    """The ``python -m sglang.launch_server`` command line serving ``target`` with the exported head."""
+    """The ``python -m sglang.launch_server`` command line serving ``target`` with the exported head
+    (with ``adaptive``, SGLang's adaptive mode reading that file: topk 1, draft tokens = steps + 1)."""
     parts = [
         "python",
         "-m",
@@ -135,4 +165,6 @@ def launch(
     ]
     if token_map:
         parts += ["--speculative-token-map", str((head_dir / TOKEN_MAP).resolve())]
+    if adaptive is not None:
+        parts += ["--speculative-adaptive", "--speculative-adaptive-config", str(adaptive.resolve())]
     return " ".join(shlex.quote(p) for p in parts)
