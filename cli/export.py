@@ -298,8 +298,12 @@ def _sglang(files, info, out: Path, dt, planned, tokens: int | None, buckets: li
         slots = {b.batch: adaptive_steps(b) for b in buckets}
         start = sglang.adaptive_start(slots)
         shapes = "; ".join(
-            f"batch {b.batch}: steps {b.plan.sglang.steps}, topk {b.plan.sglang.topk}, "
-            f"{b.plan.sglang.draft_tokens} draft tokens"
+            f"batch {b.batch}: "
+            + (
+                "no speculation (plain decoding predicted faster)"
+                if b.plan.plain_rate is not None and b.plan.plain_rate >= (b.plan.sglang.tokens_per_second or 0.0)
+                else f"steps {b.plan.sglang.steps}, topk {b.plan.sglang.topk}, {b.plan.sglang.draft_tokens} draft tokens"
+            )
             for b in buckets
         )
         lines.append(f"# the static shape by the batch size you expect: {shapes}")

@@ -363,6 +363,11 @@ def test_cli_export_with_profiles_of_several_batch_sizes_writes_a_shape_per_batc
     assert {k: v["candidate_steps"] for k, v in adaptive.items()} == {
         str(b["batch_size"]): b["adaptive_steps"] for b in by
     }
+    shapes = next(x for x in r.stdout.splitlines() if x.startswith("# the static shape by the batch size"))
+    for b in by:  # plain where the bucket predicts plain decoding faster, else its SGLang shape
+        plain = b["predicted_tokens_per_second"]["plain"] >= b["predicted_tokens_per_second"]["sglang"]
+        want = "no speculation" if plain else f"steps {b['sglang']['steps']}, topk {b['sglang']['topk']}"
+        assert f"batch {b['batch_size']}: {want}" in shapes, shapes
     line = next(x for x in r.stdout.splitlines() if "--speculative-adaptive" in x).split()
     steps = int(line[line.index("--speculative-num-steps") + 1])
     assert line[line.index("--speculative-eagle-topk") + 1] == "1"

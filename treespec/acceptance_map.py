@@ -64,7 +64,7 @@ class AcceptanceMap:
         rows = []
         for g in range(DEPTH_GROUPS):
             self._theta[g + 1] = a, c = _platt(x, hits[g], tests[g], shared, self._theta[g + 1])
-            prior = 1 / (1 + np.exp(-(a * x + c)))  # [B] m_g(q_b)
+            prior = _sigmoid(a * x + c)  # [B] m_g(q_b)
             rates = (hits[g] + PRIOR_WEIGHT * prior) / (tests[g] + PRIOR_WEIGHT)
             rows.append(isotonic(rates.tolist(), (tests[g] + PRIOR_WEIGHT).tolist()))
         table = np.array(rows)  # [G, B]
@@ -119,6 +119,12 @@ class AcceptanceMap:
         self.update(tree.q[tested], tree.depths[tested], on_path[tested])  # type: ignore[attr-defined]
 
 
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """σ(z) = 1 / (1 + e^-z), written as (1 + tanh(z/2)) / 2: the same values, and no overflow warning
+    where a steep fit sends |z| past 709 (e^-z would be inf there; σ saturates to 0 or 1 either way)."""
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
 def _platt(
     x: np.ndarray,
     hits: np.ndarray,
@@ -133,7 +139,7 @@ def _platt(
     a, c = start
     ca, cc = centre
     for _ in range(steps):
-        p = 1 / (1 + np.exp(-(a * x + c)))  # [B]
+        p = _sigmoid(a * x + c)  # [B]
         r, v = tests * p - hits, tests * p * (1 - p)  # residuals and Newton weights
         ga, gc = float(r @ x) + PLATT_PRIOR * (a - ca), float(r.sum()) + PLATT_PRIOR * (c - cc)
         haa, hac, hcc = float(v @ (x * x)) + PLATT_PRIOR, float(v @ x), float(v.sum()) + PLATT_PRIOR

@@ -76,7 +76,12 @@ def worker_treespec(args: argparse.Namespace) -> None:
         )
     else:  # `treespec run`'s default for the target, or its drafter swapped for lookup or a composition
         drafter = {"treespec-ngram": "ngram", "treespec-mixed": "eagle+ngram"}.get(args.config, "eagle")
-        dec = treespec.Decoder(args.target, drafter=drafter, builder="opt-tree", builder_options={"nodes": "auto"})
+        options = dict(kv.split("=", 1) for kv in args.lookup_option) if drafter != "eagle" else {}
+        if drafter == "eagle+ngram":  # a composition takes its parts' options by part name
+            options = {f"ngram.{k}": v for k, v in options.items()}
+        dec = treespec.Decoder(
+            args.target, drafter=drafter, drafter_options=options, builder="opt-tree", builder_options={"nodes": "auto"}
+        )
     dec.generate(job["prompts"][0][:32], max_new_tokens=8)  # warm-up
     rows = []
     for i in job["indices"]:
@@ -228,6 +233,13 @@ def main() -> None:
         help="LD_PRELOAD for the vLLM workers only, e.g. "
         "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:VENV/lib/libiomp5.so (vLLM CPU asks for both)",
     )
+    ap.add_argument(
+        "--lookup-option",
+        action="append",
+        default=[],
+        help="KEY=VALUE for treespec's prompt lookup in treespec-ngram and treespec-mixed (e.g. min_ngram=2, as "
+        "vLLM's prompt_lookup_min)",
+    )
     ap.add_argument("--out", default="check.json")
     args = ap.parse_args()
     if args.worker == "prompts":
@@ -289,6 +301,7 @@ def main() -> None:
                     "--memory",
                     str(args.memory),
                 ]
+                + [a for kv in args.lookup_option for a in ("--lookup-option", kv)]
                 + common,
                 log,
                 args.vllm_preload if kind == "vllm" else "",
