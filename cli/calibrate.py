@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail, measure
-from treespec.cli.common import writable_file
+from treespec.cli.common import check_positive, writable_file
 from treespec.errors import TreespecError
 from treespec.files import write_text_atomic
 
@@ -56,7 +56,7 @@ def calibrate(
     ] = None,
 ) -> None:
     """Fit the draft model's temperature T so that its q predicts greedy acceptance (for `-D temperature=T`)."""
-    measure.check_positive(max_positions=max_positions)
+    check_positive(max_positions=max_positions)
     if out is not None:
         writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
     measure.refuse_plugin_names(drafter, "calibrate")

@@ -83,6 +83,13 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def check_positive(**values: int | None) -> None:
+    """``--name must be > 0`` for the first option (keyword: its name with ``_``) that is set and ≤ 0."""
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            fail(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
 def check_seed(seed: int) -> int:
     """``--seed``: a whole number torch's generators take (``treespec.inputs.seed_value``), or one line."""
     from treespec.errors import TreespecError

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec.cli import fail as _fail
-from treespec.cli.common import check_threads, set_threads
+from treespec.cli.common import check_positive, check_threads, set_threads
 from treespec.errors import TreespecError
 
 TargetOption = Annotated[
@@ -54,13 +54,6 @@ class Loaded:
     drafter_name: str  # the draft as a drafter spec: "MODEL" or "MODEL layers=k"
     prompts: list[list[int]]  # token ids of the prompts that fit the target's context
     skipped: int  # prompts left out because prompt + max_new_tokens exceeds the target's context
-
-
-def check_positive(**values: int | None) -> None:
-    """``--name must be > 0`` for the first option (keyword: its name with ``_``) that is set and ≤ 0."""
-    for name, value in values.items():
-        if value is not None and value <= 0:
-            _fail(f"--{name.replace('_', '-')} must be > 0, got {value}")
 
 
 def refuse_plugin_names(drafter: str | None, command: str) -> None:

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail, measure
-from treespec.cli.common import writable_file
+from treespec.cli.common import check_positive, writable_file
 from treespec.errors import TreespecError
 from treespec.files import write_text_atomic
 
@@ -49,7 +49,7 @@ def sequoia_measure(
     ] = None,
 ) -> None:
     """Measure the draft's per-rank acceptance vector on the target's greedy outputs (for `--builder sequoia`)."""
-    measure.check_positive(ranks=ranks)
+    check_positive(ranks=ranks)
     if out is not None:
         writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
     run = measure.load(

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail as _fail
-from treespec.cli.common import check_seed, set_threads
+from treespec.cli.common import check_positive, check_seed, set_threads
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -155,17 +155,15 @@ def _check(
 ) -> None:
     """One line for a setting that cannot train, before the target loads."""
     check_seed(seed)
-    for name, value in (
-        ("--limit", limit),
-        ("--epochs", epochs),
-        ("--batch-size", batch_size),
-        ("--layers", layers),
-        ("--ttt-steps", ttt_steps),
-        ("--max-new-tokens", max_new_tokens),
-        ("--gen-batch-size", gen_batch_size),
-    ):
-        if value is not None and value <= 0:
-            _fail(f"{name} must be > 0, got {value}")
+    check_positive(
+        limit=limit,
+        epochs=epochs,
+        batch_size=batch_size,
+        layers=layers,
+        ttt_steps=ttt_steps,
+        max_new_tokens=max_new_tokens,
+        gen_batch_size=gen_batch_size,
+    )
     if offset < 0:
         _fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
     if lr is not None and not (math.isfinite(lr) and lr > 0):

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import check_seed, set_threads
+from treespec.cli.common import check_positive, check_seed, set_threads
 from treespec.errors import TreespecError
 from treespec.plugins.block_settings import BlockSettings
 
@@ -101,16 +101,14 @@ def block(
 
     set_threads(threads)
     check_seed(seed)
-    for name, value in (
-        ("--limit", limit),
-        ("--epochs", epochs),
-        ("--batch-size", batch_size),
-        ("--max-new-tokens", max_new_tokens),
-        ("--gen-batch-size", gen_batch_size),
-        ("--max-len", max_len),
-    ):
-        if value is not None and value <= 0:
-            fail(f"{name} must be > 0, got {value}")
+    check_positive(
+        limit=limit,
+        epochs=epochs,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        gen_batch_size=gen_batch_size,
+        max_len=max_len,
+    )
     if offset < 0:
         fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
     if not lr > 0:

@@ -441,7 +441,10 @@ def test_a_pinned_profile_without_refinement_gives_the_same_trees_every_run(targ
     assert runs[0] == runs[1] and len({n for n, _ in runs[0]}) > 1
 
 
-def test_profile_command_measures_and_runs_find_it(tmp_path, monkeypatch):
+def test_profile_command_measures_and_runs_find_it(tmp_path, monkeypatch, prompts):
+    """`treespec profile` saves under the key a run looks up; with `--batch-size B`, one row of B rows'
+    costs (its plain step the batch's forward shared out) under the key a batch of B rows looks up, which
+    neither a single sequence nor a batch of another size takes."""
     from typer.testing import CliRunner
 
     from treespec.cli.app import app
@@ -454,6 +457,11 @@ def test_profile_command_measures_and_runs_find_it(tmp_path, monkeypatch):
     (saved,) = (tmp_path / "profiles").iterdir()
     model = CostModel.from_json(saved.read_text())
     assert model.verify.counts[0] > 0 and model.expand.counts[0] > 0 and model.key["drafter"].startswith("SelfDrafter")
+    result = CliRunner().invoke(app, ["profile", *args, "--batch-size", "2"])
+    assert result.exit_code == 0 and result.output.strip().startswith("2 rows: plain step"), result.output
+    (saved2,) = set((tmp_path / "profiles").iterdir()) - {saved}
+    model2 = CostModel.from_json(saved2.read_text())
+    assert model2.key == {**model.key, "batch": 2} and model2.verify.counts[0] > 0
     dec = treespec.Decoder(
         str(STORIES260K),
         drafter="self",
@@ -462,39 +470,10 @@ def test_profile_command_measures_and_runs_find_it(tmp_path, monkeypatch):
         builder_options={"nodes": "auto"},
     )
     assert dec.builder.planner.cost.key == model.key  # the run found the saved profile for its key
-    bad = CliRunner().invoke(app, ["profile", *args, "--repeats", "0"])
-    assert bad.exit_code == 2 and "--repeats" in bad.stderr
-
-
-def test_a_profile_for_a_batch_size_is_what_that_batch_s_rows_plan_with(tmp_path, monkeypatch, prompts):
-    """`treespec profile --batch-size B` saves one row of B rows' costs under the key a batch of B rows looks
-    up (its plain step is the batch's forward shared out, not a single sequence's), and no batch of another
-    size, nor a single sequence, takes it."""
-    from typer.testing import CliRunner
-
-    from treespec.cli.app import app
-    from treespec.cost import CostModel
-
-    monkeypatch.setenv("TREESPEC_PROFILE_DIR", str(tmp_path / "profiles"))
-    args = ["--target", str(STORIES260K), "--drafter", "self", "-D", "layers=3", "--repeats", "1"]
-    result = CliRunner().invoke(app, ["profile", *args, "--batch-size", "2"])
-    assert result.exit_code == 0, result.output
-    assert result.output.strip().startswith("2 rows: plain step")
-    (saved,) = (tmp_path / "profiles").iterdir()
-    model = CostModel.from_json(saved.read_text())
-    assert model.key["batch"] == 2 and model.verify.counts[0] > 0
-    dec = treespec.Decoder(
-        str(STORIES260K),
-        drafter="self",
-        drafter_options={"layers": 3},
-        builder="opt-tree",
-        builder_options={"nodes": "auto"},
-    )
-    assert "batch" not in dec.builder.planner.cost.key  # a single sequence measures its own
     dec.generate(prompts[:2], max_new_tokens=4)
-    rows = dec._row_builders[2]
-    assert all(b.planner.cost.key == model.key for b in rows)  # the batch of 2 found the saved profile
+    assert all(b.planner.cost.key == model2.key for b in dec._row_builders[2])  # a batch of 2: the B=2 profile
     dec.generate(prompts[:3], max_new_tokens=4)
     assert all(b.planner.cost.key["batch"] == 3 for b in dec._row_builders[3])  # another size: not it
-    bad = CliRunner().invoke(app, ["profile", *args, "--batch-size", "0"])
-    assert bad.exit_code == 2 and "--batch-size must be > 0" in bad.stderr
+    for bad_args, flag in ((["--repeats", "0"], "--repeats"), (["--batch-size", "0"], "--batch-size must be > 0")):
+        bad = CliRunner().invoke(app, ["profile", *args, *bad_args])
+        assert bad.exit_code == 2 and flag in bad.stderr
