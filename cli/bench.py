@@ -19,6 +19,7 @@ from treespec.cli.common import (
     DTYPE_HELP,
     MAX_MEMORY_HELP,
     OFFLOAD_HELP,
+    check_positive,
     check_seed,
     check_threads,
     command_line,
@@ -200,14 +201,7 @@ def _check_counts(
     """One line for a count that cannot run, before anything loads."""
     check_seed(seed)
     check_threads(threads)
-    for flag, value in (
-        ("limit", limit),
-        ("max-new-tokens", max_new),
-        ("turns", turns),
-        ("per-category", per_category),
-    ):
-        if value is not None and value <= 0:
-            fail(f"--{flag} must be > 0, got {value}")
+    check_positive(limit=limit, max_new_tokens=max_new, turns=turns, per_category=per_category)
 
 
 def _check_runner(runner: Any, given: list[str] | None, target: str, max_new_tokens: int) -> None:

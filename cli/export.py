@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import D_OPTION_HELP
+from treespec.cli.common import D_OPTION_HELP, check_positive
 from treespec.errors import TreespecError
 
 export_app = typer.Typer(
@@ -94,9 +94,7 @@ def measure(
     ] = None,
 ) -> None:
     """Measure the drafter's acceptance by depth and rank on the target's greedy output (for the exports' trees)."""
-    for name, value in (("limit", limit), ("max-new-tokens", max_new_tokens), ("depth", depth), ("ranks", ranks)):
-        if value <= 0:
-            fail(f"--{name} must be > 0, got {value}")
+    check_positive(limit=limit, max_new_tokens=max_new_tokens, depth=depth, ranks=ranks)
     try:
         from treespec.cli.common import pair_options
 
@@ -154,10 +152,7 @@ def _export(
     dtype: str,
     force: bool,
 ) -> None:
-    if nodes <= 0:
-        fail(f"--nodes must be > 0, got {nodes}")
-    if tokens is not None and tokens <= 0:
-        fail(f"--tokens must be > 0, got {tokens}")
+    check_positive(nodes=nodes, tokens=tokens)
     try:
         from treespec import defaults
         from treespec.export import heads

@@ -19,6 +19,7 @@ from treespec.cli.common import (
     DTYPE_HELP,
     MAX_MEMORY_HELP,
     OFFLOAD_HELP,
+    check_positive,
     check_threads,
     pair_options,
     set_threads,
@@ -81,10 +82,7 @@ def profile(
     ] = None,
 ) -> None:
     """Measure what drafting and verifying cost on this machine, for `opt-tree nodes=auto`."""
-    if repeats <= 0:
-        fail(f"--repeats must be > 0, got {repeats}")
-    if batch_size <= 0:
-        fail(f"--batch-size must be > 0, got {batch_size}")
+    check_positive(repeats=repeats, batch_size=batch_size)
     check_threads(threads)
     from treespec.cost import profile_dir
 

@@ -197,7 +197,7 @@ def summarise(rows: dict[str, list[dict]], prompts: int, rounds: int = 1) -> dic
             "prompts": len(rs),
             "tokens": tokens,
             "seconds": round(seconds, 2),
-            "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
+            "tokens_per_second": _rate(rs),
             "tokens_per_second_by_round": [_rate([r for r in rs if r["index"] % rounds == k]) for k in range(rounds)],
             "tau": round(1 + acc / drafts, 3) if drafts else None,
             "drafting_steps": drafts,

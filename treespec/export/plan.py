@@ -142,8 +142,8 @@ class Bucket:
 def buckets(p: Sequence[Sequence[float]], nodes: int, costs: Sequence[Any], max_depth: int = 12) -> list[Bucket]:
     """One ``Bucket`` per profile, by batch size (module docstring); the profiles' batch sizes differ."""
     out = []
+    chains = [trees.chain(p, k) for k in range(1, min(nodes, max_depth) + 1)]
     for cost in sorted(costs, key=batch_of):
-        chains = [trees.chain(p, k) for k in range(1, min(nodes, max_depth) + 1)]
         rates = [1.0 / max(cost.plain_seconds(), 1e-9)] + [rate(cost, t) for t in chains]
         out.append(Bucket(batch_of(cost), plan(p, nodes, cost, max_depth), rates))
     return out
