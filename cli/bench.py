@@ -10,7 +10,9 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec import defaults
+from treespec.bench.load import background_load as busy
 from treespec.cli import fail
+from treespec.cli.bench_batch import bench_batches
 from treespec.cli.bench_inputs import baselines_for, load_items, parse_pairs, parse_rules, parse_sampling
 from treespec.cli.bench_report import write_report
 from treespec.cli.common import (
@@ -76,23 +78,31 @@ CHAT_HELP = (
     "completion prompts (humaneval, tinystories, .txt) become user requests in the target's chat template, "
     "e.g. HumanEval's as 'Complete the following Python function ...'"
 )
+TARGET_HELP = f"target model [default: {defaults.TARGET}]"
+THREADS_HELP = "CPU threads for torch [default: torch's]"
 REPORT_HELP = (
     "then regenerate this Markdown file (e.g. docs/benchmarks.md) from every results.json in --out's parent folder"
+)
+
+
+LIMIT_HELP = "use the first N prompts (conversations for mt-bench)"
+CATEGORY_HELP = "only this category, or several separated by commas (mt-bench, spec-bench)"
+TURNS_HELP = "keep each conversation's first N turns (mt-bench: 1 = first turns only)"
+PER_CATEGORY_HELP = "the first N prompts of every category (instead of --limit), e.g. 3 per MT-Bench category"
+LOAD_HELP = (
+    "N busy processes (one core's work each) run beside the measurement, started and stopped by the bench: "
+    "speed on a busy machine"
 )
 
 
 def bench(
     ctx: typer.Context,
     dataset: Annotated[str, typer.Option(help=DATASET_HELP)] = "humaneval",
-    limit: Annotated[Optional[int], typer.Option(help="use the first N prompts (conversations for mt-bench)")] = 10,
-    category: Annotated[
-        Optional[str], typer.Option(help="only this category, or several separated by commas (mt-bench, spec-bench)")
-    ] = None,
+    limit: Annotated[Optional[int], typer.Option(help=LIMIT_HELP)] = 10,
+    category: Annotated[Optional[str], typer.Option(help=CATEGORY_HELP)] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help=DATA_DIR_HELP, show_default=False)] = None,
     max_new_tokens: Annotated[int, typer.Option(help="new tokens per prompt")] = 128,
-    target: Annotated[
-        Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]", show_default=False)
-    ] = None,
+    target: Annotated[Optional[str], typer.Option(help=TARGET_HELP, show_default=False)] = None,
     drafter: Annotated[Optional[list[str]], typer.Option(help=DRAFTER_HELP, show_default=False)] = None,
     builder: Annotated[Optional[list[str]], typer.Option(help=BUILDER_HELP, show_default=False)] = None,
     baseline: Annotated[Optional[list[str]], typer.Option(help=BASELINE_HELP, show_default=False)] = None,
@@ -100,9 +110,7 @@ def bench(
     top_p: Annotated[float, typer.Option(help="nucleus sampling threshold when --temperature > 0 (1 = off)")] = 1.0,
     top_k: Annotated[int, typer.Option(help="top-k filter when --temperature > 0 (0 = off)")] = 0,
     seed: Annotated[int, typer.Option(help="random seed; prompt n is sampled with seed + n in every row")] = 0,
-    threads: Annotated[
-        Optional[int], typer.Option(help="CPU threads for torch [default: torch's]", show_default=False)
-    ] = None,
+    threads: Annotated[Optional[int], typer.Option(help=THREADS_HELP, show_default=False)] = None,
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
     device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
@@ -112,75 +120,29 @@ def bench(
     report_to: Annotated[Optional[Path], typer.Option("--report", help=REPORT_HELP)] = None,
     batch_size: Annotated[Optional[str], typer.Option(help=BATCH_HELP, show_default=False)] = None,
     sampling_rule: Annotated[Optional[str], typer.Option(help=RULES_HELP, show_default=False)] = None,
-    turns: Annotated[
-        Optional[int],
-        typer.Option(
-            help="keep each conversation's first N turns (mt-bench: 1 = first turns only)", show_default=False
-        ),
-    ] = None,
+    turns: Annotated[Optional[int], typer.Option(help=TURNS_HELP, show_default=False)] = None,
     chat: Annotated[bool, typer.Option("--chat", help=CHAT_HELP)] = False,
     config: Annotated[Optional[list[str]], typer.Option(help=CONFIG_HELP, show_default=False)] = None,
-    per_category: Annotated[
-        Optional[int],
-        typer.Option(
-            help="the first N prompts of every category (instead of --limit), e.g. 3 per MT-Bench category",
-            show_default=False,
-        ),
-    ] = None,
-    background_load: Annotated[
-        Optional[int],
-        typer.Option(
-            help="N busy processes (one core's work each) run beside "
-            "the measurement, started and stopped by the bench: "
-            "speed on a busy machine",
-            show_default=False,
-        ),
-    ] = None,
+    per_category: Annotated[Optional[int], typer.Option(help=PER_CATEGORY_HELP, show_default=False)] = None,
+    background_load: Annotated[Optional[int], typer.Option(help=LOAD_HELP, show_default=False)] = None,
 ) -> None:
     """Measure τ, tokens/s, speed-ups and exactness of treespec configurations against Hugging Face baselines."""
-    from treespec.bench.load import background_load as busy
-    from treespec.bench.load import check_load
-
-    if not out.strip():  # Path("") is the working directory: never write results there by accident
-        fail("--out is empty: name a folder for the results (e.g. --out bench-out, or --out . for this one)")
-    out = Path(out)
-    load = _checked(check_load, background_load)
-    sampling = parse_sampling(temperature, top_p, top_k)
-    rules = parse_rules(sampling_rule, sampling)
-    _check_counts(seed, threads, limit, max_new_tokens, turns, per_category)
-    writable_dir(out, "--out")  # before the first run, not after the last
-    if report_to is not None:
-        writable_file(report_to, "--report")
-    if per_category is not None:
-        limit = None
+    out, load, sampling, rules, limit = _inputs(
+        out, background_load, temperature, top_p, top_k, sampling_rule, seed, threads, limit, max_new_tokens, turns,
+        per_category, report_to,
+    )  # fmt: skip
     items = load_items(dataset, data_dir, limit, category, turns, chat, per_category)
-    if target is None:  # the default pair: its draft model and its EAGLE head, at their measured budgets
-        target = defaults.TARGET
-        drafter = drafter or defaults.bench_drafters()
-        builder = builder or defaults.bench_builders()
-    pairs = parse_pairs(config)
-    if not drafter and not pairs:
-        fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]" or --config "BUILDER | DRAFTER"')
-    drafter = drafter or []
-    builder = builder or ([] if pairs and not drafter else ["opt-tree", "chain k=4"])
+    target, drafter, builder, pairs = _rows(target, drafter, builder, config)
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     if batch_size is not None:
-        from treespec.cli.bench_batch import bench_batches
-
-        if rules:
-            fail(
-                "--sampling-rule compares rules under sampling; --batch-size measures greedy throughput: use one or the other"
-            )
-        if pairs:
-            fail("--config rows are not measured in batches yet: with --batch-size give --drafter and --builder")
+        _refuse_in_batches(rules, pairs)
         with busy(load):
             bench_batches(
                 ctx, batch_size, items, target, drafter, builder, max_new_tokens, device, dtype, seed, threads,
                 placement, dataset, out, report_to, sampling,
             )  # fmt: skip
     else:
-        given = baseline
-        baseline = baselines_for(baseline, builder)
+        given, baseline = baseline, baselines_for(baseline, builder)
         runner = _runner(
             target, drafter, builder, baseline, max_new_tokens, device, dtype, sampling, seed, threads, placement,
             rules, pairs,
@@ -193,6 +155,63 @@ def bench(
             _measure(runner, items, result, out)
     if report_to is not None:
         write_report(sorted(out.parent.glob("*/results.json")), report_to, "--report")
+
+
+def _inputs(
+    out: str,
+    background_load: int | None,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    sampling_rule: str | None,
+    seed: int,
+    threads: int | None,
+    limit: int | None,
+    max_new: int,
+    turns: int | None,
+    per_category: int | None,
+    report_to: Path | None,
+) -> tuple[Path, int | None, Any, list[str] | None, int | None]:
+    """(out folder, background load, sampling settings, rules, limit: none with --per-category), or one line
+    for what cannot run, before anything loads."""
+    from treespec.bench.load import check_load
+
+    if not out.strip():  # Path("") is the working directory: never write results there by accident
+        fail("--out is empty: name a folder for the results (e.g. --out bench-out, or --out . for this one)")
+    load = _checked(check_load, background_load)
+    sampling = parse_sampling(temperature, top_p, top_k)
+    rules = parse_rules(sampling_rule, sampling)
+    _check_counts(seed, threads, limit, max_new, turns, per_category)
+    writable_dir(Path(out), "--out")  # before the first run, not after the last
+    if report_to is not None:
+        writable_file(report_to, "--report")
+    return Path(out), load, sampling, rules, None if per_category is not None else limit
+
+
+def _rows(
+    target: str | None, drafter: list[str] | None, builder: list[str] | None, config: list[str] | None
+) -> tuple[str, list[str], list[str], list]:
+    """(target, drafters, builders, --config pairs), the defaults filling in: the default pair's draft model
+    and EAGLE head at their measured budgets; opt-tree and chain k=4 for a drafter given alone."""
+    if target is None:
+        target = defaults.TARGET
+        drafter = drafter or defaults.bench_drafters()
+        builder = builder or defaults.bench_builders()
+    pairs = parse_pairs(config)
+    if not drafter and not pairs:
+        fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]" or --config "BUILDER | DRAFTER"')
+    drafter = drafter or []
+    builder = builder or ([] if pairs and not drafter else ["opt-tree", "chain k=4"])
+    return target, drafter, builder, pairs
+
+
+def _refuse_in_batches(rules: list[str] | None, pairs: list) -> None:
+    if rules:
+        fail(
+            "--sampling-rule compares rules under sampling; --batch-size measures greedy throughput: use one or the other"
+        )
+    if pairs:
+        fail("--config rows are not measured in batches yet: with --batch-size give --drafter and --builder")
 
 
 def _check_counts(

@@ -62,6 +62,27 @@ def pair_options(
     return target, drafter, b_opts, d_opts
 
 
+def write_or_print(out: Path, text: str) -> None:
+    """Write a measurement's ``text`` to ``out``; if that fails, print it on stdout (the measurement is not
+    lost) and exit 1 with one line."""
+    from treespec.files import write_text_atomic
+
+    try:
+        write_text_atomic(out, text, "--out")
+    except TreespecError as exc:
+        sys.stdout.write(text)
+        fail(f"{exc}; the measurements are printed on stdout instead", code=1)
+
+
+def settings_from(cls: type, values: dict[str, Any], **override: Any) -> Any:
+    """A settings dataclass from a command's parameters (its ``locals()``): the fields ``cls`` has,
+    ``override`` on top (values the command checked or filled in)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in {**values, **override}.items() if k in names})
+
+
 def check_threads(threads: int | None) -> int | None:
     """``--threads``: None (torch's default), or 1 .. ``treespec.memory.max_threads()``; one line otherwise
     (100,000 crashed starting threads, and the error blamed the model's files)."""

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import D_OPTION_HELP, check_positive
+from treespec.cli.common import D_OPTION_HELP, check_positive, set_threads, writable_file, write_or_print
 from treespec.errors import TreespecError
 
 export_app = typer.Typer(
@@ -68,21 +68,19 @@ Tokens = Annotated[
 ]
 Dtype = Annotated[str, typer.Option(help="weights' dtype: keep, float16, bfloat16, float32")]
 Force = Annotated[bool, typer.Option("--force", help="write into a non-empty --out")]
+M_DRAFTER_HELP = "drafter [default: eagle, with the target's shipped head]"
+M_LIMIT_HELP = "prompts (first turns, chat-formatted when the target has a template)"
 
 
 @export_app.command("measure", epilog=EPILOG)
 def measure(
     target: Target = None,
-    drafter: Annotated[
-        Optional[str], typer.Option(help="drafter [default: eagle, with the target's shipped head]", show_default=False)
-    ] = None,
+    drafter: Annotated[Optional[str], typer.Option(help=M_DRAFTER_HELP, show_default=False)] = None,
     drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
     dataset: Annotated[
         str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a file")
     ] = "mt-bench",
-    limit: Annotated[
-        int, typer.Option(help="prompts (first turns, chat-formatted when the target has a template)")
-    ] = 20,
+    limit: Annotated[int, typer.Option(help=M_LIMIT_HELP)] = 20,
     skip: Annotated[int, typer.Option(help="skip the first S prompts")] = 0,
     data_dir: Annotated[Optional[Path], typer.Option(help="folder of the dataset files", show_default=False)] = None,
     max_new_tokens: Annotated[int, typer.Option(help="greedy tokens per prompt")] = 128,
@@ -95,18 +93,17 @@ def measure(
 ) -> None:
     """Measure the drafter's acceptance by depth and rank on the target's greedy output (for the exports' trees)."""
     check_positive(limit=limit, max_new_tokens=max_new_tokens, depth=depth, ranks=ranks)
+    if out is not None:
+        writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
     try:
         from treespec.cli.common import pair_options
 
         target, drafter, _, d_opts = pair_options(target, drafter or "eagle", "chain", None, drafter_option)
-        import torch
-
         from treespec.bench.datasets import format_turns, load_prompts
         from treespec.decoder import Decoder
         from treespec.export.acceptance import measure_depth_rank
 
-        if threads is not None:
-            torch.set_num_threads(threads)
+        set_threads(threads)
         items = load_prompts(dataset, data_dir, limit + skip)[skip:]
         dec = Decoder(target, drafter, "chain", d_opts, None)
         prompts = [format_turns(dec.target.tokenizer, item, []) for item in items]
@@ -114,14 +111,8 @@ def measure(
 
         with Progress(transient=True) as bar:
             task = bar.add_task("measuring", total=len(prompts))
-            result = measure_depth_rank(
-                dec,
-                prompts,
-                max_new_tokens,
-                depth,
-                ranks,
-                progress=lambda done, total: bar.update(task, completed=done),
-            )
+            progress = lambda done, total: bar.update(task, completed=done)  # noqa: E731
+            result = measure_depth_rank(dec, prompts, max_new_tokens, depth, ranks, progress=progress)
     except TreespecError as exc:
         fail(str(exc))
     result.update({"target": target, "drafter": drafter, "drafter_options": d_opts, "dataset": dataset, "skip": skip})
@@ -134,8 +125,7 @@ def measure(
     if out is None:
         typer.echo(text, nl=False)
     else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        write_or_print(out, text)
         summary += f"; wrote {out}"
     typer.secho(summary, fg=typer.colors.CYAN, err=True)
 

@@ -45,29 +45,20 @@ row verifying n nodes, expanding m), which batch runs of B rows and `treespec ex
 Runs refine it online anyway; without a saved profile, each run takes a
 quick measurement of a few sizes when it starts.
 """
+TARGET_HELP = f"target model [default: {defaults.MAIN}, what `treespec run` runs]"
+DRAFTER_HELP = f"drafter name or draft model [default with the default target: {defaults.DRAFTER}]"
+PROMPT_HELP = "the prompt the measurements run on [default: a Python class opening]"
+BATCH_HELP = "rows decoded together: the profile prices one row of a batch of this many"
+OUT_HELP = "write the profile here instead of where runs look for it"
 
 
 def profile(
-    target: Annotated[
-        Optional[str],
-        typer.Option(help=f"target model [default: {defaults.MAIN}, what `treespec run` runs]", show_default=False),
-    ] = None,
-    drafter: Annotated[
-        Optional[str],
-        typer.Option(
-            help=f"drafter name or draft model [default with the default target: {defaults.DRAFTER}]",
-            show_default=False,
-        ),
-    ] = None,
+    target: Annotated[Optional[str], typer.Option(help=TARGET_HELP, show_default=False)] = None,
+    drafter: Annotated[Optional[str], typer.Option(help=DRAFTER_HELP, show_default=False)] = None,
     drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
-    prompt: Annotated[
-        str,
-        typer.Option(help="the prompt the measurements run on [default: a Python class opening]", show_default=False),
-    ] = defaults.PROMPT,
+    prompt: Annotated[str, typer.Option(help=PROMPT_HELP, show_default=False)] = defaults.PROMPT,
     repeats: Annotated[int, typer.Option(help="measurements per point (the median is kept)")] = 5,
-    batch_size: Annotated[
-        int, typer.Option(help="rows decoded together: the profile prices one row of a batch of this many")
-    ] = 1,
+    batch_size: Annotated[int, typer.Option(help=BATCH_HELP)] = 1,
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
     device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
@@ -76,10 +67,7 @@ def profile(
     threads: Annotated[
         Optional[int], typer.Option(help="CPU threads for torch [default: torch's]", show_default=False)
     ] = None,
-    out: Annotated[
-        Optional[Path],
-        typer.Option(help="write the profile here instead of where runs look for it", show_default=False),
-    ] = None,
+    out: Annotated[Optional[Path], typer.Option(help=OUT_HELP, show_default=False)] = None,
 ) -> None:
     """Measure what drafting and verifying cost on this machine, for `opt-tree nodes=auto`."""
     check_positive(repeats=repeats, batch_size=batch_size)
@@ -95,18 +83,8 @@ def profile(
         from treespec.decoder import Decoder
 
         set_threads(threads)
-        dec = Decoder(
-            target,
-            drafter,
-            "chain",
-            d_opts,
-            None,
-            device=device,
-            dtype=dtype,
-            device_map=device_map,
-            max_memory=max_memory,
-            offload_folder=offload_folder,
-        )
+        placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
+        dec = Decoder(target, drafter, "chain", d_opts, None, device=device, dtype=dtype, **placement)
         model = _measure(dec, prompt, repeats, batch_size)
     except TreespecError as exc:
         fail(str(exc))

@@ -64,6 +64,7 @@ CHAT_HELP = (
     "the prompt is a user message: apply the target's chat template (instruct and chat models) "
     f"[default: on for {', '.join(sorted(defaults.CHAT_TARGETS))}, else off]"
 )
+TRUST_HELP = "let the target run its own code from the hub (the draft: -D trust_remote_code=true)"
 SYSTEM_HELP = "a system message before the prompt (implies --chat)"
 BATCH_HELP = (
     "decode --prompt-file as a file of prompts (.jsonl records or blank-line separated .txt), this many rows "
@@ -92,9 +93,7 @@ def run(
     max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
     offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
-    trust_remote_code: Annotated[
-        bool, typer.Option(help="let the target run its own code from the hub (the draft: -D trust_remote_code=true)")
-    ] = False,
+    trust_remote_code: Annotated[bool, typer.Option(help=TRUST_HELP)] = False,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help=CHAT_HELP, show_default=False)] = None,
     system: Annotated[Optional[str], typer.Option(help=SYSTEM_HELP, show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of streaming text")] = False,
@@ -103,14 +102,8 @@ def run(
 ) -> None:
     """Generate from a prompt with tree speculative decoding; prints the text and one line of statistics."""
     check_seed(seed)
-    sampling = dict(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        draft_temperature=draft_temperature,
-        rule=sampling_rule,
-    )
+    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    sampling.update(draft_temperature=draft_temperature, rule=sampling_rule)
     if batch_size is not None and prompt is not None:
         fail("--batch-size decodes --prompt-file; give --prompt-file instead of --prompt")
     if prompt is not None and prompt_file is not None:
@@ -119,18 +112,9 @@ def run(
         prompt = read_prompt(prompt_file)  # a bad file fails before the models load
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     dec = _decoder(
-        target,
-        drafter,
-        builder,
-        builder_option,
-        drafter_option,
-        device,
-        dtype,
-        threads,
-        trust_remote_code,
-        seed,
+        target, drafter, builder, builder_option, drafter_option, device, dtype, threads, trust_remote_code, seed,
         placement,
-    )
+    )  # fmt: skip
     if chat is None:  # instruct targets treespec knows take user messages
         chat = dec.target.name in defaults.CHAT_TARGETS
     text = (prompt if prompt is not None else defaults.prompt_for(dec.target.name)) if batch_size is None else ""

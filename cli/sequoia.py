@@ -13,9 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail, measure
-from treespec.cli.common import check_positive, writable_file
-from treespec.errors import TreespecError
-from treespec.files import write_text_atomic
+from treespec.cli.common import check_positive, writable_file, write_or_print
 
 EPILOG = """\
 Examples:
@@ -24,6 +22,7 @@ Examples:
 
   treespec run --target ../shared/models/stories260K --builder sequoia -B nodes=40 -B acceptance=acceptance-l4.json --drafter ../shared/models/stories260K -D layers=4
 """
+OUT_HELP = "write the JSON here (for `--builder sequoia -B acceptance=FILE`) [default: print it]"
 
 
 def sequoia_measure(
@@ -40,13 +39,7 @@ def sequoia_measure(
     device: measure.Device = None,
     dtype: measure.Dtype = None,
     threads: measure.Threads = None,
-    out: Annotated[
-        Optional[Path],
-        typer.Option(
-            help="write the JSON here (for `--builder sequoia -B acceptance=FILE`) [default: print it]",
-            show_default=False,
-        ),
-    ] = None,
+    out: Annotated[Optional[Path], typer.Option(help=OUT_HELP, show_default=False)] = None,
 ) -> None:
     """Measure the draft's per-rank acceptance vector on the target's greedy outputs (for `--builder sequoia`)."""
     check_positive(ranks=ranks)
@@ -64,25 +57,10 @@ def sequoia_measure(
 
     from treespec.train.acceptance import measure_acceptance
 
-    result = measure_acceptance(
-        tgt,
-        run.draft,
-        prompts,
-        max_new_tokens,
-        ranks,
-        target_name=run.target_name,
-        drafter_name=run.drafter_name,
-        dataset=dataset,
-    )
-    result.update(
-        {
-            "limit": limit,
-            "skip": skip,
-            "category": category,
-            "skipped_too_long": run.skipped,
-            "dtype": str(tgt.dtype).replace("torch.", ""),
-        }
-    )
+    names = dict(target_name=run.target_name, drafter_name=run.drafter_name, dataset=dataset)
+    result = measure_acceptance(tgt, run.draft, prompts, max_new_tokens, ranks, **names)
+    result.update(limit=limit, skip=skip, category=category, skipped_too_long=run.skipped)
+    result.update(dtype=str(tgt.dtype).replace("torch.", ""))
     text = json.dumps(result, indent=2)
     p = result["acceptance"]
     summary = (
@@ -92,10 +70,6 @@ def sequoia_measure(
     if out is None:
         sys.stdout.write(text + "\n")
     else:
-        try:
-            write_text_atomic(out, text + "\n", "--out")
-        except TreespecError as exc:  # the measurement is not lost: it goes to stdout instead
-            sys.stdout.write(text + "\n")
-            fail(f"{exc}; the measurement is printed on stdout instead", code=1)
+        write_or_print(out, text + "\n")
         summary += f"; wrote {out} (use: --builder sequoia -B acceptance={out})"
     typer.secho(summary, fg=typer.colors.CYAN, err=True)

@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail as _fail
-from treespec.cli.common import check_positive, check_seed, set_threads
+from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
+from treespec.cli.train_options import Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -32,65 +33,72 @@ generations are kept in OUT/data.pt and reused.
 train_app = typer.Typer(help="train drafters for a target", no_args_is_help=True, rich_markup_mode=None)
 
 
+Out = Annotated[
+    str, typer.Option(help="directory for the head (config.json + model.safetensors), checkpoints and data")
+]
+Data = Annotated[
+    str,
+    typer.Option(
+        help="prompts from the target's own domain: mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file"
+    ),
+]
+Lr = Annotated[
+    Optional[float],
+    typer.Option(
+        help="peak learning rate (AdamW, warm-up then linear decay) [default: 3e-3; EAGLE-3: 1e-3]", show_default=False
+    ),
+]
+Noise = Annotated[float, typer.Option(help="uniform noise on input features, relative to their std")]
+Version = Annotated[
+    int,
+    typer.Option(
+        help="1: an EAGLE-1/2 head (--drafter eagle); 3: an EAGLE-3 head with training-time test (--drafter eagle3)"
+    ),
+]
+Ttt = Annotated[int, typer.Option(help="EAGLE-3: steps the head is unrolled on its own outputs")]
+DraftVocab = Annotated[
+    Optional[int],
+    typer.Option(
+        help="draft over the N target tokens generated most often (a cheaper output layer) [default: EAGLE-1: the whole vocabulary; EAGLE-3: the target's, up to 32000]",
+        show_default=False,
+    ),
+]
+SaveDtype = Annotated[
+    str,
+    typer.Option(
+        help="EAGLE-1: dtype of the saved head's weights (float16 halves it; loading casts to the target's dtype)"
+    ),
+]
+GenBatch = Annotated[
+    Optional[int],
+    typer.Option(
+        help="prompts per batch while the target generates the training data [default: --batch-size]",
+        show_default=False,
+    ),
+]
+
+
 @train_app.command(epilog=EPILOG)
 def eagle(
-    out: Annotated[
-        str, typer.Option(help="directory for the head (config.json + model.safetensors), checkpoints and data")
-    ],
-    data: Annotated[
-        str,
-        typer.Option(
-            help="prompts from the target's own domain: mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl/.txt file"
-        ),
-    ],
-    target: Annotated[
-        Optional[str],
-        typer.Option(help="target model: local directory, alias or hub id [default: treespec-py]", show_default=False),
-    ] = None,
-    offset: Annotated[int, typer.Option(help="skip the first N prompts (keep benchmark prompts out of training)")] = 0,
-    limit: Annotated[int, typer.Option(help="prompts used, held-out ones included")] = 2000,
-    holdout: Annotated[float, typer.Option(help="fraction of the prompts held out for the agreement summary")] = 0.1,
-    max_new_tokens: Annotated[int, typer.Option(help="tokens the target generates per prompt")] = 128,
+    out: Out,
+    data: Data,
+    target: Target = None,
+    offset: Offset = 0,
+    limit: Limit = 2000,
+    holdout: Holdout = 0.1,
+    max_new_tokens: MaxNew = 128,
     layers: Annotated[int, typer.Option(help="decoder layers in the head (EAGLE-1/2: 1)")] = 1,
     epochs: Annotated[int, typer.Option()] = 10,
     batch_size: Annotated[int, typer.Option()] = 32,
-    lr: Annotated[
-        Optional[float],
-        typer.Option(
-            help="peak learning rate (AdamW, warm-up then linear decay) [default: 3e-3; EAGLE-3: 1e-3]",
-            show_default=False,
-        ),
-    ] = None,
-    noise: Annotated[float, typer.Option(help="uniform noise on input features, relative to their std")] = 0.2,
+    lr: Lr = None,
+    noise: Noise = 0.2,
     seed: Annotated[int, typer.Option()] = 0,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads")] = None,
-    version: Annotated[
-        int,
-        typer.Option(
-            help="1: an EAGLE-1/2 head (--drafter eagle); 3: an EAGLE-3 head with training-time test (--drafter eagle3)"
-        ),
-    ] = 1,
-    ttt_steps: Annotated[int, typer.Option(help="EAGLE-3: steps the head is unrolled on its own outputs")] = 7,
-    draft_vocab: Annotated[
-        Optional[int],
-        typer.Option(
-            help="draft over the N target tokens generated most often (a cheaper output layer) [default: EAGLE-1: the whole vocabulary; EAGLE-3: the target's, up to 32000]",
-            show_default=False,
-        ),
-    ] = None,
-    save_dtype: Annotated[
-        str,
-        typer.Option(
-            help="EAGLE-1: dtype of the saved head's weights (float16 halves it; loading casts to the target's dtype)"
-        ),
-    ] = "float32",
-    gen_batch_size: Annotated[
-        Optional[int],
-        typer.Option(
-            help="prompts per batch while the target generates the training data [default: --batch-size]",
-            show_default=False,
-        ),
-    ] = None,
+    threads: Threads = None,
+    version: Version = 1,
+    ttt_steps: Ttt = 7,
+    draft_vocab: DraftVocab = None,
+    save_dtype: SaveDtype = "float32",
+    gen_batch_size: GenBatch = None,
     max_len: Annotated[int, typer.Option(help="EAGLE-3: train on each sequence's last N tokens")] = 2048,
 ) -> None:
     """Train an EAGLE head on the target's own greedy generations: EAGLE-1/2 (feature regression +
@@ -99,6 +107,7 @@ def eagle(
     from treespec.cli import TrainingProgress
     from treespec.plugins.eagle_train import TrainSettings, train
 
+    args = dict(locals())
     set_threads(threads)
     _check(
         seed, limit, epochs, batch_size, layers, ttt_steps, max_new_tokens, gen_batch_size, offset, lr, noise, version
@@ -108,24 +117,7 @@ def eagle(
             out, data, target or DEFAULT_TARGET, offset, limit, holdout, max_new_tokens, layers, epochs, batch_size,
             lr if lr is not None else 1e-3, seed, ttt_steps, draft_vocab, max_len,
         )  # fmt: skip
-    settings = TrainSettings(
-        target=target or DEFAULT_TARGET,
-        data=data,
-        out=out,
-        offset=offset,
-        limit=limit,
-        holdout=holdout,
-        max_new_tokens=max_new_tokens,
-        layers=layers,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr if lr is not None else 3e-3,
-        noise=noise,
-        seed=seed,
-        draft_vocab=draft_vocab,
-        gen_batch_size=gen_batch_size,
-        save_dtype=save_dtype,
-    )
+    settings = settings_from(TrainSettings, args, target=target or DEFAULT_TARGET, lr=lr if lr is not None else 3e-3)
     with TrainingProgress() as (progress, log):
         try:
             summary = train(settings, progress=progress, log=log)

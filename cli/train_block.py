@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import check_positive, check_seed, set_threads
+from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
+from treespec.cli.train_options import Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 from treespec.plugins.block_settings import BlockSettings
 
@@ -29,69 +30,71 @@ generations and features are kept in OUT/data.pt and reused. The recipe: docs/dr
 """
 
 D = BlockSettings(target="", data="", out="")
+# the options, declared once (typer reads each parameter's Annotated type)
+Out = Annotated[
+    str, typer.Option(help="directory for the drafter (config.json + model.safetensors), checkpoints, data")
+]
+Data = Annotated[str, typer.Option(help="prompts: a dataset name (see `treespec bench --help`) or a .jsonl file")]
+BlockSize = Annotated[int, typer.Option(help="K: positions drafted by one forward (the tree's depth limit)")]
+Layers = Annotated[int, typer.Option(help="decoder layers in the drafter")]
+FeatureLayers = Annotated[
+    Optional[str],
+    typer.Option(
+        help="the target's hidden states the drafter reads, as hidden_states indices (i = the input of layer i; "
+        "L = the last layer's output), e.g. 2,5,8 [default: EAGLE-3's 2, L//2, L-3]",
+        show_default=False,
+    ),
+]
+Anchors = Annotated[int, typer.Option(help="blocks per sequence per training batch")]
+LastFeature = Annotated[bool, typer.Option(help="add the newest context row's features to every block row's input")]
+Gamma = Annotated[
+    Optional[float], typer.Option(help="loss weight of depth k: exp(-(k-1)/gamma) [default: K/2]", show_default=False)
+]
+BatchSize = Annotated[int, typer.Option(help="sequences per optimiser step")]
+DraftVocab = Annotated[
+    Optional[int],
+    typer.Option(
+        help="draft over the N tokens the target generates most [default: all, up to 32,000]", show_default=False
+    ),
+]
+MaxLen = Annotated[int, typer.Option(help="train on each sequence's last N tokens")]
+GenBatch = Annotated[
+    Optional[int],
+    typer.Option(help="prompts per batch while the target generates [default: --batch-size]", show_default=False),
+]
+Answers = Annotated[
+    Optional[str],
+    typer.Option(
+        help="an earlier `train eagle` run's data.pt on the same prompts: reuse its continuations", show_default=False
+    ),
+]
+SaveDtype = Annotated[str, typer.Option(help="float32, float16 or bfloat16 for the saved weights")]
 
 
 def block(
-    out: Annotated[
-        str, typer.Option(help="directory for the drafter (config.json + model.safetensors), checkpoints, data")
-    ],
-    data: Annotated[
-        str, typer.Option(help="prompts: a dataset name (see `treespec bench --help`) or a .jsonl file")
-    ] = "code-prompts-train.jsonl",
-    target: Annotated[
-        Optional[str],
-        typer.Option(help="target model: local directory, alias or hub id [default: treespec-py]", show_default=False),
-    ] = None,
-    offset: Annotated[int, typer.Option(help="skip the first N prompts (keep benchmark prompts out of training)")] = 0,
-    limit: Annotated[int, typer.Option(help="prompts used, held-out ones included")] = D.limit,
-    holdout: Annotated[
-        float, typer.Option(help="fraction of the prompts held out for the agreement summary")
-    ] = D.holdout,
-    max_new_tokens: Annotated[int, typer.Option(help="tokens the target generates per prompt")] = D.max_new_tokens,
-    block_size: Annotated[
-        int, typer.Option(help="K: positions drafted by one forward (the tree's depth limit)")
-    ] = D.block_size,
-    layers: Annotated[int, typer.Option(help="decoder layers in the drafter")] = D.layers,
-    feature_layers: Annotated[
-        Optional[str],
-        typer.Option(
-            help="the target's hidden states the drafter reads, as hidden_states indices (i = the input of layer i; "
-            "L = the last layer's output), e.g. 2,5,8 [default: EAGLE-3's 2, L//2, L-3]",
-            show_default=False,
-        ),
-    ] = None,
-    anchors: Annotated[int, typer.Option(help="blocks per sequence per training batch")] = D.anchors,
-    last_feature: Annotated[
-        bool, typer.Option(help="add the newest context row's features to every block row's input")
-    ] = D.last_feature,
-    gamma: Annotated[
-        Optional[float],
-        typer.Option(help="loss weight of depth k: exp(-(k-1)/gamma) [default: K/2]", show_default=False),
-    ] = None,
+    out: Out,
+    data: Data = "code-prompts-train.jsonl",
+    target: Target = None,
+    offset: Offset = 0,
+    limit: Limit = D.limit,
+    holdout: Holdout = D.holdout,
+    max_new_tokens: MaxNew = D.max_new_tokens,
+    block_size: BlockSize = D.block_size,
+    layers: Layers = D.layers,
+    feature_layers: FeatureLayers = None,
+    anchors: Anchors = D.anchors,
+    last_feature: LastFeature = D.last_feature,
+    gamma: Gamma = None,
     epochs: Annotated[int, typer.Option()] = D.epochs,
-    batch_size: Annotated[int, typer.Option(help="sequences per optimiser step")] = D.batch_size,
+    batch_size: BatchSize = D.batch_size,
     lr: Annotated[float, typer.Option()] = D.lr,
-    draft_vocab: Annotated[
-        Optional[int],
-        typer.Option(
-            help="draft over the N tokens the target generates most [default: all, up to 32,000]", show_default=False
-        ),
-    ] = None,
-    max_len: Annotated[int, typer.Option(help="train on each sequence's last N tokens")] = D.max_len,
-    gen_batch_size: Annotated[
-        Optional[int],
-        typer.Option(help="prompts per batch while the target generates [default: --batch-size]", show_default=False),
-    ] = None,
-    answers: Annotated[
-        Optional[str],
-        typer.Option(
-            help="an earlier `train eagle` run's data.pt on the same prompts: reuse its continuations",
-            show_default=False,
-        ),
-    ] = None,
-    save_dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16 for the saved weights")] = D.save_dtype,
+    draft_vocab: DraftVocab = None,
+    max_len: MaxLen = D.max_len,
+    gen_batch_size: GenBatch = None,
+    answers: Answers = None,
+    save_dtype: SaveDtype = D.save_dtype,
     seed: Annotated[int, typer.Option()] = D.seed,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads")] = None,
+    threads: Threads = None,
 ) -> None:
     """Train a block drafter: one forward over the target's features proposes every depth of a tree
     (DFlash's recipe on the target's own greedy generations)."""
@@ -99,16 +102,13 @@ def block(
     from treespec.cli import TrainingProgress
     from treespec.plugins.block_train import train_block
 
+    args = dict(locals())
     set_threads(threads)
     check_seed(seed)
     check_positive(
-        limit=limit,
-        epochs=epochs,
-        batch_size=batch_size,
-        max_new_tokens=max_new_tokens,
-        gen_batch_size=gen_batch_size,
-        max_len=max_len,
-    )
+        limit=limit, epochs=epochs, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        gen_batch_size=gen_batch_size, max_len=max_len,
+    )  # fmt: skip
     if offset < 0:
         fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
     if not lr > 0:
@@ -117,30 +117,7 @@ def block(
         features = tuple(int(x) for x in feature_layers.split(",")) if feature_layers else ()
     except ValueError:
         fail(f"--feature-layers {feature_layers!r}: give comma-separated layer indices, e.g. 2,5,8")
-    settings = BlockSettings(
-        target=target or DEFAULT_TARGET,
-        data=data,
-        out=out,
-        offset=offset,
-        limit=limit,
-        holdout=holdout,
-        max_new_tokens=max_new_tokens,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        block_size=block_size,
-        layers=layers,
-        anchors=anchors,
-        gamma=gamma,
-        draft_vocab=draft_vocab,
-        max_len=max_len,
-        gen_batch_size=gen_batch_size,
-        save_dtype=save_dtype,
-        answers=answers,
-        seed=seed,
-        feature_layers=features,
-        last_feature=last_feature,
-    )
+    settings = settings_from(BlockSettings, args, target=target or DEFAULT_TARGET, feature_layers=features)
     with TrainingProgress() as (progress, log):
         try:
             summary = train_block(settings, progress=progress, log=log)

@@ -30,78 +30,79 @@ OUT/data/ and reused. The recipe: docs/default-pair.md.
 
 
 D = PairSettings(out="")
+Out = Annotated[
+    str, typer.Option(help="directory for target/, draft/, training.json, log.jsonl, checkpoints and data/")
+]
+Minutes = Annotated[
+    Optional[float],
+    typer.Option(
+        help="stop after this many minutes (checkpointed); the same command continues [default: no limit]",
+        show_default=False,
+    ),
+]
+HeldOut = Annotated[float, typer.Option(help="fraction of the corpus files held out (by a hash of the path)")]
+MaxFiles = Annotated[
+    Optional[int],
+    typer.Option(help="use only the first N corpus files (quick trials) [default: all]", show_default=False),
+]
+Context = Annotated[int, typer.Option(help="training window and the models' max_position_embeddings")]
+Vocab = Annotated[int, typer.Option(help="byte-level BPE vocabulary, special tokens included")]
+EvalEvery = Annotated[int, typer.Option(help="steps between held-out evaluations (OUT/log.jsonl)")]
+Size = Annotated[int, typer.Option()]  # a model dimension (--target-hidden, --draft-layers, ...)
 
 
 def pair(
-    out: Annotated[
-        str, typer.Option(help="directory for target/, draft/, training.json, log.jsonl, checkpoints and data/")
-    ],
+    out: Out,
     which: Annotated[str, typer.Option(help="target, draft or both")] = "both",
     steps: Annotated[int, typer.Option(help="target optimiser steps")] = D.steps,
     draft_steps: Annotated[int, typer.Option(help="draft optimiser steps")] = D.draft_steps,
-    minutes: Annotated[
-        Optional[float],
-        typer.Option(
-            help="stop after this many minutes (checkpointed); the same command continues [default: no limit]",
-            show_default=False,
-        ),
-    ] = None,
+    minutes: Minutes = None,
     seed: Annotated[int, typer.Option()] = D.seed,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = D.threads,
     batch_size: Annotated[int, typer.Option(help="windows of --context tokens per step")] = D.batch_size,
     lr: Annotated[float, typer.Option(help="peak learning rate (AdamW, warm-up then cosine decay)")] = D.lr,
-    context: Annotated[int, typer.Option(help="training window and the models' max_position_embeddings")] = D.context,
-    vocab_size: Annotated[int, typer.Option(help="byte-level BPE vocabulary, special tokens included")] = D.vocab_size,
-    held_out: Annotated[
-        float, typer.Option(help="fraction of the corpus files held out (by a hash of the path)")
-    ] = D.held_out,
-    max_files: Annotated[
-        Optional[int],
-        typer.Option(help="use only the first N corpus files (quick trials) [default: all]", show_default=False),
-    ] = None,
-    target_hidden: Annotated[int, typer.Option()] = D.target.hidden,
-    target_layers: Annotated[int, typer.Option()] = D.target.layers,
-    target_heads: Annotated[int, typer.Option()] = D.target.heads,
-    target_kv_heads: Annotated[int, typer.Option()] = D.target.kv_heads,
-    target_intermediate: Annotated[int, typer.Option()] = D.target.intermediate,
-    draft_hidden: Annotated[int, typer.Option()] = D.draft.hidden,
-    draft_layers: Annotated[int, typer.Option()] = D.draft.layers,
-    draft_heads: Annotated[int, typer.Option()] = D.draft.heads,
-    draft_kv_heads: Annotated[int, typer.Option()] = D.draft.kv_heads,
-    draft_intermediate: Annotated[int, typer.Option()] = D.draft.intermediate,
-    eval_every: Annotated[int, typer.Option(help="steps between held-out evaluations (OUT/log.jsonl)")] = D.eval_every,
+    context: Context = D.context,
+    vocab_size: Vocab = D.vocab_size,
+    held_out: HeldOut = D.held_out,
+    max_files: MaxFiles = None,
+    target_hidden: Size = D.target.hidden,
+    target_layers: Size = D.target.layers,
+    target_heads: Size = D.target.heads,
+    target_kv_heads: Size = D.target.kv_heads,
+    target_intermediate: Size = D.target.intermediate,
+    draft_hidden: Size = D.draft.hidden,
+    draft_layers: Size = D.draft.layers,
+    draft_heads: Size = D.draft.heads,
+    draft_kv_heads: Size = D.draft.kv_heads,
+    draft_intermediate: Size = D.draft.intermediate,
+    eval_every: EvalEvery = D.eval_every,
     checkpoint_every: Annotated[int, typer.Option(help="steps between checkpoints")] = D.checkpoint_every,
 ) -> None:
     """Train treespec's own Llama target and draft (one BPE tokenizer) on the Python standard library's source."""
     from treespec.cli import TrainingProgress
     from treespec.cli import fail as _fail
+    from treespec.cli.common import settings_from
     from treespec.train.pair import train_pair
 
+    args = dict(locals())
     if minutes is not None and minutes <= 0:
         _fail(f"--minutes must be > 0, got {minutes}")
-    settings = PairSettings(
-        out=out,
-        seed=seed,
-        held_out=held_out,
-        max_files=max_files,
-        vocab_size=vocab_size,
-        context=context,
+    settings = settings_from(
+        PairSettings,
+        args,
         target=ModelSize(target_hidden, target_layers, target_heads, target_kv_heads, target_intermediate),
         draft=ModelSize(draft_hidden, draft_layers, draft_heads, draft_kv_heads, draft_intermediate),
-        steps=steps,
-        draft_steps=draft_steps,
-        batch_size=batch_size,
-        lr=lr,
-        eval_every=eval_every,
-        checkpoint_every=checkpoint_every,
-        threads=threads,
-        minutes=minutes,
     )
     with TrainingProgress() as (progress, log):
         try:
             summary = train_pair(settings, which=which, progress=progress, log=log)
         except TreespecError as exc:
             _fail(str(exc))
+    _report(summary, which, out)
+
+
+def _report(summary: dict, which: str, out: str) -> None:
+    """One line per model trained, then where the summary is and how to use the pair."""
     for name, m in summary["models"].items():
         if name not in (("target", "draft") if which == "both" else (which,)):
             continue

@@ -1,0 +1,18 @@
+"""The options `treespec train eagle` and `treespec train block` share, declared once (typer reads each
+parameter's ``Annotated`` type)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+Target = Annotated[
+    Optional[str],
+    typer.Option(help="target model: local directory, alias or hub id [default: treespec-py]", show_default=False),
+]
+Offset = Annotated[int, typer.Option(help="skip the first N prompts (keep benchmark prompts out of training)")]
+Limit = Annotated[int, typer.Option(help="prompts used, held-out ones included")]
+Holdout = Annotated[float, typer.Option(help="fraction of the prompts held out for the agreement summary")]
+MaxNew = Annotated[int, typer.Option(help="tokens the target generates per prompt")]
+Threads = Annotated[Optional[int], typer.Option(help="torch CPU threads")]
