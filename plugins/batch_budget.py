@@ -15,9 +15,9 @@ chooses the shape, and every row fills it:
         (N, D, W) = argmax (1 + Ē_W[D, N]) / C(N, D, W)      against plain decoding's 1 / C_plain
     every row verifies its top-N nodes by p̂: no row pads, no row drafts a round the step does not pay for
 
-C is fitted to the batch's own measured step walls (``StepCost``; the batch's cost curves of
-``cost_measure.measure(batch=B)`` are its prior), leaving out steps whose drafters also fed a backlog (a
-new prompt, the tokens of a plain stretch). A shape verified as drafted for ``MEASURED_MIN`` row-steps
+C is the batch's cost curves (``cost_measure.measure(batch=B)``, refined online) plus a level the
+batch's own measured step walls set (``StepCost``), leaving out steps whose drafters also fed a
+backlog (a new prompt, the tokens of a plain stretch). A shape verified as drafted for ``MEASURED_MIN`` row-steps
 is judged by its measured rate (tokens over wall, decayed) instead. Widths are tried from ``WIDTHS``;
 every ``EXPLORE_EVERY``-th step drafts one round deeper than the shape, alternately at its width and
 at another, so the tables can show when another shape pays (a shape changes only where drafted trees
@@ -105,58 +105,57 @@ class _Average:
 
 
 class StepCost:
-    """The batch step's seconds, fitted to the batch's own measured steps:
+    """The batch step's seconds: how a step's cost changes with its shape comes from the cost curves,
+    its level from the batch's own measured walls:
 
-        C(N, D, W) = c0 + c1 · N + c2 · D + c3 · (D − 1) · W        a speculative step
-        C_plain    = the plain steps' mean wall                       (the root alone; no drafting)
+        C(N, D, W) = T(N) + T_first + (D − 1) · T_expand(W) + b     a speculative step
+        b          = the median of wall − curves over the last ``WINDOW`` speculative steps
+        C_plain    = the plain steps' median wall                 (the root alone; no drafting)
 
-    by least squares over the last ``WINDOW`` speculative steps, with the cost curves' prediction
-    (T(N) + T_first + (D − 1) · T_expand(W) at a few shapes) as a weak prior, so the first steps and
-    shapes far from those measured still get an estimate. Measured walls include what the curves miss:
-    every row's bookkeeping, the drafters' catch-up, padding, the machine's own load."""
+    The curves (``cost_measure.measure(batch=B)``, refined online from the phases every row measures)
+    price a node and a round; the level b carries what they miss: every row's bookkeeping, the
+    drafters' catch-up, padding, the machine's own load. A regression of the walls on the shape
+    instead reads whatever else changes between the steps a shape was chosen in (rows in flight,
+    long accepted stretches) as the shape's cost: measured on the default pair at B = 4, it priced a
+    round at 0.5 ms where the curves and forced-shape runs agree on ~2.3 ms, and chose trees too deep."""
 
     WINDOW = 256
-    PRIOR_WEIGHT = 0.5  # each prior point counts as half a measured step
 
     def __init__(self) -> None:
-        self.rows: list[tuple[float, float, float, float]] = []  # (N, D, (D-1)W, wall) measured
+        self.rows: list[tuple[int, int, int, float]] = []  # (N, D, W, wall) measured
         self.plain_walls: list[float] = []
-        self.prior_rows: list[tuple[float, float, float, float]] = []
-        self.prior_plain = 0.0
-        self.coef: np.ndarray | None = None
+        self.t = np.zeros(1)  # T(n) [cap + 2]
+        self.x = np.zeros(1)  # T_expand(m) [cap + 2]
+        self.first = 0.0
+        self.level: float | None = None
 
     def prior(self, t: np.ndarray, x: np.ndarray, first: float) -> None:
-        """The cost curves' view (refreshed whenever the plan chooses)."""
-        pts = [(n, d, w) for n in (1, 4, 8, 16) for d in (1, 3, 6) for w in (1, 4) if n < t.size and w < x.size]
-        self.prior_rows = [(n, d, (d - 1) * w, float(t[n] + first + (d - 1) * x[w])) for n, d, w in pts]
-        self.prior_plain = float(t[0])
-        self.coef = None
+        """The cost curves as they stand (refreshed whenever the plan chooses)."""
+        self.t, self.x, self.first, self.level = t, x, first, None
 
     def add(self, shape: Shape, wall: float) -> None:
         if shape.nodes == 0:
             self.plain_walls = (self.plain_walls + [wall])[-self.WINDOW :]
         else:
-            self.rows = (self.rows + [(shape.nodes, shape.rounds, (shape.rounds - 1) * shape.width, wall)])[
-                -self.WINDOW :
-            ]
-        self.coef = None
+            self.rows = (self.rows + [(shape.nodes, shape.rounds, shape.width, wall)])[-self.WINDOW :]
+        self.level = None
 
     @property
     def plain(self) -> float:
-        return float(np.median(self.plain_walls)) if len(self.plain_walls) >= 4 else self.prior_plain
+        return float(np.median(self.plain_walls)) if len(self.plain_walls) >= 4 else float(self.t[0])
 
-    def _fit(self) -> np.ndarray:
-        rows = np.array(self.rows + self.prior_rows, dtype=np.float64).reshape(-1, 4)  # [K, 4]
-        weight = np.r_[np.ones(len(self.rows)), np.full(len(self.prior_rows), self.PRIOR_WEIGHT)]  # [K]
-        a = np.c_[np.ones(len(rows)), rows[:, :3]] * np.sqrt(weight)[:, None]  # [K, 4]
-        coef, *_ = np.linalg.lstsq(a, rows[:, 3] * np.sqrt(weight), rcond=None)
-        return np.maximum(coef, 0.0)  # more nodes, rounds or width never make a step cheaper
+    def curves(self, n: np.ndarray, d: np.ndarray, w: int | np.ndarray) -> np.ndarray:
+        """T(N) + T_first + (D − 1) · T_expand(W), sizes clipped to the curves' range."""
+        n, w = np.minimum(n, self.t.size - 1), np.minimum(w, self.x.size - 1)
+        return self.t[n] + self.first + (np.asarray(d) - 1) * self.x[w]
 
     def predict(self, n: np.ndarray, d: np.ndarray, w: int) -> np.ndarray:
-        if self.coef is None:
-            self.coef = self._fit()
-        c = self.coef
-        return c[0] + c[1] * n + c[2] * d + c[3] * (d - 1) * w
+        if self.level is None:
+            rows = np.array(self.rows, dtype=np.float64).reshape(-1, 4)  # [K, 4]
+            ints = rows[:, :3].astype(np.int64)
+            resid = rows[:, 3] - self.curves(ints[:, 0], ints[:, 1], ints[:, 2])  # [K]
+            self.level = float(np.median(resid)) if resid.size else 0.0
+        return np.maximum(self.curves(n, d, w) + self.level, 1e-6)
 
 
 class BatchPlan:
