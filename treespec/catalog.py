@@ -59,11 +59,12 @@ PACKAGED_MODELS: dict[str, Path] = {
     # EAGLE head for SmolLM2-135M-Instruct (`smollm2`, treespec.gguf), trained here (docs/smollm2.md)
     "smollm2-eagle": Path(__file__).resolve().parent / "heads" / "smollm2-eagle",
     "treespec-py-block": PAIR_DIR / "block",  # block drafter for treespec-py (`--drafter block`, docs/drafters.md)
+    "smollm2-block": Path(__file__).resolve().parent / "heads" / "smollm2-block",  # block drafter for smollm2
 }
 #: the EAGLE head `--drafter eagle` uses for a target when no head= is given: target alias -> head alias
 SHIPPED_HEADS: dict[str, str] = {"treespec-py": "treespec-py-eagle", "smollm2": "smollm2-eagle"}
 #: the block drafter `--drafter block` uses for a target when no head= is given: target alias -> its alias
-SHIPPED_BLOCKS: dict[str, str] = {"treespec-py": "treespec-py-block"}  # none for smollm2 yet (docs/drafters.md)
+SHIPPED_BLOCKS: dict[str, str] = {"treespec-py": "treespec-py-block", "smollm2": "smollm2-block"}
 MAIN_TARGET = "smollm2"  # `treespec run` without --target: SmolLM2-135M-Instruct, a real chat model
 DEFAULT_TARGET = "treespec-py"  # treespec's own small pair: tests, `bench`/`tree show` without --target
 DEFAULT_DRAFT = "treespec-py-draft"
