@@ -13,7 +13,14 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import D_OPTION_HELP, check_positive, set_threads, writable_file, write_or_print
+from treespec.cli.common import (
+    D_OPTION_HELP,
+    check_positive,
+    pair_options,
+    set_threads,
+    writable_file,
+    write_or_print,
+)
 from treespec.errors import TreespecError
 
 export_app = typer.Typer(
@@ -96,8 +103,6 @@ def measure(
     if out is not None:
         writable_file(out, "--out", create_folder=True)  # before the measurement, not after it
     try:
-        from treespec.cli.common import pair_options
-
         target, drafter, _, d_opts = pair_options(target, drafter or "eagle", "chain", None, drafter_option)
         from treespec.bench.datasets import format_turns, load_prompts
         from treespec.decoder import Decoder
@@ -286,7 +291,7 @@ def _sglang(files, info, out: Path, dt, planned, tokens: int | None, buckets: li
             f"batch {b.batch}: "
             + (
                 "no speculation (plain decoding predicted faster)"
-                if b.plan.plain_rate is not None and b.plan.plain_rate >= (b.plan.sglang.tokens_per_second or 0.0)
+                if b.plain_beats_sglang()
                 else f"steps {b.plan.sglang.steps}, topk {b.plan.sglang.topk}, {b.plan.sglang.draft_tokens} draft tokens"
             )
             for b in buckets

@@ -6,7 +6,7 @@ Registered in ``cli/app.py`` with ``app.add_typer(train_app, name="train")``.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -113,10 +113,7 @@ def eagle(
         seed, limit, epochs, batch_size, layers, ttt_steps, max_new_tokens, gen_batch_size, offset, lr, noise, version
     )
     if version == 3:
-        return _eagle3(
-            out, data, target or DEFAULT_TARGET, offset, limit, holdout, max_new_tokens, layers, epochs, batch_size,
-            lr if lr is not None else 1e-3, seed, ttt_steps, draft_vocab, max_len,
-        )  # fmt: skip
+        return _eagle3(args, target or DEFAULT_TARGET, lr if lr is not None else 1e-3)
     settings = settings_from(TrainSettings, args, target=target or DEFAULT_TARGET, lr=lr if lr is not None else 3e-3)
     with TrainingProgress() as (progress, log):
         try:
@@ -166,44 +163,14 @@ def _check(
         _fail(f"--version {version}: use 1 (EAGLE-1/2) or 3 (EAGLE-3)")
 
 
-def _eagle3(
-    out: str,
-    data: str,
-    target: str,
-    offset: int,
-    limit: int,
-    holdout: float,
-    max_new_tokens: int,
-    layers: int,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    seed: int,
-    ttt_steps: int,
-    draft_vocab: int | None,
-    max_len: int,
-) -> None:
+def _eagle3(args: dict[str, Any], target: str, lr: float) -> None:
+    """`train eagle --version 3`: the command's parameters ``args``, with the target and lr filled in."""
     from treespec.cli import TrainingProgress
     from treespec.plugins.eagle3_train import Train3Settings, train3
 
-    if layers != 1:
+    if args["layers"] != 1:
         _fail("--layers: EAGLE-3 heads have one decoder layer (the published layout); drop --layers")
-    settings = Train3Settings(
-        target=target,
-        data=data,
-        out=out,
-        offset=offset,
-        limit=limit,
-        holdout=holdout,
-        max_new_tokens=max_new_tokens,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        ttt_steps=ttt_steps,
-        draft_vocab=draft_vocab,
-        max_len=max_len,
-        seed=seed,
-    )
+    settings = settings_from(Train3Settings, args, target=target, lr=lr)
     with TrainingProgress() as (progress, log):
         try:
             summary = train3(settings, progress=progress, log=log)
@@ -212,10 +179,10 @@ def _eagle3(
     steps = " ".join(f"{a:.3f}" for a in summary["top1_per_step"])
     typer.echo(
         f"EAGLE-3 head ({summary['parameters']:,} parameters, draft vocabulary {summary['draft_vocab']}, "
-        f"target layers {summary['layers']}) → {out}: held-out top-1 agreement per unrolled step {steps} "
+        f"target layers {summary['layers']}) → {settings.out}: held-out top-1 agreement per unrolled step {steps} "
         f"on {summary['held_out_positions']} generated positions"
     )
-    typer.echo(f"use it: treespec run --target {target} --drafter eagle3 -D head={out}")
+    typer.echo(f"use it: treespec run --target {target} --drafter eagle3 -D head={settings.out}")
 
 
 from treespec.cli.train_pair import EPILOG as PAIR_EPILOG  # noqa: E402  (the sub-command lives in its own module)

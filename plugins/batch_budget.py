@@ -129,8 +129,8 @@ class StepCost:
         self.first = 0.0
         self.level: float | None = None
 
-    def prior(self, t: np.ndarray, x: np.ndarray, first: float) -> None:
-        """The cost curves as they stand (refreshed whenever the plan chooses)."""
+    def use_curves(self, t: np.ndarray, x: np.ndarray, first: float) -> None:
+        """The cost curves as they stand (given whenever the plan chooses)."""
         self.t, self.x, self.first, self.level = t, x, first, None
 
     def add(self, shape: Shape, wall: float) -> None:
@@ -228,7 +228,7 @@ class BatchPlan:
         )  # T(n) [cap + 2], T_expand(m) [cap + 2], T_first
         if not planner.known:
             return
-        self.cost.prior(t, x, first)
+        self.cost.use_curves(t, x, first)
         best, best_rate, best_seconds = None, 0.0, 0.0
         # trust region: shapes near those measured (the fit is linear; the tables flat beyond the trees)
         n_cap = max(4, int(1.5 * max((r[0] for r in self.cost.rows), default=FIRST.nodes)))

@@ -47,7 +47,7 @@ def test_step_cost_prices_shapes_by_the_curves_and_its_level_by_the_walls():
     flatten the price of a round, as a regression of walls on the shape does."""
     t, x, first = 0.005 + 0.0004 * np.arange(40), 0.002 * np.ones(40), 0.003
     cost = StepCost()
-    cost.prior(t, x, first)
+    cost.use_curves(t, x, first)
     curves = lambda n, d, w: t[n] + first + (d - 1) * x[w]  # noqa: E731
     rng = np.random.default_rng(0)
     for _ in range(200):

@@ -130,6 +130,11 @@ class Bucket:
     plan: Plan
     chain_rates: list[float]  # [k] for k = 0 .. max chain length
 
+    def plain_beats_sglang(self) -> bool:
+        """Plain decoding is predicted at least as fast as this batch size's static SGLang shape."""
+        sglang = self.plan.sglang.tokens_per_second or 0.0
+        return self.plan.plain_rate is not None and self.plan.plain_rate >= sglang
+
     def summary(self) -> dict[str, Any]:
         return {
             "batch_size": self.batch,
@@ -144,8 +149,8 @@ def buckets(p: Sequence[Sequence[float]], nodes: int, costs: Sequence[Any], max_
     out = []
     chains = [trees.chain(p, k) for k in range(1, min(nodes, max_depth) + 1)]
     for cost in sorted(costs, key=batch_of):
-        rates = [1.0 / max(cost.plain_seconds(), 1e-9)] + [rate(cost, t) for t in chains]
-        out.append(Bucket(batch_of(cost), plan(p, nodes, cost, max_depth), rates))
+        planned = plan(p, nodes, cost, max_depth)
+        out.append(Bucket(batch_of(cost), planned, [planned.plain_rate] + [rate(cost, t) for t in chains]))
     return out
 
 
