@@ -65,12 +65,13 @@ def expectation_table(phat: np.ndarray, depths: np.ndarray) -> np.ndarray:
     n-node tree within depth d: p̂ never grows along a path, so the n largest form a tree); E[0, ·] = 0,
     and beyond the nodes there are, E stays flat. ``phat``/``depths``: the drafted nodes (root excluded)."""
     top, m = int(depths.max()) if depths.size else 0, int(phat.size)
+    order = np.argsort(-phat, kind="stable")  # [K] best first
+    within = depths[order][None, :] <= np.arange(1, top + 1)[:, None]  # [D, K] node j counts within depth d
+    sums = np.cumsum(np.where(within, phat[order], 0.0), axis=1)  # [D, K] Σ p̂ of the first j that count
     table = np.zeros((top + 1, m + 1))
-    for d in range(1, top + 1):
-        run = np.concatenate([[0.0], np.cumsum(-np.sort(-phat[depths <= d]))])  # [K + 1] best-first sums
-        table[d, : run.size] = run
-        table[d, run.size :] = run[-1]
-    return table
+    rows, cols = np.nonzero(within)
+    table[rows + 1, np.cumsum(within, axis=1)[rows, cols]] = sums[rows, cols]  # [d, n]: the n best within d
+    return np.maximum.accumulate(table, axis=1)  # beyond the nodes there are, E stays flat
 
 
 def _grow_to(table: np.ndarray, shape: tuple[int, int]) -> np.ndarray:

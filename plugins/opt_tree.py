@@ -136,11 +136,18 @@ class OptTreeBuilder(PlanningBuilder):
             self.planner.attach(target, drafter, self.batch_size)
 
     def join_batch(self, peers: list[TreeBuilder]) -> None:
-        """Auto: the rows' planners share one shape per step (``batch_budget.BatchPlan``)."""
+        """Auto: the rows' planners share one shape per step (``batch_budget.BatchPlan``) and one
+        calibration map (every row's verified trees teach it: one drafter, one map, refitted once for the
+        batch, not once per row). Each row keeps its own cost curves: their online refinement moves a
+        point a fixed share per observation, and B rows observing one set would move it B times as fast."""
         if self.planner is None or len(peers) <= 1:  # a batch of one plans as a single sequence does
             return
-        shared = [p.planner.plan for p in peers if isinstance(p, OptTreeBuilder) and p.planner and p.planner.plan]
-        self.planner.plan = shared[0] if shared else BatchPlan()
+        first = next((p for p in peers if isinstance(p, OptTreeBuilder) and p.planner and p.planner.plan), None)
+        if first is None or first.planner is None:
+            self.planner.plan = BatchPlan()
+            return
+        self.planner.plan = first.planner.plan
+        self.calibration = self.planner.calibration = first.calibration
 
     def verified(self, tree: DraftTree, path: torch.Tensor) -> None:
         if self.calibration is not None:

@@ -381,14 +381,18 @@ def test_repeated_batches_leave_nothing_behind(target64, prompts):
 
 def test_rows_of_a_builder_instance_share_no_state(target64):
     """Review leftover: ``Decoder(builder=<instance>)`` gave batch rows shallow copies of it, so every row
-    shared one cost planner and one calibration map."""
+    shared one cost planner, and the rows' calibration map was the user's builder's. Rows have planners
+    of their own; they share one calibration map by design (``OptTreeBuilder.join_batch``: one drafter,
+    one map), a fresh one, never the single-sequence builder's."""
     from treespec.plugins.opt_tree import OptTreeBuilder
 
     builder = OptTreeBuilder(OptTreeBuilder.Config(nodes="auto"))
     dec = treespec.Decoder(target64, drafter="ngram", builder=builder)
     rows = dec.row_builders([dec.drafter.rows(2).drafters[i] for i in range(2)])
     assert rows[0] is not rows[1] and rows[0].planner is not rows[1].planner
-    assert rows[0].calibration is not rows[1].calibration and rows[0].planner is not builder.planner
+    assert rows[0].planner is not builder.planner and rows[0].planner.cost is not rows[1].planner.cost
+    assert rows[0].calibration is rows[1].calibration is rows[1].planner.calibration
+    assert rows[0].calibration is not builder.calibration
 
 
 @pytest.mark.parametrize("key", ["model", "eagle"])

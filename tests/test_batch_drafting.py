@@ -154,7 +154,7 @@ def test_a_failing_builder_stops_the_batch_with_every_rows_output(target64, prom
 
 
 def test_the_rows_auto_planners_share_one_shape_per_step(target64, greedy_reference, prompts):
-    """An auto batch's rows share one BatchPlan: in every step every row verifies the same number of
+    """An auto batch's rows share one BatchPlan (and one calibration map): in every step every row verifies the same number of
     nodes (the shape's N, or fewer only where its drafting found fewer), no row decodes plainly while
     another speculates, and every row stays lossless."""
     import numpy as np
@@ -170,6 +170,9 @@ def test_the_rows_auto_planners_share_one_shape_per_step(target64, greedy_refere
     builders = dec._row_builders[len(prompts)]
     plan = builders[0].planner.plan
     assert plan is not None and all(b.planner.plan is plan for b in builders)
+    # one calibration map for the batch: every row learns into it
+    first = builders[0]
+    assert all(b.calibration is first.calibration is b.planner.calibration for b in builders)
     assert all(b.batch_size == len(prompts) and b.planner.cost.key.get("batch") == len(prompts) for b in builders)
     steps = min(len(o.stats.steps) for o in outs)
     done = [[sum(s.emitted for s in o.stats.steps[:k]) for k in range(steps)] for o in outs]  # tokens before step k

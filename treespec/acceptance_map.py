@@ -51,15 +51,15 @@ class AcceptanceMap:
     def __init__(self) -> None:
         self._mids = (np.arange(BUCKETS) + 0.5) / BUCKETS  # [B] bucket centres
         self._theta = [IDENTITY] * (DEPTH_GROUPS + 1)  # the logistic fits (shared, then per group): warm starts
-        self.hits = torch.zeros(DEPTH_GROUPS, BUCKETS, dtype=torch.float64)  # [G, B] accepted nodes
-        self.tests = torch.zeros(DEPTH_GROUPS, BUCKETS, dtype=torch.float64)  # [G, B] tested nodes
+        self.hits = np.zeros((DEPTH_GROUPS, BUCKETS))  # [G, B] accepted nodes
+        self.tests = np.zeros((DEPTH_GROUPS, BUCKETS))  # [G, B] tested nodes
         self.observed = 0  # nodes seen
         self.unfitted = 0  # nodes seen since the last fit
         self.table = self._fit()  # [G, B]
 
     def _fit(self) -> torch.Tensor:
         x = np.log(self._mids / (1 - self._mids))  # [B] logit of the bucket centres
-        hits, tests = self.hits.numpy(), self.tests.numpy()
+        hits, tests = self.hits, self.tests
         self._theta[0] = shared = _platt(x, hits.sum(0), tests.sum(0), IDENTITY, self._theta[0])
         rows = []
         for g in range(DEPTH_GROUPS):
@@ -76,12 +76,6 @@ class AcceptanceMap:
         )  # [G, LUT+2]
         return torch.from_numpy(table)
 
-    @staticmethod
-    def _cells(q: torch.Tensor, depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        buckets = (q.double().clamp(0, 1) * BUCKETS).long().clamp(max=BUCKETS - 1)  # [N]
-        groups = (depths.long() - 1).clamp(0, DEPTH_GROUPS - 1)  # [N]
-        return groups, buckets
-
     def __call__(self, q: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
         """Calibrated conditional acceptance of nodes with draft confidence ``q`` [N] at ``depths`` [N]."""
         groups = (depths.long() - 1).clamp(0, DEPTH_GROUPS - 1)  # [N]
@@ -93,16 +87,22 @@ class AcceptanceMap:
         table = self._lut_np[min(max(depth, 1), DEPTH_GROUPS) - 1]  # [LUT+2]
         return table[(q * LUT).astype(np.int64)]  # q in [0, 1]: a probability, so the cell exists
 
-    def update(self, q: torch.Tensor, depths: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Count outcomes of tested nodes: ``accepted`` [N] bool, for nodes whose parent was accepted."""
-        if q.numel() == 0:
+    def update(self, q: np.ndarray, depths: np.ndarray, accepted: np.ndarray) -> None:
+        """Count outcomes of tested nodes: confidences ``q`` [N], ``depths`` [N], ``accepted`` [N] bool, for
+        nodes whose parent was accepted (numpy arrays, or tensors on the CPU)."""
+        q, depths, accepted = np.asarray(q, dtype=np.float64), np.asarray(depths), np.asarray(accepted)
+        if q.size == 0:
             return
-        groups, buckets = self._cells(q, depths)
+        buckets = np.minimum((np.clip(q, 0, 1) * BUCKETS).astype(np.int64), BUCKETS - 1)  # [N]
+        groups = np.clip(depths.astype(np.int64) - 1, 0, DEPTH_GROUPS - 1)  # [N]
         flat = groups * BUCKETS + buckets  # [N]
-        self.tests.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
-        self.hits.view(-1).index_add_(0, flat, accepted.to(torch.float64))
-        self.observed += int(q.numel())
-        self.unfitted += int(q.numel())
+        cells = DEPTH_GROUPS * BUCKETS
+        self.tests += np.bincount(flat, minlength=cells).reshape(DEPTH_GROUPS, BUCKETS)
+        self.hits += np.bincount(flat, weights=accepted.astype(np.float64), minlength=cells).reshape(
+            DEPTH_GROUPS, BUCKETS
+        )
+        self.observed += int(q.size)
+        self.unfitted += int(q.size)
         if self.unfitted >= max(REFIT_MIN, REFIT_SHARE * self.observed):  # refit as often as new evidence matters
             self.table = self._fit()
             self.unfitted = 0
@@ -111,12 +111,12 @@ class AcceptanceMap:
         """Learn from one verified tree: ``path`` [m+1] = the accepted node ids, root first."""
         if len(tree) == 1:  # type: ignore[arg-type]  # the root alone: nothing was tested
             return
-        parents = tree.parents  # type: ignore[attr-defined]
-        on_path = torch.zeros(len(parents), dtype=torch.bool)  # [N]
-        on_path[path.cpu()] = True
-        tested = on_path[parents.clamp(min=0)]  # [N] the parent was accepted
+        parents = tree.parents.numpy()  # type: ignore[attr-defined]  # [N]
+        on_path = np.zeros(parents.size, dtype=np.bool_)  # [N]
+        on_path[path.cpu().numpy()] = True
+        tested = on_path[np.maximum(parents, 0)]  # [N] the parent was accepted
         tested[0] = False  # the root is no draft
-        self.update(tree.q[tested], tree.depths[tested], on_path[tested])  # type: ignore[attr-defined]
+        self.update(tree.q.numpy()[tested], tree.depths.numpy()[tested], on_path[tested])  # type: ignore[attr-defined]
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
