@@ -1,28 +1,30 @@
-"""One shape for a batch's step: the rows of an auto batch draft D rounds of W nodes and verify N each.
+"""One shape for a batch's step: the rows of an auto batch draft a chain of D nodes each and verify it.
 
 In a batch, ONE target forward verifies [B, N_max] nodes and ONE draft forward serves each round of
-expansions, so a step costs what its largest tree and its deepest, widest drafting cost, C(N, D, W).
-Rows planning alone get this wrong three ways: a row whose tree is smaller than the largest pays for
-padding it does not use; a row that stops drafting early waits for the others' rounds anyway; and a
-row that turns speculation off decodes plainly inside a step that still drafts and verifies trees
-for its neighbours — it saves the batch nothing and gives up its own accepted tokens. So the batch
-chooses the shape, and every row fills it:
+expansions, so a step costs what its largest tree and its deepest drafting cost. Rows planning alone
+get this wrong three ways: a row whose tree is smaller than the largest pays for padding it does not
+use; a row that stops drafting early waits for the others' rounds anyway; and a row that turns
+speculation off decodes plainly inside a step that still drafts and verifies trees for its neighbours
+— it saves the batch nothing and gives up its own accepted tokens. So the batch chooses the shape, and
+every row fills it. The shape is a chain (the draft's best guess at each of D depths): every best fixed
+row of the batch benchmarks here is a chain, and a plan over trees of any width and size wandered into
+shapes its cost model mispriced and ran 10–20% behind them (docs/bench/batch-default-pair-shared-map).
+Only the depth is chosen, one round at a time, from what the rows expect and what the steps measured:
 
-    each row drafts D layers, each layer the W best candidates by p̂ among the children of the
-        last layer's nodes (W = 1: a chain of the draft's best guesses), and reports its table
-        E_r[d, n] = the calibrated expected accepted length of its best n-node tree within depth d
-    the plan keeps, per width W, a moving average Ē_W of the rows' tables and picks
-        (N, D, W) = argmax (1 + Ē_W[D, N]) / C(N, D, W)      against plain decoding's 1 / C_plain
-    every row verifies its top-N nodes by p̂: no row pads, no row drafts a round the step does not pay for
+    each row reports E_r[d, n] = the calibrated expected accepted length of its best n-node tree
+        within depth d; the plan keeps a moving average Ē of the rows' tables
+    W(D) = the batch's measured step wall at depth D (decayed by ``WALL_DECAY`` per step, so the
+        depths' walls cover the same stretch of prompts)
+    D ← argmax over D' in {D − 1, D, D + 1} of (1 + Ē[D', D']) / W(D'), moving only for ``SWITCH``
+        more (near the best, chains of 3 to 6 nodes ran within 3% of one another at B = 4)
+    every ``EXPLORE_EVERY``-th step runs D + 1 or D − 1 instead (alternately), so both neighbours'
+        walls and tables stay measured beside D's
 
-C is the batch's cost curves (``cost_measure.measure(batch=B)``, refined online) plus a level the
-batch's own measured step walls set (``StepCost``), leaving out steps whose drafters also fed a
-backlog (a new prompt, the tokens of a plain stretch). A shape verified as drafted for ``MEASURED_MIN`` row-steps
-is judged by its measured rate (tokens over wall, decayed) instead. Widths are tried from ``WIDTHS``;
-every ``EXPLORE_EVERY``-th step drafts one round deeper than the shape, alternately at its width and
-at another, so the tables can show when another shape pays (a shape changes only where drafted trees
-say it does). When plain decoding wins, every row decodes plainly, and a probe every ``gap`` steps
-(doubling, ``plugins/probe.py``) drafts the last shape again. The plan changes tree shapes, never tokens.
+Steps whose drafters also fed a backlog (a new prompt, the tokens of a plain stretch) measure no wall.
+When plain decoding wins (its measured wall against the best chain's rate; before ``PLAIN_MIN`` plain
+steps were measured, the profile's price only buys that many to measure it), every row decodes plainly,
+and a probe every ``gap`` steps (doubling, ``plugins/probe.py``) drafts the last chain again. The plan
+changes tree shapes, never tokens.
 """
 
 from __future__ import annotations
@@ -42,22 +44,28 @@ if TYPE_CHECKING:
     from treespec.interfaces import Drafter
     from treespec.plugins.cost_aware import AutoPlanner
 
-WIDTHS = (1, 2)  # layer widths the plan tries (wider layers cost a batch more rounds' time than they found)
-EXPLORE_EVERY = 8  # steps between exploring steps (an exploring step drafts more than it verifies)
+MEASURED_STEPS = 1.5  # decayed steps of a depth before its wall counts
+EXPLORE_EVERY = 6  # steps between exploring steps (a neighbouring depth, alternately deeper and shallower)
 EMA = 0.25  # weight of a step's mean table in the moving average
-MEASURED_MIN = 16  # row-steps after which a shape is judged by its measured rate, not the model's
-RATE_DECAY = 0.98  # per row-step: a measured rate follows the last ~50 row-steps of its shape
+WALL_DECAY = 0.97  # per step: a depth's measured wall follows the last ~30 steps
+SWITCH = 0.03  # another depth must promise this much more than the current one
+PLAIN_WINDOW = 256  # plain steps whose median wall prices plain decoding
+PLAIN_MIN = 4  # plain steps measured before plain decoding is judged by its own wall (not the profile's)
 
 
 @dataclass(frozen=True)
 class Shape:
     nodes: int  # N: nodes each row verifies (0: the root alone, plain decoding)
     rounds: int  # D: draft rounds (tree levels drafted)
-    width: int  # W: candidates kept per layer (and expanded next)
+    width: int  # W: candidates kept per layer (and expanded next); 1 in a batch's chains
 
 
 PLAIN = Shape(0, 0, 0)
 FIRST = Shape(4, 4, 1)  # before any tree was drafted
+
+
+def chain(depth: int) -> Shape:
+    return Shape(depth, depth, 1)
 
 
 def expectation_table(phat: np.ndarray, depths: np.ndarray) -> np.ndarray:
@@ -105,170 +113,107 @@ class _Average:
         self.seen = seen | reached
 
 
-class StepCost:
-    """The batch step's seconds: how a step's cost changes with its shape comes from the cost curves,
-    its level from the batch's own measured walls:
-
-        C(N, D, W) = T(N) + T_first + (D − 1) · T_expand(W) + b     a speculative step
-        b          = the median of wall − curves over the last ``WINDOW`` speculative steps
-        C_plain    = the plain steps' median wall                 (the root alone; no drafting)
-
-    The curves (``cost_measure.measure(batch=B)``, refined online from the phases every row measures)
-    price a node and a round; the level b carries what they miss: every row's bookkeeping, the
-    drafters' catch-up, padding, the machine's own load. A regression of the walls on the shape
-    instead reads whatever else changes between the steps a shape was chosen in (rows in flight,
-    long accepted stretches) as the shape's cost: measured on the default pair at B = 4, it priced a
-    round at 0.5 ms where the curves and forced-shape runs agree on ~2.3 ms, and chose trees too deep."""
-
-    WINDOW = 256
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, int, int, float]] = []  # (N, D, W, wall) measured
-        self.plain_walls: list[float] = []
-        self.t = np.zeros(1)  # T(n) [cap + 2]
-        self.x = np.zeros(1)  # T_expand(m) [cap + 2]
-        self.first = 0.0
-        self.level: float | None = None
-
-    def use_curves(self, t: np.ndarray, x: np.ndarray, first: float) -> None:
-        """The cost curves as they stand (given whenever the plan chooses)."""
-        self.t, self.x, self.first, self.level = t, x, first, None
-
-    def add(self, shape: Shape, wall: float) -> None:
-        if shape.nodes == 0:
-            self.plain_walls = (self.plain_walls + [wall])[-self.WINDOW :]
-        else:
-            self.rows = (self.rows + [(shape.nodes, shape.rounds, shape.width, wall)])[-self.WINDOW :]
-        self.level = None
-
-    @property
-    def plain(self) -> float:
-        return float(np.median(self.plain_walls)) if len(self.plain_walls) >= 4 else float(self.t[0])
-
-    def curves(self, n: np.ndarray, d: np.ndarray, w: int | np.ndarray) -> np.ndarray:
-        """T(N) + T_first + (D − 1) · T_expand(W), sizes clipped to the curves' range."""
-        n, w = np.minimum(n, self.t.size - 1), np.minimum(w, self.x.size - 1)
-        return self.t[n] + self.first + (np.asarray(d) - 1) * self.x[w]
-
-    def predict(self, n: np.ndarray, d: np.ndarray, w: int) -> np.ndarray:
-        if self.level is None:
-            rows = np.array(self.rows, dtype=np.float64).reshape(-1, 4)  # [K, 4]
-            ints = rows[:, :3].astype(np.int64)
-            resid = rows[:, 3] - self.curves(ints[:, 0], ints[:, 1], ints[:, 2])  # [K]
-            self.level = float(np.median(resid)) if resid.size else 0.0
-        return np.maximum(self.curves(n, d, w) + self.level, 1e-6)
-
-
 class BatchPlan:
-    """The shape a batch's auto rows share (see the module docstring). ``shape(planner)`` is asked by
-    every row at the start of its build; ``report(table)`` after it drafted."""
+    """The chain a batch's auto rows share (see the module docstring). ``shape(planner)`` is asked by
+    every row at the start of its build; ``report(table)`` after it drafted; ``observe(wall)`` after
+    the step."""
 
     def __init__(self) -> None:
         self.tables: dict[int, _Average] = {}  # width -> moving average of the rows' E tables
-        self.current: Shape = FIRST
-        self.draft: Shape = FIRST  # what rows draft this step (the shape, or an exploring variant)
+        self.current: Shape = FIRST  # what rows draft and verify this step
+        self.home = FIRST.rounds  # the chosen depth (exploring steps run a neighbour of it)
         self.last_spec: Shape = FIRST  # the last speculative shape (probes draft it)
+        self.walls: dict[int, list[float]] = {}  # depth -> decayed Σ wall, Σ steps
+        self.plain_walls: list[float] = []
         self.observed = False  # a row's step was observed since the current step began
         self.catch_up = False  # a row of this step also fed its drafter a backlog (its wall is not the shape's)
-        self.cost = StepCost()
         self.step_tables: list[np.ndarray] = []  # this step's reports
         self.steps = 0
         self.probes = ProbeSchedule.for_batch()  # while the batch decodes plainly: when to probe (plugins/probe.py)
-        self.turn = 0  # which width the next exploring step tries
-        self.predicted = 0.0  # the current shape's predicted step seconds
-        # per shape verified as drafted: decayed Σ tokens, Σ seconds, row-steps (a measured rate)
-        self.rates: dict[Shape, list[float]] = {}
+        self.turn = 0  # which neighbour the next exploring step runs
+        self.predicted = 0.0  # the current shape's measured step seconds (what the plan expects)
 
     # ------------------------------------------------------------------ rows' calls
     def shape(self, planner: AutoPlanner) -> tuple[Shape, Shape]:
-        """(the step's shape, what to draft this step: the shape, or one round deeper / another width).
-        Every row asks before it drafts and is observed after the step's verification, so the first
-        ask after an observation starts a new step (rows drafting side by side or one after another)."""
+        """(the step's shape, what to draft: the same). Every row asks before it drafts and is observed
+        after the step's verification, so the first ask after an observation starts a new step."""
         if self.observed:  # a new step: fold in the last one's reports, choose again
             self.observed = False
             self._new_step(planner)
-        return self.current, self.draft
+        return self.current, self.current
 
     def report(self, table: np.ndarray, catching_up: bool = False) -> None:
-        """A row's E table of the tree it just drafted (at this step's drafting width); ``catching_up``:
-        its drafter also fed what it skipped (a new prompt, or the tokens of a plain stretch), so this
-        step's wall is not what the shape costs."""
+        """A row's E table of the tree it just drafted; ``catching_up``: its drafter also fed what it
+        skipped (a new prompt, or the tokens of a plain stretch), so this step's wall is not the shape's."""
         self.step_tables.append(table)
         self.catch_up = self.catch_up or catching_up
 
-    def observe(self, wall: float, emitted: int) -> None:
-        """A row's measured step: its wall time fits the step cost (once per step), and a shape verified
-        as drafted keeps its own measured rate."""
-        if not self.observed and not self.catch_up:  # the step's first row: every row waited for the same step
-            self.cost.add(self.draft, wall)  # (a plain step drafts PLAIN too)
+    def observe(self, wall: float) -> None:
+        """A row's measured step: the step's first row records its wall (every row waited for the same step)."""
+        if not self.observed and not self.catch_up:
+            if self.current == PLAIN:
+                self.plain_walls = (self.plain_walls + [wall])[-PLAIN_WINDOW:]
+            else:
+                for w in self.walls.values():  # every depth's record ages alike: they cover the same stretch
+                    w[0], w[1] = WALL_DECAY * w[0], WALL_DECAY * w[1]
+                w = self.walls.setdefault(self.current.rounds, [0.0, 0.0])
+                w[0], w[1] = w[0] + wall, w[1] + 1.0
         self.observed = True
-        if self.draft == self.current and self.current != PLAIN and not self.catch_up:  # the shape's own rate
-            rate = self.rates.setdefault(self.current, [0.0, 0.0, 0])
-            rate[0] = RATE_DECAY * rate[0] + emitted
-            rate[1] = RATE_DECAY * rate[1] + wall
-            rate[2] += 1
 
     # ------------------------------------------------------------------ the choice
     def _new_step(self, planner: AutoPlanner) -> None:
         self.steps += 1
         self.catch_up = False
         if self.step_tables:
-            self.tables.setdefault(self.draft.width, _Average()).fold(self.step_tables)
+            self.tables.setdefault(self.current.width, _Average()).fold(self.step_tables)
         self.step_tables = []
         if self.current != PLAIN:
             self._choose(planner)
         elif self.probes.due():  # plain until now; a probe: draft the last shape again, and see
-            self.current = self.draft = self.last_spec
+            self.current = self.last_spec
+
+    def wall(self, depth: int) -> float | None:
+        """The measured step wall at ``depth`` (None: not measured in the recent stretch)."""
+        w = self.walls.get(depth)
+        return w[0] / w[1] if w is not None and w[1] >= MEASURED_STEPS else None
+
+    @property
+    def plain(self) -> float | None:
+        """Plain decoding's step wall (the median of the last plain steps; None before ``PLAIN_MIN``)."""
+        return float(np.median(self.plain_walls)) if len(self.plain_walls) >= PLAIN_MIN else None
 
     def _choose(self, planner: AutoPlanner) -> None:
-        """argmax over (N, D, W) of (1 + Ē_W[D, N]) / C(N, D, W), against the root alone; then explore."""
-        t, x, first = (
-            planner.t_step,
-            planner.t_expand,
-            planner.t_first,
-        )  # T(n) [cap + 2], T_expand(m) [cap + 2], T_first
-        if not planner.known:
-            return
-        self.cost.use_curves(t, x, first)
-        best, best_rate, best_seconds = None, 0.0, 0.0
-        # trust region: shapes near those measured (the fit is linear; the tables flat beyond the trees)
-        n_cap = max(4, int(1.5 * max((r[0] for r in self.cost.rows), default=FIRST.nodes)))
-        for width, avg in self.tables.items():
-            mean = avg.mean
-            n_top = min(mean.shape[1] - 1, t.size - 1, n_cap)
-            if mean.shape[0] < 2 or n_top < 1 or width >= x.size:
+        """D ← the best of D − 1, D, D + 1 by (1 + Ē[D, D]) / W(D) (``SWITCH`` to move); against plain."""
+        avg, home = self.tables.get(1), self.home
+        best, best_rate, home_rate = home, 0.0, 0.0
+        for d in (home - 1, home, home + 1):
+            wall = self.wall(d)
+            if avg is None or d < 1 or d >= min(avg.mean.shape) or wall is None:
                 continue
-            n = np.arange(1, n_top + 1)  # [N]
-            d = np.arange(1, mean.shape[0])  # [D]
-            seconds = self.cost.predict(n[None, :], d[:, None], width)  # [D, N] C(n, d, W)
-            rate = (1.0 + mean[1:, 1 : n_top + 1]) / seconds  # [D, N] tokens per second per row
-            for shape, (tokens, secs, count) in self.rates.items():  # measured shapes: their own rate
-                if (
-                    shape.width == width
-                    and count >= MEASURED_MIN
-                    and shape.nodes <= n_top
-                    and shape.rounds < mean.shape[0]
-                ):
-                    rate[shape.rounds - 1, shape.nodes - 1] = tokens / secs
-            di, ni = np.unravel_index(int(np.argmax(rate)), rate.shape)
-            if rate[di, ni] > best_rate:
-                best, best_rate = Shape(int(n[ni]), int(d[di]), width), float(rate[di, ni])
-                best_seconds = float(seconds[di, ni])
-        plain = 1.0 / self.cost.plain if self.cost.plain > 0 else 0.0
-        if best is None or best_rate <= plain:  # the root alone wins: every row decodes plainly until a probe
-            self.current = self.draft = PLAIN
-            self.probes.lost()
-            self.predicted = self.cost.plain
+            rate = (1.0 + avg.mean[d, d]) / wall  # tokens per second per row
+            home_rate = rate if d == home else home_rate
+            if rate > best_rate:
+                best, best_rate = d, rate
+        if best != home and best_rate < (1 + SWITCH) * home_rate:  # noise does not move the depth
+            best, best_rate = home, home_rate
+        measured = self.plain
+        plain = measured if measured is not None else (float(planner.t_step[0]) if planner.known else None)
+        if best_rate > 0 and plain is not None and best_rate <= 1.0 / plain:  # the root alone wins
+            self.current = PLAIN
+            if measured is None:  # by the profile's price only: measure a few plain steps, then judge again
+                self.probes.wait = PLAIN_MIN
+            else:
+                self.probes.lost()
+            self.predicted = plain
             return
         self.probes.won()  # speculation keeps winning: after a stretch, probes start from a short gap again
-        self.current = self.last_spec = best
-        self.predicted = best_seconds
-        self.draft = best
-        if self.steps % EXPLORE_EVERY == 0:  # one round deeper, alternately at this width and another
+        self.home = best
+        depth = best
+        if self.steps % EXPLORE_EVERY == 0:  # a neighbour, alternately deeper and shallower
             self.turn += 1
-            others = [w for w in WIDTHS if w != best.width and w < x.size]
-            width = best.width if self.turn % 2 or not others else others[(self.turn // 2) % len(others)]
-            self.draft = Shape(best.nodes, best.rounds + 1, width)
+            depth = best + 1 if self.turn % 2 or best == 1 else best - 1
+        self.current = self.last_spec = chain(min(depth, planner.max_depth))
+        self.predicted = self.wall(self.current.rounds) or 0.0
 
 
 def grow_row(

@@ -337,7 +337,7 @@ class AutoPlanner:
             wall = (self.decisions[-1]["predicted_seconds"] if self.decisions else 0.0) or wall
         self.run_rate.add(stats.emitted, wall)
         if self.plan is not None:
-            self.plan.observe(wall, stats.emitted)
+            self.plan.observe(wall)
         last = self.decisions[-1] if self.decisions else {"off": False, "forced": False, "probe": False}
         if last["off"]:
             # a sequence's last step (no room to draft) is plain wherever speculation stands: alone among
