@@ -30,6 +30,7 @@ changes tree shapes, never tokens.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -119,12 +120,12 @@ class BatchPlan:
     the step."""
 
     def __init__(self) -> None:
-        self.tables: dict[int, _Average] = {}  # width -> moving average of the rows' E tables
+        self.table = _Average()  # moving average of the rows' E tables
         self.current: Shape = FIRST  # what rows draft and verify this step
         self.home = FIRST.rounds  # the chosen depth (exploring steps run a neighbour of it)
         self.last_spec: Shape = FIRST  # the last speculative shape (probes draft it)
         self.walls: dict[int, list[float]] = {}  # depth -> decayed Σ wall, Σ steps
-        self.plain_walls: list[float] = []
+        self.plain_walls: deque[float] = deque(maxlen=PLAIN_WINDOW)
         self.observed = False  # a row's step was observed since the current step began
         self.catch_up = False  # a row of this step also fed its drafter a backlog (its wall is not the shape's)
         self.step_tables: list[np.ndarray] = []  # this step's reports
@@ -134,13 +135,13 @@ class BatchPlan:
         self.predicted = 0.0  # the current shape's measured step seconds (what the plan expects)
 
     # ------------------------------------------------------------------ rows' calls
-    def shape(self, planner: AutoPlanner) -> tuple[Shape, Shape]:
-        """(the step's shape, what to draft: the same). Every row asks before it drafts and is observed
-        after the step's verification, so the first ask after an observation starts a new step."""
+    def shape(self, planner: AutoPlanner) -> Shape:
+        """The step's chain (or PLAIN). Every row asks before it drafts and is observed after the step's
+        verification, so the first ask after an observation starts a new step."""
         if self.observed:  # a new step: fold in the last one's reports, choose again
             self.observed = False
             self._new_step(planner)
-        return self.current, self.current
+        return self.current
 
     def report(self, table: np.ndarray, catching_up: bool = False) -> None:
         """A row's E table of the tree it just drafted; ``catching_up``: its drafter also fed what it
@@ -152,7 +153,7 @@ class BatchPlan:
         """A row's measured step: the step's first row records its wall (every row waited for the same step)."""
         if not self.observed and not self.catch_up:
             if self.current == PLAIN:
-                self.plain_walls = (self.plain_walls + [wall])[-PLAIN_WINDOW:]
+                self.plain_walls.append(wall)
             else:
                 for w in self.walls.values():  # every depth's record ages alike: they cover the same stretch
                     w[0], w[1] = WALL_DECAY * w[0], WALL_DECAY * w[1]
@@ -165,7 +166,7 @@ class BatchPlan:
         self.steps += 1
         self.catch_up = False
         if self.step_tables:
-            self.tables.setdefault(self.current.width, _Average()).fold(self.step_tables)
+            self.table.fold(self.step_tables)
         self.step_tables = []
         if self.current != PLAIN:
             self._choose(planner)
@@ -184,13 +185,13 @@ class BatchPlan:
 
     def _choose(self, planner: AutoPlanner) -> None:
         """D ← the best of D − 1, D, D + 1 by (1 + Ē[D, D]) / W(D) (``SWITCH`` to move); against plain."""
-        avg, home = self.tables.get(1), self.home
+        mean, home = self.table.mean, self.home  # [D + 1, M + 1] or None
         best, best_rate, home_rate = home, 0.0, 0.0
         for d in (home - 1, home, home + 1):
             wall = self.wall(d)
-            if avg is None or d < 1 or d >= min(avg.mean.shape) or wall is None:
+            if mean is None or d < 1 or d >= min(mean.shape) or wall is None:
                 continue
-            rate = (1.0 + avg.mean[d, d]) / wall  # tokens per second per row
+            rate = (1.0 + mean[d, d]) / wall  # tokens per second per row
             home_rate = rate if d == home else home_rate
             if rate > best_rate:
                 best, best_rate = d, rate
@@ -217,16 +218,15 @@ class BatchPlan:
 
 
 def grow_row(
-    planner: AutoPlanner, drafter: Drafter, root: int, shape: Shape, draft: Shape, max_depth: int, began: float
+    planner: AutoPlanner, drafter: Drafter, root: int, shape: Shape, max_depth: int, began: float
 ) -> DraftTree:
-    """A batch row's step in the shape the batch chose: ``draft.rounds`` layers, each the ``draft.width``
+    """A batch row's step in the shape the batch chose: ``shape.rounds`` layers, each the ``shape.width``
     best candidates by p̂, all of them expanded next; then the top ``shape.nodes`` by p̂ verified (every
-    row fills the shape: the batch pays for the largest tree anyway). ``draft`` is the shape itself, or
-    on exploring steps one round deeper or another width. A plain shape (N = 0): the root alone, for
-    every row. ``planner`` is the row's ``AutoPlanner`` (its calibration, cost curves and decisions)."""
+    row fills the shape: the batch pays for the largest tree anyway). A plain shape (N = 0): the root
+    alone, for every row. ``planner`` is the row's ``AutoPlanner`` (its calibration and decisions)."""
     planner.probing = False
-    # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up):
-    # not what a round costs
+    # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up): the
+    # step's wall is not what the shape costs
     catching_up = planner.fresh or (bool(planner.decisions) and planner.decisions[-1]["off"])
     planner.fresh = False
     if shape.nodes <= 0 or max_depth <= 0:
@@ -239,27 +239,21 @@ def grow_row(
             own=time.perf_counter() - began,
         )
         return DraftTree(root, capacity=1)
-    width, rounds = draft.width, min(max_depth, planner.max_depth, draft.rounds)
-    cost, tree, drafted = planner.cost, DraftTree(root), Drafted(width * rounds)
-    drafting = 0.0
+    width, rounds = shape.width, min(max_depth, planner.max_depth, shape.rounds)
+    tree, drafted = DraftTree(root), Drafted(width * rounds)
+    drafting = 0.0  # seconds in the drafter (the rest is this row's planning)
     frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
-    start = time.perf_counter()
     for depth in range(1, rounds + 1):
-        m = int(frontier.size)
+        start = time.perf_counter()
         # a layer keeps the `width` best candidates, all among their parents' `width` best children
         prop = drafter.expand(tree, torch.from_numpy(frontier), width)  # tokens, q: [M, width]
         drafting += time.perf_counter() - start
         cand = drafted.candidates(frontier, prop.q.numpy(), depth, planner.calibration)  # [M*width]
         order = np.argsort(-cand, kind="stable")[:width]  # the layer: the `width` best
         order = order[cand[order] > 0]  # q = 0 padding never enters
-        if order.size:
-            frontier = drafted.add(tree, frontier, prop, order, depth, cand[order])
-        took = time.perf_counter() - start  # the round: the batch's draft forward and this row's share of planning
-        if planner.refine and not (depth == 1 and catching_up):
-            (cost.first.observe(1, took) if depth == 1 else cost.expand.observe(m, took))
-        start += took
         if order.size == 0:
             break
+        frontier = drafted.add(tree, frontier, prop, order, depth, cand[order])
     phat, depths = drafted.nodes
     planner.plan.report(expectation_table(phat, depths), catching_up)
     n = min(shape.nodes, drafted.size)

@@ -184,7 +184,7 @@ class AutoPlanner:
         began = time.perf_counter()
         self._tables()
         if self.plan is not None:  # a row of a batch: the batch chose the step's shape
-            return grow_row(self, drafter, root, *self.plan.shape(self), max_depth, began)
+            return grow_row(self, drafter, root, self.plan.shape(self), max_depth, began)
         self.probing = False
         if max_depth > 0 and self.off and self.probes.due():
             if self.recheck:  # the plain rate is measured now: judge the on-phase again, against it

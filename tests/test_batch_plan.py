@@ -60,10 +60,10 @@ def _run(plan: BatchPlan, planner: _Planner, accept: float, wall, steps: int = 4
     shapes = []
     for _ in range(steps):
         for _ in range(4):
-            shape, draft = plan.shape(planner)
+            shape = plan.shape(planner)
         shapes.append(shape)
         if shape != PLAIN:
-            depths = np.repeat(np.arange(1, draft.rounds + 1), min(draft.width, 2))
+            depths = np.repeat(np.arange(1, shape.rounds + 1), min(shape.width, 2))
             phat = accept**depths * np.where(np.arange(depths.size) % 2, 0.5, 1.0)[: depths.size]
             for _ in range(4):
                 plan.report(expectation_table(phat, depths))
