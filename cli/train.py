@@ -100,6 +100,13 @@ def eagle(
     save_dtype: SaveDtype = "float32",
     gen_batch_size: GenBatch = None,
     max_len: Annotated[int, typer.Option(help="EAGLE-3: train on each sequence's last N tokens")] = 2048,
+    init: Annotated[
+        Optional[str],
+        typer.Option(
+            help="EAGLE-1: start from this head (directory or alias) and its draft vocabulary: fine-tune it on --data",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Train an EAGLE head on the target's own greedy generations: EAGLE-1/2 (feature regression +
     token loss) or, with --version 3, EAGLE-3 (three fused target layers, training-time test)."""
@@ -113,6 +120,8 @@ def eagle(
         seed, limit, epochs, batch_size, layers, ttt_steps, max_new_tokens, gen_batch_size, offset, lr, noise, version
     )
     if version == 3:
+        if init is not None:
+            _fail("--init: fine-tuning starts from EAGLE-1 heads; drop --init for --version 3")
         return _eagle3(args, target or DEFAULT_TARGET, lr if lr is not None else 1e-3)
     settings = settings_from(TrainSettings, args, target=target or DEFAULT_TARGET, lr=lr if lr is not None else 3e-3)
     with TrainingProgress() as (progress, log):
@@ -194,3 +203,8 @@ from treespec.cli.train_block import EPILOG as BLOCK_EPILOG  # noqa: E402
 from treespec.cli.train_block import block  # noqa: E402
 
 train_app.command("block", epilog=BLOCK_EPILOG)(block)
+
+from treespec.cli.train_prompts import EPILOG as PROMPTS_EPILOG  # noqa: E402
+from treespec.cli.train_prompts import prompts  # noqa: E402
+
+train_app.command("prompts", epilog=PROMPTS_EPILOG)(prompts)

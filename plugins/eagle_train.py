@@ -64,6 +64,7 @@ class TrainSettings:
     gen_batch_size: int | None = None  # prompts per batch while the target generates [default: batch_size]
     # the saved head's weights (float16 halves a shipped head; loading casts to the target's)
     save_dtype: str = "float32"
+    init: str | None = None  # start from this head's weights and draft vocabulary (fine-tuning)
 
     def data_key(self) -> dict[str, Any]:
         return {
@@ -244,13 +245,14 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
         f"an EAGLE head of {s.layers:,} layers ({params:,} parameters, with its gradients and AdamW's state)",
         "lower --layers (EAGLE-1/2 heads have 1)",
     )  # before minutes of generating data
+    init = _init(target, s, log)  # before minutes of generating data, too
     seqs = training_data(target, s, out, progress, log)
     n_hold = max(1, round(len(seqs) * s.holdout))
     held, train_set = seqs[:n_hold], seqs[n_hold:]
-    ids = _draft_vocab(train_set, target, s, log)
+    head, ids = init or (EagleHead(head_config), _draft_vocab(train_set, target, s, log))
     draft_out = DraftOut.of(lm_head, ids)
 
-    run = TrainRun.new(EagleHead(head_config), s, len(train_set))
+    run = TrainRun.new(head, s, len(train_set))
     ckpt_file = out / "checkpoint.pt"
     start, history = run.resume(ckpt_file, s, log)
     before = evaluate(run.head, embed, lm_head, held, s, ids) if start == 0 else history[0]["held_out_before"]
@@ -266,6 +268,35 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
         )
         run.save(ckpt_file, s, epoch + 1, history)
     return _finish(run.head, embed, draft_out, held, len(train_set), history, before, s, out, log, ids)
+
+
+def _init(
+    target: TargetModel, s: TrainSettings, log: Callable[[str], None]
+) -> tuple[EagleHead, torch.Tensor | None] | None:
+    """With ``s.init``, the head training starts from and its own draft vocabulary (a head fine-tuned on
+    new data keeps the vocabulary its output layer was trained over); None: a new head."""
+    from treespec.plugins import draft_vocab
+    from treespec.plugins.eagle_head import load_head, read_config, target_dims
+
+    if s.init is None:
+        return None
+    hidden, vocab = target_dims(target.config)
+    vocab = min(vocab, target.vocab_size)
+    head, _ = load_head(s.init, hidden, vocab, f"target {target.name!r}")
+    if head.config.num_hidden_layers != s.layers:
+        raise ConfigError(
+            f"--init {s.init} has {head.config.num_hidden_layers} decoder layer(s): pass --layers "
+            f"{head.config.num_hidden_layers}"
+        )
+    ids = draft_vocab.load(read_config(s.init)[1], vocab, s.init)
+    size = len(ids) if ids is not None else vocab
+    if s.draft_vocab is not None and s.draft_vocab != size:
+        raise ConfigError(
+            f"--draft-vocab {s.draft_vocab}: --init {s.init} drafts over its own vocabulary ({size} tokens); "
+            "drop --draft-vocab"
+        )
+    log(f"starting from {s.init} (draft vocabulary: {size} tokens)")
+    return head.float().train(), ids
 
 
 def _draft_vocab(

@@ -425,6 +425,26 @@ CLI_CASES = [
         "nope",
     ),
     ("train-pair-bad-size", lambda b: ["train", "pair", "--out", str(Path(b["root"]) / "p"), "--steps", "0"], "steps"),
+    (
+        "train-prompts-not-chat",
+        lambda b: ["train", "prompts", "--target", S260, "--out", str(Path(b["root"]) / "q.jsonl")],
+        "no chat template",
+    ),
+    (
+        "train-prompts-not-jsonl",
+        lambda b: ["train", "prompts", "--target", S260, "--out", str(Path(b["root"]) / "q.txt")],
+        "give a .jsonl file",
+    ),
+    (
+        "train-prompts-bad-temperature",
+        lambda b: ["train", "prompts", "--out", str(Path(b["root"]) / "q.jsonl"), "--temperature", "0"],
+        "--temperature must be",
+    ),
+    (
+        "train-eagle-init-eagle3",
+        lambda b: ["train", "eagle", "--data", "x.jsonl", "--out", "h", "--version", "3", "--init", "smollm2-eagle"],
+        "drop --init",
+    ),
     ("calibrate-drafter-plugin", lambda b: ["calibrate", "--drafter", "eagle"], "not the drafter 'eagle'"),
     (
         "calibrate-bad-target",

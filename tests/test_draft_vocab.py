@@ -139,3 +139,31 @@ def test_the_shipped_smollm2_head_is_complete_and_fits_its_target():
     assert ids is not None and ids.numel() == 8192
     summary = json.loads((folder / "training.json").read_text())
     assert summary["settings"]["draft_vocab"] == 8192 and summary["settings"]["data"] == "instruct-mix"
+
+
+def test_fine_tuning_starts_from_the_init_head_and_keeps_its_draft_vocabulary(tmp_path):
+    """`train eagle --init HEAD`: before its first step the run's held-out agreement is the init head's,
+    far above a new head's on the same prompts, and the saved head drafts over the init's vocabulary."""
+    from treespec.plugins.eagle_train import train
+
+    init = small_vocab_head()
+    again = dict(offset=500, limit=60, epochs=1)  # other prompts than the init head's
+    tuned = train(EAGLE_TEST_SETTINGS(tmp_path / "tuned", init=str(init), **again), log=lambda _: None)
+    fresh = train(EAGLE_TEST_SETTINGS(tmp_path / "fresh", draft_vocab=N, **again), log=lambda _: None)
+    assert tuned["top1_before"] > 0.2 > fresh["top1_before"] + 0.1
+    assert torch.equal(draft_vocab.load(tmp_path / "tuned", 512, "t"), draft_vocab.load(init, 512, "i"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"draft_vocab": 64}, r"--draft-vocab 64: --init .* drafts over its own vocabulary \(128 tokens\); drop"),
+        ({"layers": 2}, r"--init .* has 1 decoder layer\(s\): pass --layers 1"),
+    ],
+)
+def test_fine_tuning_refuses_settings_the_init_head_cannot_take(tmp_path, overrides, message):
+    from treespec.plugins.eagle_train import train
+
+    s = EAGLE_TEST_SETTINGS(tmp_path / "x", init=str(small_vocab_head()), offset=500, limit=20, **overrides)
+    with pytest.raises(ConfigError, match=message):
+        train(s, log=lambda _: None)
