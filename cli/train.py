@@ -76,6 +76,13 @@ GenBatch = Annotated[
         show_default=False,
     ),
 ]
+Init = Annotated[
+    Optional[str],
+    typer.Option(
+        help="EAGLE-1: start from this head (directory or alias) and its draft vocabulary: fine-tune it on --data",
+        show_default=False,
+    ),
+]
 
 
 @train_app.command(epilog=EPILOG)
@@ -100,13 +107,7 @@ def eagle(
     save_dtype: SaveDtype = "float32",
     gen_batch_size: GenBatch = None,
     max_len: Annotated[int, typer.Option(help="EAGLE-3: train on each sequence's last N tokens")] = 2048,
-    init: Annotated[
-        Optional[str],
-        typer.Option(
-            help="EAGLE-1: start from this head (directory or alias) and its draft vocabulary: fine-tune it on --data",
-            show_default=False,
-        ),
-    ] = None,
+    init: Init = None,
 ) -> None:
     """Train an EAGLE head on the target's own greedy generations: EAGLE-1/2 (feature regression +
     token loss) or, with --version 3, EAGLE-3 (three fused target layers, training-time test)."""
