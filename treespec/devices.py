@@ -180,7 +180,7 @@ def device_type(device: Any) -> str:
 
 
 class InexactDtypeWarning(PromiseNote):
-    """The target's dtype rounds so coarsely that a tree forward can flip a near-tied argmax (bfloat16)."""
+    """The target's dtype rounds so coarsely that a tree forward can flip a near-tied argmax (bfloat16, float16)."""
 
 
 def dtype_note(dtype: Any) -> str | None:
@@ -188,15 +188,17 @@ def dtype_note(dtype: Any) -> str | None:
 
     Verifying a tree computes the target's logits for N tokens in one forward; ``generate`` computes
     them one token at a time. The two sum the same products in different orders (other matmul
-    blockings, a longer attention row), so their logits differ in the last bits. In float32 and
-    float16 that never flipped a greedy argmax in our probes; bfloat16 keeps 8 bits of mantissa, so
-    logits one bfloat16 step apart are common ties, and either side may win."""
+    blockings, a longer attention row), so their logits differ in the last bits. In float32 that never
+    flipped a greedy argmax in our probes. float16 keeps 11 bits of mantissa and bfloat16 8: logits one
+    step of the dtype apart are ties either side may win (float16 flipped one on an Intel Xeon with
+    AVX-512 where an AMD EPYC did not; bfloat16 often)."""
     import torch
 
-    if dtype != torch.bfloat16:
+    if dtype not in (torch.bfloat16, torch.float16):
         return None
+    name = str(dtype).removeprefix("torch.")
     return (
-        "bfloat16: every token is the target's argmax in the tree forward, but its rounding differs from "
+        f"{name}: every token is the target's argmax in the tree forward, but its rounding differs from "
         "generate()'s one-token forwards, so near-tied tokens can differ from generate(do_sample=False); "
-        "use --dtype float16 or float32 for token-for-token equality"
+        "use --dtype float32 for token-for-token equality"
     )

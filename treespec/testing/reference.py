@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,14 +47,42 @@ class GreedyReference:
     def __call__(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         return greedy_reference(self.target, prompt_ids, max_new_tokens)
 
-    def explain(self, prompt_ids: Sequence[int], got: Sequence[int], want: Sequence[int]) -> str:
-        """Where two outputs first differ, with the target's logit gap there."""
+    def difference(self, prompt_ids: Sequence[int], got: Sequence[int], want: Sequence[int]) -> Difference:
+        """Where two outputs first differ, and the target's two best tokens there (a full forward)."""
         i = first_difference(got, want)
         ids = torch.tensor([list(prompt_ids) + list(want[:i])], device=self.target.device)  # [1, L + i]
         with torch.inference_mode():
             logits = self.target.model(ids).logits[0, -1]  # [V]
-        top2 = logits.topk(2).values
+        top2 = logits.topk(2)
+        return Difference(i, list(got[i : i + 3]), list(want[i : i + 3]), top2.indices.tolist(), top2.values.tolist())
+
+    def explain(self, prompt_ids: Sequence[int], got: Sequence[int], want: Sequence[int]) -> str:
+        """Where two outputs first differ, with the target's logit gap there."""
+        d = self.difference(prompt_ids, got, want)
         return (
-            f"first difference at new token {i}: got {list(got[i : i + 3])} want {list(want[i : i + 3])} "
-            f"(lengths {len(got)} vs {len(want)}); target logit gap there {float(top2[0] - top2[1]):.3g}"
+            f"first difference at new token {d.index}: got {d.got} want {d.want} "
+            f"(lengths {len(got)} vs {len(want)}); target logit gap there {d.gap:.3g}"
         )
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first new token where two outputs differ: the next tokens of each, and the target's two best
+    tokens and logits there. A tie is a gap of a few steps of the dtype's rounding at ``logits[0]``."""
+
+    index: int
+    got: list[int]
+    want: list[int]
+    top2: list[int]
+    logits: list[float]
+
+    @property
+    def gap(self) -> float:
+        return self.logits[0] - self.logits[1]
+
+    def is_near_tie(self, dtype: torch.dtype, steps: int = 4) -> bool:
+        """Both outputs took one of the two best tokens, whose logits are within ``steps`` rounding steps
+        of ``dtype`` at their magnitude: a flip rounding explains, where a bug flips larger gaps."""
+        step = torch.finfo(dtype).eps * abs(self.logits[0])
+        firsts = {self.got[0], self.want[0]} if self.got and self.want else set()
+        return firsts == set(self.top2) and self.gap <= steps * step
