@@ -7,13 +7,13 @@ module only parses and reports.
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from treespec.cli import fail
 from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
-from treespec.cli.train_options import Target, Threads
+from treespec.cli.train_options import Threads
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -30,7 +30,10 @@ MT-Bench, Spec-Bench or HumanEval prompt by 8 consecutive words are dropped.
 
 def prompts(
     out: Annotated[str, typer.Option(help="the .jsonl file of prompts to write (or to grow)")],
-    target: Target = None,
+    target: Annotated[
+        Optional[str],
+        typer.Option(help="an instruct target with a chat template [default: smollm2]", show_default=False),
+    ] = None,
     count: Annotated[int, typer.Option(help="prompts the file holds when done")] = 1000,
     batch_size: Annotated[int, typer.Option(help="queries sampled together")] = 32,
     max_tokens: Annotated[int, typer.Option(help="a query's longest (longer ones are dropped)")] = 96,
@@ -42,7 +45,7 @@ def prompts(
 ) -> None:
     """Write chat prompts sampled from an instruct target given only its chat template up to a user
     turn (Magpie): requests from the target's own distribution, for `treespec train eagle --data`."""
-    from treespec.catalog import DEFAULT_TARGET
+    from treespec.catalog import MAIN_TARGET
     from treespec.cli import TrainingProgress
     from treespec.train.magpie import MagpieSettings, write_prompts
 
@@ -56,7 +59,7 @@ def prompts(
         fail(f"--max-words {max_words} is below --min-words {min_words}")
     if not out.endswith(".jsonl"):
         fail(f"--out {out}: give a .jsonl file (`treespec train eagle --data` reads it)")
-    settings = settings_from(MagpieSettings, args, target=target or DEFAULT_TARGET)
+    settings = settings_from(MagpieSettings, args, target=target or MAIN_TARGET)
     with TrainingProgress() as (progress, log):
         try:
             summary = write_prompts(settings, progress, log)
