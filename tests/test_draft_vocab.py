@@ -124,7 +124,8 @@ def test_a_damaged_draft_vocabulary_is_refused(target64, tmp_path):
 
 
 def test_the_shipped_smollm2_head_is_complete_and_fits_its_target():
-    """The head in the package (docs/smollm2.md): SmolLM2-135M's sizes, fp16 weights, 8,192 draft ids."""
+    """The head in the package (docs/smollm2.md): SmolLM2-135M's sizes, fp16 weights, 8,192 draft ids,
+    and the records of its two training stages."""
     from safetensors import safe_open
 
     from treespec.catalog import PACKAGED_MODELS
@@ -137,8 +138,11 @@ def test_the_shipped_smollm2_head_is_complete_and_fits_its_target():
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
     ids = draft_vocab.load(folder, 49152, "smollm2-eagle")
     assert ids is not None and ids.numel() == 8192
-    summary = json.loads((folder / "training.json").read_text())
-    assert summary["settings"]["draft_vocab"] == 8192 and summary["settings"]["data"] == "instruct-mix"
+    base = json.loads((folder / "training-base.json").read_text())  # stage 1: instruct-mix, a new head
+    assert base["settings"]["draft_vocab"] == 8192 and base["settings"]["data"] == "instruct-mix"
+    tuned = json.loads((folder / "training.json").read_text())  # stage 2: SmolLM2's own chat requests
+    assert Path(tuned["settings"]["data"]).name == "smollm2-magpie.jsonl" and tuned["settings"]["init"]
+    assert tuned["top1_before"] < tuned["top1"]
 
 
 def test_fine_tuning_starts_from_the_init_head_and_keeps_its_draft_vocabulary(tmp_path):
