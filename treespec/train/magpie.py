@@ -130,10 +130,12 @@ class Filter:
 
 
 @torch.no_grad()
-def sample_queries(model: Any, tokenizer: Any, s: MagpieSettings, batch: int) -> list[tuple[str, bool]]:
-    """One batch of ``s.batch_size`` sampled user turns: (text, whether the model ended the turn)."""
-    prefix = torch.tensor([query_prefix(tokenizer)], device=model.device).repeat(s.batch_size, 1)  # [B, P]
-    stops = end_of_turn(tokenizer)
+def sample_queries(
+    model: Any, tokenizer: Any, s: MagpieSettings, batch: int, prefix_ids: list[int], stops: list[int]
+) -> list[tuple[str, bool]]:
+    """One batch of ``s.batch_size`` sampled user turns after ``prefix_ids`` (``query_prefix``), ended by
+    any of ``stops`` (``end_of_turn``): (text, whether the model ended the turn)."""
+    prefix = torch.tensor([prefix_ids], device=model.device).repeat(s.batch_size, 1)  # [B, P]
     torch.manual_seed(s.seed + batch)
     out = model.generate(
         prefix,
@@ -178,7 +180,8 @@ def write_prompts(
     out = Path(s.out)
     rows = _written(out)
     tokenizer = load_tokenizer(s.target)
-    query_prefix(tokenizer)  # a target without a chat template fails here, before the model loads
+    prefix = query_prefix(tokenizer)  # a target without a chat template fails here, before the model loads
+    stops = end_of_turn(tokenizer)
     model = load_causal_lm(s.target)
     keep = Filter(s, evaluation_shingles(), (r["turns"][0] for r in rows))
     # the last batch is drawn again: its queries already written are repeats now, the rest (cut by a
@@ -193,7 +196,7 @@ def write_prompts(
                     "is the target an instruct model? (or raise --max-tokens / widen --min-words..--max-words)"
                 )
             lines = []
-            for text, finished in sample_queries(model, tokenizer, s, batch):
+            for text, finished in sample_queries(model, tokenizer, s, batch, prefix, stops):
                 if len(rows) < s.count and keep.keep(text, finished):
                     row = {"id": f"magpie-{len(rows)}", "turns": [text], "category": "magpie", "batch": batch}
                     rows.append(row)
