@@ -15,24 +15,22 @@ bookkeeping of n drafted nodes) and calibrated p̂ (``treespec.acceptance_map``)
 
 - **keep** a drafted node iff its p̂ exceeds λ · ΔT, the price of its share of the verification (ΔT is
   the slope of T beyond the first node: the jump T(1) − T(0) of speculating at all is paid at the cut);
-- **expand** the j best new nodes (p̂ descending), j maximising  r · Σ p̂ − λ · (T_expand(j) + j · ΔT):
+- **expand** the j best new nodes (p̂ descending), j maximising  r · Σ p̂ − λ · (T_expand(j) + T(s + j) − T(s)):
   their children's expected mass (r = the share of its parents' mass the last layer kept) against the
-  expansion and the children's verification; no j > 0 pays: the tree stops growing;
+  expansion and the children's verification, priced by the curve at the s nodes drafted so far (a CPU's
+  T(n) is steep for the first few nodes and flat after); no j > 0 pays: the tree stops growing;
 - **cut**: the drafting is spent, so the tree verified is the top-n by p̂ with n maximising
   E_n − λ · T(n), n = 0 (the root alone: a plain step) included.
 
-**Off.** Speculation is judged by what it measures: after 12 speculative steps, if their rate (those
-after the first 4 trial steps: a running mean, then a moving average of about 20 steps) is below the
-plain steps' measured rate, the builder stops drafting and verifies the root alone (plain decoding:
-the drafter is not called, and catches up in one forward when drafting resumes). Before any plain
-step was measured, a loss against the cost model's plain rate only buys 4 plain steps to measure it,
-then the on-phase is judged again against that. Every ``gap`` steps the builder probes: the probe
-drafts and verifies a tree (at least the draft's best child, so the calibration keeps learning), and
-speculation resumes only if the probe's own plan — made with everything calibrated so far — expects
-its step, drafting included (as the cost curves predict it: not the one-off catch-up a probe after a
-long plain stretch pays), to beat the root alone: (1 + E_n) / (T_draft + T(n)) > 1 / T(0). Every
-probe that does not turn it back on, and every on-phase that loses again, doubles the gap (4 … 256
-steps); 64 winning steps in a row reset it. A draft that never pays costs one small tree per gap.
+**Off.** After 12 speculative steps, if their rate (a moving average of about 20 steps, the 4
+trial steps left out) is below 97% of what plain decoding would have done in the same steps — each
+step's time without its drafting, × T(0)/T(n): one clock for both, so a machine whose speed swings
+never decides on its own — the builder verifies the root alone (the drafter is not called, and
+catches up in one forward when drafting resumes). Every ``gap`` steps a probe drafts and verifies a
+tree (at least the draft's best child), and speculation resumes if the probe's own plan expects its
+step, drafting included (as the curves predict it), to beat the root alone: (1 + E_n) / (T_draft +
+T(n)) > 1 / T(0). Each probe that does not, and each on-phase that loses, doubles the gap (4 … 256
+steps); 64 winning steps in a row reset it. docs/cost-aware.md gives the reasons and the measurements.
 
 Decisions change tree shapes from run to run, never tokens: whatever tree is drafted, verification
 keeps the output lossless. The planner's own arithmetic is a few numpy operations per layer on
@@ -67,7 +65,7 @@ EXPLORE_DEPTH = 4  # layers a step drafts while no expansion has been measured (
 CHILDREN = 8  # children asked per expanded node
 MIN_STEPS_OFF = 12  # speculative steps measured before speculation may be judged a loss
 TRIAL_STEPS = 4  # speculative steps after (re)turning on that verify a tree even if the plan says none
-PLAIN_MIN = 4  # plain steps measured before speculation is judged against them (not against the model)
+TIE = 0.97  # speculation is a loss only below this share of the same steps' plain-decoding rate
 REFRESH = 32  # steps between refreshes of the cost tables (the curves move slowly)
 RATE_EMA = 0.05  # λ: moving averages of tokens and seconds (about the last 20 steps)
 JUDGE_EMA = 0.05  # the on/off judgement: running means, then moving averages of about 20 steps
@@ -112,13 +110,12 @@ class AutoPlanner:
         self.cost = CostModel()
         self.calibration = calibration
         self.run_rate = _Average(RATE_EMA)  # every step: λ
-        self.spec = _Average(JUDGE_EMA)  # speculative steps of the current on-phase
-        self.plain = _Average(JUDGE_EMA)  # plain (root-only) steps
+        self.spec = _Average(JUDGE_EMA)  # speculative steps of the current on-phase: tokens / seconds
+        self.plain = _Average(JUDGE_EMA)  # the same steps as plain decoding: one token / its priced seconds
         self.off = False
         self.probes = ProbeSchedule.for_row()  # when speculation is off: when to probe (plugins/probe.py)
         self.spec_steps = 0  # speculative steps since speculation was (re)turned on
         self.probing = False  # the current step is a probe
-        self.recheck = False  # off only to measure the plain rate, then back on to be judged again
         self.wanted = False  # the last plan's own verdict: a tree beats the root alone
         self._tables_age = REFRESH  # steps since the tables were read from the curves (REFRESH: stale)
         self._seen = -1  # measured points of the curves when the tables were read
@@ -187,16 +184,12 @@ class AutoPlanner:
             return grow_row(self, drafter, root, self.plan.shape(self), max_depth, began)
         self.probing = False
         if max_depth > 0 and self.off and self.probes.due():
-            if self.recheck:  # the plain rate is measured now: judge the on-phase again, against it
-                self.off = self.recheck = False
-            else:
-                self.probing = True
+            self.probing = True
         if max_depth <= 0 or (self.off and not self.probing) or not self.known:  # plain decoding: the root alone
             # (with nothing measured yet, the first step is plain: it measures the rate to beat)
             seconds = float(self.t_step[0]) if self.known else 0.0
-            forced = max_depth <= 0 and not self.off  # no room to draft: plain, but not the policy's choice
             own = time.perf_counter() - began
-            self.decide(n=0, depth=0, off=True, predicted=seconds, expected=0.0, own=own, forced=forced)
+            self.decide(n=0, depth=0, off=True, predicted=seconds, expected=0.0, own=own)
             return DraftTree(root, capacity=1)
         depth_cap = min(max_depth, self.max_depth if self.cost.expand.known else EXPLORE_DEPTH)
         return self._grow(drafter, DraftTree(root), depth_cap, began)
@@ -209,8 +202,6 @@ class AutoPlanner:
     def _grow(self, drafter: Drafter, tree: DraftTree, depth_cap: int, began: float) -> DraftTree:
         lam, cap, calib, slope = self.price, self.step_cap, self.calibration, self._slope
         floor = lam * slope  # the p̂ a node needs to pay for its verification
-        # what expanding the j best frontier nodes costs, in tokens: λ · (T_expand(j) + j · ΔT), j = 1..cap
-        layer_cost = lam * (self.t_expand[1:] + slope * np.arange(1, self.t_expand.size))  # [cap+1]
         drafted = Drafted(cap * depth_cap)
         spent, drafting, typical = 0.0, 0.0, 0.0  # typical: the drafting by the model's curves
         frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
@@ -234,7 +225,7 @@ class AutoPlanner:
                 new = drafted.add(tree, frontier, prop, order, depth, kept)
                 total = np.cumsum(kept)  # [K]
                 ratio = min(1.0, float(total[-1]) / mass) if mass > 0 else 0.0  # share of the parents' mass kept
-                j = self._frontier_size(total, ratio, lam, layer_cost)
+                j = self._frontier_size(total, ratio, lam, self._layer_cost(lam, drafted.size, total.size))
                 frontier, mass = new[:j], (float(total[j - 1]) if j else 0.0)
             took = time.perf_counter() - start  # the layer: drafting and this planner's own work on it
             if self.refine:
@@ -254,13 +245,22 @@ class AutoPlanner:
             predicted=seconds,
             expected=expected,
             own=time.perf_counter() - began - drafting,
+            drafting=spent,
         )
         return chosen
+
+    def _layer_cost(self, lam: float, size: int, count: int) -> np.ndarray:
+        """Expanding the j best of ``count`` new nodes, in tokens (j = 1..count): λ·(T_expand(j) + T(size
+        + j) − T(size)), the children priced where the tree is (not j·ΔT: docs/cost-aware.md, rule 2)."""
+        last = self.t_step.size - 1
+        j = np.arange(1, count + 1)  # [K]
+        grown = self.t_step[np.minimum(size + j, last)] - self.t_step[min(size, last)]  # [K]
+        return lam * (self.t_expand[np.minimum(j, self.t_expand.size - 1)] + grown)  # [K]
 
     @staticmethod
     def _frontier_size(total: np.ndarray, ratio: float, lam: float, layer_cost: np.ndarray) -> int:
         """How many of the new nodes (p̂ descending, ``total`` = their running Σ p̂) to expand: the j
-        maximising r·Σ_{i≤j} p̂ − λ·(T_expand(j) + j·ΔT), or 0 if no j pays."""
+        maximising r·Σ_{i≤j} p̂ − λ·(T_expand(j) + T(s + j) − T(s)), or 0 if no j pays."""
         if lam <= 0:
             return int(total.size)
         gain = ratio * total - layer_cost[: total.size]  # [K]
@@ -300,19 +300,20 @@ class AutoPlanner:
         return n
 
     def decide(
-        self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float, forced: bool = False
+        self, n: int, depth: int, off: bool, predicted: float, expected: float, own: float, drafting: float = 0.0
     ) -> None:
-        """Record the step's plan; ``forced``: a plain step the policy did not choose (no room to draft)."""
+        """Record the step's plan; ``drafting``: its drafting seconds as the curves predict them (with
+        ``refine=false`` the judge prices steps by the curves, never this run's clock)."""
         self.decisions.append(
             {
                 "n": n,
                 "depth": depth,
                 "off": off,
-                "forced": forced,
                 "probe": self.probing,
                 "predicted_seconds": predicted,
                 "expected": expected,
                 "own_seconds": own,
+                "drafting": drafting,
             }
         )
         self.note = PlanNote(predicted_seconds=predicted, expected=expected, own_seconds=own)
@@ -338,15 +339,8 @@ class AutoPlanner:
         self.run_rate.add(stats.emitted, wall)
         if self.plan is not None:
             self.plan.observe(wall)
-        last = self.decisions[-1] if self.decisions else {"off": False, "forced": False, "probe": False}
-        if last["off"]:
-            # a sequence's last step (no room to draft) is plain wherever speculation stands: alone among
-            # speculative steps it runs on caches the drafter just used (measured: 1.8–2.5 ms beside plain
-            # stretches' 1.6 ms on stories260K), so it would make plain decoding look slower than it is
-            if not last["forced"]:
-                self.plain.add(stats.emitted, wall)
-            return
-        if self.plan is not None:  # a batch row: the batch's plan turns speculation on and off, for every row
+        last = self.decisions[-1] if self.decisions else {"off": False, "probe": False, "drafting": 0.0}
+        if last["off"] or self.plan is not None:  # a plain step; or a batch row: the batch's plan judges, for every row
             return
         if last["probe"]:
             self._after_probe()
@@ -355,23 +349,28 @@ class AutoPlanner:
         self.probes.won()
         if self.spec_steps > TRIAL_STEPS:  # the trial steps (forced trees, a catch-up) are not the policy
             self.spec.add(stats.emitted, wall)
+            drafting = stats.t_draft if self.refine else last["drafting"]
+            self.plain.add(1.0, self._as_plain(stats.tree_size, wall - drafting))
         if self.spec_steps < MIN_STEPS_OFF:
             return
-        if self.plain.count < PLAIN_MIN:  # judged only against plain steps measured here, never the cost model
-            # alone (a profile measured on a quieter or busier machine misprices the root alone both ways):
-            # measure them first, once, then speculation is judged again
-            self.off = self.recheck = True
-            self.probes.wait = PLAIN_MIN
-            return
-        if self.spec.rate is not None and self.spec.rate < self.plain.rate:  # loses: off until a probe says otherwise
-            self.off = True
+        if self.spec.rate is not None and self.spec.rate < TIE * (self.plain.rate or 0.0):
+            self.off = True  # loses: off until a probe says otherwise
             self.probes.lost()
+
+    def _as_plain(self, n: int, seconds: float) -> float:
+        """A plain step's seconds, from the ``seconds`` a step spent verifying ``n`` drafted nodes (and
+        its bookkeeping): × T(0) / T(n), the cost curves' ratio — one clock for both rates."""
+        t = self.t_step
+        if not self.known or n >= t.size or t[n] <= 0 or t[0] <= 0:
+            return seconds
+        return seconds * float(t[0]) / float(t[n])
 
     def _after_probe(self) -> None:
         """Speculation resumes if the probe's own plan, made with everything calibrated so far, expected
         its step — drafting included — to beat the root alone."""
         if self.wanted:
-            self.off, self.spec_steps, self.spec = False, 0, _Average(JUDGE_EMA)
+            self.off, self.spec_steps = False, 0
+            self.spec, self.plain = _Average(JUDGE_EMA), _Average(JUDGE_EMA)
         else:
             self.probes.lost()
 
