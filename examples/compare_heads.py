@@ -1,12 +1,13 @@
 """First-token acceptance of EAGLE heads for one target, side by side, on a prompt set.
 
     python examples/compare_heads.py --target smollm2 --dataset mt-bench --per-category 1 \\
-        --max-new-tokens 96 --k 1,3 OLD_HEAD_DIR NEW_HEAD_DIR
+        --max-new-tokens 96 --k 1,3 OLD_HEAD_DIR NEW_HEAD_DIR [eagle3=EAGLE3_HEAD_DIR]
 
 Greedy decoding with `chain k=K | eagle head=H` for every head and K, on the first `--per-category`
 prompts of each category (chat template, first turns): prints τ (tokens per target forward) and
 accepted draft tokens per step. Outputs are the target's own whatever the head (lossless), so only
-acceptance differs; with k = 1 it is the head's depth-1 acceptance on these prompts.
+acceptance differs; with k = 1 it is the head's depth-1 acceptance on these prompts. A head given as
+``eagle3=DIR`` is drafted with the ``eagle3`` drafter (EAGLE-3 heads), else with ``eagle``.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def main() -> None:
             prompts.append(format_turns(target.tokenizer, item, []))
     for k in (int(v) for v in args.k.split(",")):
         for head in args.heads:
+            drafter, _, path = head.rpartition("=") if head.startswith("eagle3=") else ("eagle", "", head)
             dec = treespec.Decoder(
-                target, drafter="eagle", drafter_options={"head": head}, builder="chain", builder_options={"k": k}
+                target, drafter=drafter, drafter_options={"head": path}, builder="chain", builder_options={"k": k}
             )
             accepted = steps = tokens = 0
             for ids in prompts:
