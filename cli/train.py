@@ -12,7 +12,7 @@ import typer
 
 from treespec.cli import fail as _fail
 from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
-from treespec.cli.train_options import Holdout, Limit, MaxNew, Offset, Target, Threads
+from treespec.cli.train_options import Answers, Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -108,6 +108,7 @@ def eagle(
     gen_batch_size: GenBatch = None,
     max_len: Annotated[int, typer.Option(help="EAGLE-3: train on each sequence's last N tokens")] = 2048,
     init: Init = None,
+    answers: Answers = None,
 ) -> None:
     """Train an EAGLE head on the target's own greedy generations: EAGLE-1/2 (feature regression +
     token loss) or, with --version 3, EAGLE-3 (three fused target layers, training-time test)."""

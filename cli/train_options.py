@@ -16,3 +16,11 @@ Limit = Annotated[int, typer.Option(help="prompts used, held-out ones included")
 Holdout = Annotated[float, typer.Option(help="fraction of the prompts held out for the agreement summary")]
 MaxNew = Annotated[int, typer.Option(help="tokens the target generates per prompt")]
 Threads = Annotated[Optional[int], typer.Option(help="torch CPU threads")]
+Answers = Annotated[
+    Optional[str],
+    typer.Option(
+        help="an earlier training run's data.pt on the same prompts: reuse its continuations (only the target's "
+        "features are computed)",
+        show_default=False,
+    ),
+]

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from treespec.errors import ConfigError
-from treespec.files import save_torch_atomic, write_text_atomic
+from treespec.files import write_text_atomic
 from treespec.plugins.block_head import BlockHead, BlockSpec
 from treespec.plugins.block_settings import BlockSettings
 from treespec.plugins.eagle3_head import default_layers
@@ -40,7 +40,7 @@ from treespec.plugins.eagle_data import Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_head import head_config_for
 from treespec.plugins.eagle_train import TrainRun, frozen_target
 from treespec.train import calibration
-from treespec.train.checkpoint import load_data, prepare_out
+from treespec.train.checkpoint import prepare_out
 
 
 def weights(s: BlockSettings) -> torch.Tensor:
@@ -194,27 +194,6 @@ def plot_history(history: list[dict[str, Any]], path: Any) -> None:
     plt.close(fig)
 
 
-def reuse_answers(s: BlockSettings, out: Any, log: Callable[[str], None]) -> None:
-    """Write ``OUT/generated.pt`` (the data collector's journal) from an earlier run's ``data.pt`` on the
-    same prompts, so only the features are computed (``eagle_data.collect`` picks the journal up)."""
-    from treespec.bench.datasets import load_prompts
-
-    data = load_data(s.answers)
-    old = data.get("key", {})
-    same = {k: old.get(k) for k in ("target", "data", "offset", "max_new_tokens")}
-    want = {k: getattr(s, k) for k in same}
-    if same != want:
-        raise ConfigError(
-            f"--answers {s.answers}: made with {same}, this run needs {want}; drop --answers to generate anew"
-        )
-    n = min(len(data["seqs"]), len(load_prompts(s.data)[s.offset : s.offset + s.limit]))
-    conts = [x["ids"][int(x["prompt_len"]) :] for x in data["seqs"][:n]]
-    save_torch_atomic(
-        {"key": {**s.data_key(), "kept": 0}, "index": list(range(n)), "conts": conts}, out / "generated.pt"
-    )
-    log(f"reusing {n} continuations from {s.answers}: computing the target's features only")
-
-
 def check(s: BlockSettings) -> None:
     """One line per bad setting, before the target is loaded."""
     if not 0 < s.holdout < 1:
@@ -248,8 +227,6 @@ def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str
     torch.manual_seed(s.seed)
     target, embed, lm_head = frozen_target(s.target)
     s = with_layers(s, target)
-    if s.answers and not (out / "data.pt").is_file():
-        reuse_answers(s, out, log)
     seqs = training_data(target, s, out, progress, log, layers=s.feature_layers)
     vocab = target.vocab_size
     size = min(vocab, s.draft_vocab or 32_000)

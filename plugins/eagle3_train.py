@@ -62,6 +62,7 @@ class Train3Settings:
     max_len: int = 2048  # sequences are cut to their last max_len tokens for training (the reference: 2048)
     draft_vocab: int | None = None  # default: the whole vocabulary up to 32,000 ids
     seed: int = 0
+    answers: str | None = None  # an earlier run's data.pt whose continuations to reuse (features computed anew)
 
     def data_key(self) -> dict[str, Any]:
         return {

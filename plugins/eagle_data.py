@@ -134,6 +134,27 @@ def _features(model: Any, dev: Any, seqs: list[Sequence], layers: tuple[int, ...
             s.fused = fused[r, : s.ids.numel()].clone()
 
 
+def reuse_answers(s: Any, out: Path, log: Callable[[str], None]) -> None:
+    """Write ``OUT/generated.pt`` (the data collector's journal) from an earlier run's ``data.pt`` on the
+    same prompts, so only the features are computed (``eagle_data.collect`` picks the journal up)."""
+    from treespec.bench.datasets import load_prompts
+
+    data = load_data(s.answers)
+    old = data.get("key", {})
+    same = {k: old.get(k) for k in ("target", "data", "offset", "max_new_tokens")}
+    want = {k: getattr(s, k) for k in same}
+    if same != want:
+        raise ConfigError(
+            f"--answers {s.answers}: made with {same}, this run needs {want}; drop --answers to generate anew"
+        )
+    n = min(len(data["seqs"]), len(load_prompts(s.data)[s.offset : s.offset + s.limit]))
+    conts = [x["ids"][int(x["prompt_len"]) :] for x in data["seqs"][:n]]
+    save_torch_atomic(
+        {"key": {**s.data_key(), "kept": 0}, "index": list(range(n)), "conts": conts}, out / "generated.pt"
+    )
+    log(f"reusing {n} continuations from {s.answers}: computing the target's features only")
+
+
 def training_data(
     target: TargetModel,
     s: Any,
@@ -147,6 +168,8 @@ def training_data(
     from treespec.bench.datasets import format_turns, load_prompts
 
     data_file = out / "data.pt"
+    if getattr(s, "answers", None) and not data_file.is_file():  # --answers: an earlier run's continuations
+        reuse_answers(s, out, log)
     cached = load_data(data_file) if data_file.is_file() else None
     if cached is not None and cached["key"] == s.data_key():
         seqs = sequences(cached)

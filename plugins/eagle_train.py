@@ -65,6 +65,7 @@ class TrainSettings:
     # the saved head's weights (float16 halves a shipped head; loading casts to the target's)
     save_dtype: str = "float32"
     init: str | None = None  # start from this head's weights and draft vocabulary (fine-tuning)
+    answers: str | None = None  # an earlier run's data.pt whose continuations to reuse (features computed anew)
 
     def data_key(self) -> dict[str, Any]:
         return {

@@ -16,7 +16,7 @@ from published_heads import eagle1_forward, eagle1_head
 from transformers import DynamicCache
 
 import treespec
-from conftest import EAGLE_TEST_SETTINGS, STORIES260K, eagle_head_dir, tinystories_prompts
+from conftest import EAGLE_TEST_SETTINGS, STORIES260K, eagle3_head_dir, eagle_head_dir, tinystories_prompts
 from treespec.errors import ConfigError, ModelLoadError
 from treespec.interfaces import Commit, PrefillContext
 from treespec.plugins.configs import EagleConfig
@@ -359,6 +359,29 @@ def test_a_larger_limit_generates_only_the_new_prompts(tmp_path):
     for a, b in zip(grown["seqs"], once["seqs"]):
         assert torch.equal(a["ids"], b["ids"]) and a["prompt_len"] == b["prompt_len"]
         assert torch.allclose(a["feats"], b["feats"], atol=1e-5)
+
+
+def test_answers_of_an_earlier_run_are_reused_and_only_the_features_computed(tmp_path):
+    """``--answers DATA.pt``: an EAGLE-1 head trained on an EAGLE-3 run's continuations (same prompts)
+    generates nothing; its data hold exactly those continuations and this head's own features."""
+    from treespec.train.checkpoint import load_data
+
+    source = load_data(eagle3_head_dir() / "data.pt")
+    tasks: list[str] = []
+    s = settings(tmp_path / "reuse", epochs=1, answers=str(eagle3_head_dir() / "data.pt"))
+    train(s, progress=lambda task, done, total, info: tasks.append(task), log=lambda _: None)
+    assert not any(t.startswith("generating") for t in tasks) and any(t.startswith("computing") for t in tasks)
+    made = load_data(tmp_path / "reuse" / "data.pt")
+    assert len(made["seqs"]) == len(source["seqs"]) == 240
+    for a, b in zip(made["seqs"], source["seqs"]):
+        assert torch.equal(a["ids"], b["ids"]) and a["prompt_len"] == b["prompt_len"]
+        assert a["feats"].shape[-1] == b["feats"].shape[-1] and "fused" not in a  # EAGLE-1: the last hidden state
+
+
+def test_answers_made_with_other_settings_are_one_line(tmp_path):
+    s = settings(tmp_path / "other", epochs=1, max_new_tokens=32, answers=str(eagle3_head_dir() / "data.pt"))
+    with pytest.raises(ConfigError, match="--answers .* this run needs .*drop --answers"):
+        train(s, log=lambda _: None)
 
 
 def test_an_interrupted_generation_resumes_from_its_journal(tmp_path):
