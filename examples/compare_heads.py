@@ -41,7 +41,7 @@ def main() -> None:
             prompts.append(format_turns(target.tokenizer, item, []))
     for k in (int(v) for v in args.k.split(",")):
         for head in args.heads:
-            drafter, _, path = head.rpartition("=") if head.startswith("eagle3=") else ("eagle", "", head)
+            drafter, _, path = head.partition("=") if head.startswith("eagle3=") else ("eagle", "", head)
             dec = treespec.Decoder(
                 target, drafter=drafter, drafter_options={"head": path}, builder="chain", builder_options={"k": k}
             )

@@ -139,7 +139,7 @@ def reuse_answers(s: Any, out: Path, log: Callable[[str], None]) -> None:
     same prompts, so only the features are computed (``eagle_data.collect`` picks the journal up)."""
     from treespec.bench.datasets import load_prompts
 
-    data = load_data(s.answers)
+    data = load_data(s.answers, mmap=True)  # the continuations only: its features (GBs) stay on disk
     old = data.get("key", {})
     same = {k: old.get(k) for k in ("target", "data", "offset", "max_new_tokens")}
     want = {k: getattr(s, k) for k in same}
@@ -148,7 +148,7 @@ def reuse_answers(s: Any, out: Path, log: Callable[[str], None]) -> None:
             f"--answers {s.answers}: made with {same}, this run needs {want}; drop --answers to generate anew"
         )
     n = min(len(data["seqs"]), len(load_prompts(s.data)[s.offset : s.offset + s.limit]))
-    conts = [x["ids"][int(x["prompt_len"]) :] for x in data["seqs"][:n]]
+    conts = [x["ids"][int(x["prompt_len"]) :].clone() for x in data["seqs"][:n]]
     save_torch_atomic(
         {"key": {**s.data_key(), "kept": 0}, "index": list(range(n)), "conts": conts}, out / "generated.pt"
     )
@@ -168,7 +168,7 @@ def training_data(
     from treespec.bench.datasets import format_turns, load_prompts
 
     data_file = out / "data.pt"
-    if getattr(s, "answers", None) and not data_file.is_file():  # --answers: an earlier run's continuations
+    if s.answers and not data_file.is_file():  # --answers: an earlier run's continuations
         reuse_answers(s, out, log)
     cached = load_data(data_file) if data_file.is_file() else None
     if cached is not None and cached["key"] == s.data_key():

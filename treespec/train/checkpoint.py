@@ -39,15 +39,16 @@ def prepare_out(out: str | Path, what: str = "training") -> Path:
     return check_writable_dir(path, "--out")
 
 
-def load_data(path: str | Path) -> Any:
+def load_data(path: str | Path, mmap: bool = False) -> Any:
     """A checkpoint written by ``treespec.files.save_torch_atomic``, read as data only
     (``weights_only=True``). A file that holds anything but plain tensors and containers (an older
-    treespec's, or a crafted one) is a ``ConfigError`` that says to delete it; it is never unpickled."""
+    treespec's, or a crafted one) is a ``ConfigError`` that says to delete it; it is never unpickled.
+    ``mmap``: tensors stay in the file until read (a caller that needs a small part of a large file)."""
     import torch
 
     path = Path(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # noqa: BLE001 - UnpicklingError, a truncated file, ...
         why = (
             "it holds more than plain tensors and numbers"
