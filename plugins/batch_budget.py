@@ -21,16 +21,17 @@ Only the depth is chosen, one round at a time, from what the rows expect and wha
         walls and tables stay measured beside D's
 
 Steps whose drafters also fed a backlog (a new prompt, the tokens of a plain stretch) measure no wall.
-When plain decoding wins (its measured wall against the best chain's rate; before ``PLAIN_MIN`` plain
-steps were measured, the profile's price only buys that many to measure it), every row decodes plainly,
-and a probe every ``gap`` steps (doubling, ``plugins/probe.py``) drafts the last chain again. The plan
-changes tree shapes, never tokens.
+Whether to speculate at all is the row planner's judge (``plugins/probe.py``), fed the batch's steps:
+the rows' mean tokens per step over the step's wall, against the same step priced as plain decoding
+(its wall without drafting × T(0)/T(D) of the batch's cost curves: one clock for both). When it loses,
+every row decodes plainly, and a probe every ``gap`` steps drafts the last chain again; speculation
+resumes if the chain, drafting included, promises more than a plain step by the curves and the rows'
+tables: (1 + Ē[D, D]) · T(0) > T_draft(D) + T(D). The plan changes tree shapes, never tokens.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 
 from treespec.plugins.drafted import Drafted
-from treespec.plugins.probe import ProbeSchedule
+from treespec.plugins.probe import Judge
 from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ EXPLORE_EVERY = 6  # steps between exploring steps (a neighbouring depth, altern
 EMA = 0.25  # weight of a step's mean table in the moving average
 WALL_DECAY = 0.97  # per step: a depth's measured wall follows the last ~30 steps
 SWITCH = 0.03  # another depth must promise this much more than the current one
-PLAIN_WINDOW = 256  # plain steps whose median wall prices plain decoding
-PLAIN_MIN = 4  # plain steps measured before plain decoding is judged by its own wall (not the profile's)
 
 
 @dataclass(frozen=True)
@@ -125,12 +124,14 @@ class BatchPlan:
         self.home = FIRST.rounds  # the chosen depth (exploring steps run a neighbour of it)
         self.last_spec: Shape = FIRST  # the last speculative shape (probes draft it)
         self.walls: dict[int, list[float]] = {}  # depth -> decayed Σ wall, Σ steps
-        self.plain_walls: deque[float] = deque(maxlen=PLAIN_WINDOW)
         self.observed = False  # a row's step was observed since the current step began
         self.catch_up = False  # a row of this step also fed its drafter a backlog (its wall is not the shape's)
         self.step_tables: list[np.ndarray] = []  # this step's reports
         self.steps = 0
-        self.probes = ProbeSchedule.for_batch()  # while the batch decodes plainly: when to probe (plugins/probe.py)
+        self.judge = Judge.for_batch()  # speculation on or off, and when to probe (plugins/probe.py)
+        self.probing = False  # the current step is a probe
+        self.step_wall = self.step_plain = 0.0  # the last step's wall, and its price as a plain step
+        self.step_tokens: list[float] = []  # the last step's tokens, per row
         self.turn = 0  # which neighbour the next exploring step runs
         self.predicted = 0.0  # the current shape's measured step seconds (what the plan expects)
 
@@ -149,42 +150,57 @@ class BatchPlan:
         self.step_tables.append(table)
         self.catch_up = self.catch_up or catching_up
 
-    def observe(self, wall: float) -> None:
-        """A row's measured step: the step's first row records its wall (every row waited for the same step)."""
-        if not self.observed and not self.catch_up:
-            if self.current == PLAIN:
-                self.plain_walls.append(wall)
-            else:
+    def observe(self, wall: float, tokens: float = 1.0, plain: float | None = None) -> None:
+        """A row's measured step: the ``tokens`` it gained; the step's first row records its ``wall`` and
+        its price as a plain step (``probe.as_plain``; every row waited for the same step)."""
+        if not self.observed:
+            self.step_wall, self.step_plain, self.step_tokens = wall, wall if plain is None else plain, []
+            if self.current != PLAIN and not self.catch_up:
                 for w in self.walls.values():  # every depth's record ages alike: they cover the same stretch
                     w[0], w[1] = WALL_DECAY * w[0], WALL_DECAY * w[1]
                 w = self.walls.setdefault(self.current.rounds, [0.0, 0.0])
                 w[0], w[1] = w[0] + wall, w[1] + 1.0
+        self.step_tokens.append(tokens)
         self.observed = True
 
     # ------------------------------------------------------------------ the choice
     def _new_step(self, planner: AutoPlanner) -> None:
         self.steps += 1
-        self.catch_up = False
         if self.step_tables:
             self.table.fold(self.step_tables)
         self.step_tables = []
-        if self.current != PLAIN:
+        probe, self.probing = self.probing, False
+        if probe:  # the probe's verdict, from the tables it just reported
+            self.judge.probed(self._wanted(planner))
+        elif self.current != PLAIN and not self.catch_up and self.step_tokens:
+            self.judge.speculated(float(np.mean(self.step_tokens)), self.step_wall, self.step_plain)
+        self.catch_up = False
+        if not self.judge.off:
             self._choose(planner)
-        elif self.probes.due():  # plain until now; a probe: draft the last shape again, and see
-            self.current = self.last_spec
+        elif self.current == PLAIN and self.judge.due():  # plain until now; a probe: draft the last chain again
+            self.current, self.probing = self.last_spec, True
+        else:
+            self.current = PLAIN
+            self.predicted = float(planner.t_step[0]) if planner.known else 0.0
+
+    def _wanted(self, planner: AutoPlanner) -> bool:
+        """Does the probed chain, drafting included, beat a plain step by the batch's cost curves and
+        the rows' tables? (1 + Ē[D, D]) · T(0) > T_first + (D − 1) · T_expand(1) + T(D). Without
+        curves: yes (the judge then weighs its steps on their own clock)."""
+        mean = self.table.mean
+        if mean is None or not planner.known:
+            return True
+        d = min(self.last_spec.rounds, mean.shape[0] - 1, mean.shape[1] - 1, planner.t_step.size - 1)
+        drafting = planner.t_first + (d - 1) * float(planner.t_expand[min(1, planner.t_expand.size - 1)])
+        return (1.0 + float(mean[d, d])) * float(planner.t_step[0]) > drafting + float(planner.t_step[d])
 
     def wall(self, depth: int) -> float | None:
         """The measured step wall at ``depth`` (None: not measured in the recent stretch)."""
         w = self.walls.get(depth)
         return w[0] / w[1] if w is not None and w[1] >= MEASURED_STEPS else None
 
-    @property
-    def plain(self) -> float | None:
-        """Plain decoding's step wall (the median of the last plain steps; None before ``PLAIN_MIN``)."""
-        return float(np.median(self.plain_walls)) if len(self.plain_walls) >= PLAIN_MIN else None
-
     def _choose(self, planner: AutoPlanner) -> None:
-        """D ← the best of D − 1, D, D + 1 by (1 + Ē[D, D]) / W(D) (``SWITCH`` to move); against plain."""
+        """D ← the best of D − 1, D, D + 1 by (1 + Ē[D, D]) / W(D) (``SWITCH`` to move)."""
         mean, home = self.table.mean, self.home  # [D + 1, M + 1] or None
         best, best_rate, home_rate = home, 0.0, 0.0
         for d in (home - 1, home, home + 1):
@@ -197,17 +213,6 @@ class BatchPlan:
                 best, best_rate = d, rate
         if best != home and best_rate < (1 + SWITCH) * home_rate:  # noise does not move the depth
             best, best_rate = home, home_rate
-        measured = self.plain
-        plain = measured if measured is not None else (float(planner.t_step[0]) if planner.known else None)
-        if best_rate > 0 and plain is not None and best_rate <= 1.0 / plain:  # the root alone wins
-            self.current = PLAIN
-            if measured is None:  # by the profile's price only: measure a few plain steps, then judge again
-                self.probes.wait = PLAIN_MIN
-            else:
-                self.probes.lost()
-            self.predicted = plain
-            return
-        self.probes.won()  # speculation keeps winning: after a stretch, probes start from a short gap again
         self.home = best
         depth = best
         if self.steps % EXPLORE_EVERY == 0:  # a neighbour, alternately deeper and shallower

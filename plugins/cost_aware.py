@@ -22,14 +22,14 @@ bookkeeping of n drafted nodes) and calibrated p̂ (``treespec.acceptance_map``)
 - **cut**: the drafting is spent, so the tree verified is the top-n by p̂ with n maximising
   E_n − λ · T(n), n = 0 (the root alone: a plain step) included.
 
-**Off.** After 12 speculative steps, if their rate (a moving average of about 20 steps, the 4
-trial steps left out) is below 97% of what plain decoding would have done in the same steps — each
-step's time without its drafting, × T(0)/T(n): one clock for both, so a machine whose speed swings
-never decides on its own — the builder verifies the root alone (the drafter is not called, and
-catches up in one forward when drafting resumes). Every ``gap`` steps a probe drafts and verifies a
-tree (at least the draft's best child), and speculation resumes if the probe's own plan expects its
-step, drafting included (as the curves predict it), to beat the root alone: (1 + E_n) / (T_draft +
-T(n)) > 1 / T(0). Each probe that does not, and each on-phase that loses, doubles the gap (4 … 256
+**Off** (the judge of ``plugins/probe.py``, shared with batches). After 12 speculative steps, if
+their rate (a moving average of about 20 steps, the 4 trial steps left out) is below 97% of what plain
+decoding would have done in the same steps — each step's time without its drafting, × T(0)/T(n): one
+clock for both, so a machine whose speed swings never decides on its own — the builder verifies the
+root alone (the drafter is not called, and catches up in one forward when drafting resumes). Every
+``gap`` steps a probe drafts and verifies a tree (at least the draft's best child), and speculation
+resumes if the probe's own plan expects its step, drafting included (as the curves predict it), to
+beat the root alone: (1 + E_n) / (T_draft + T(n)) > 1 / T(0). Each probe that does not, and each on-phase that loses, doubles the gap (4 … 256
 steps); 64 winning steps in a row reset it. docs/cost-aware.md gives the reasons and the measurements.
 
 Decisions change tree shapes from run to run, never tokens: whatever tree is drafted, verification
@@ -51,7 +51,7 @@ from treespec.cost import CostModel, load_profile, user_profile
 from treespec.interfaces import PlanNote
 from treespec.plugins.batch_budget import BatchPlan, grow_row
 from treespec.plugins.drafted import Drafted
-from treespec.plugins.probe import ProbeSchedule
+from treespec.plugins.probe import Judge, RateAverage, as_plain
 from treespec.rows_cache import CacheRow
 from treespec.tree import DraftTree
 
@@ -63,12 +63,8 @@ if TYPE_CHECKING:
 EXPLORE = (1, 4, 16, 48)  # cut sizes forced while T(n) has no measurement there (profile=none)
 EXPLORE_DEPTH = 4  # layers a step drafts while no expansion has been measured (profile=none)
 CHILDREN = 8  # children asked per expanded node
-MIN_STEPS_OFF = 12  # speculative steps measured before speculation may be judged a loss
-TRIAL_STEPS = 4  # speculative steps after (re)turning on that verify a tree even if the plan says none
-TIE = 0.97  # speculation is a loss only below this share of the same steps' plain-decoding rate
 REFRESH = 32  # steps between refreshes of the cost tables (the curves move slowly)
 RATE_EMA = 0.05  # λ: moving averages of tokens and seconds (about the last 20 steps)
-JUDGE_EMA = 0.05  # the on/off judgement: running means, then moving averages of about 20 steps
 
 
 def _slope(t: np.ndarray, span: int = 32) -> float:
@@ -82,24 +78,6 @@ def _slope(t: np.ndarray, span: int = 32) -> float:
     return max(0.0, float(np.polyfit(n, y, 1)[0]))
 
 
-class _Average:
-    """A ratio of exponential moving averages (tokens / seconds): a rate that one slow step cannot swing."""
-
-    def __init__(self, alpha: float):
-        self.alpha, self.tokens, self.seconds = alpha, 0.0, 0.0
-        self.count = 0
-
-    def add(self, tokens: float, seconds: float) -> None:
-        a = max(self.alpha, 1.0 / (self.count + 1))  # a running mean until it has 1/alpha steps
-        self.tokens += a * (tokens - self.tokens)
-        self.seconds += a * (seconds - self.seconds)
-        self.count += 1
-
-    @property
-    def rate(self) -> float | None:
-        return self.tokens / self.seconds if self.count and self.seconds > 0 else None
-
-
 class AutoPlanner:
     """The state of one auto builder: cost model, price, on/off, and what it decided."""
 
@@ -109,12 +87,8 @@ class AutoPlanner:
         self.cap, self.max_depth, self.refine, self.profile = cap, max_depth, refine, profile
         self.cost = CostModel()
         self.calibration = calibration
-        self.run_rate = _Average(RATE_EMA)  # every step: λ
-        self.spec = _Average(JUDGE_EMA)  # speculative steps of the current on-phase: tokens / seconds
-        self.plain = _Average(JUDGE_EMA)  # the same steps as plain decoding: one token / its priced seconds
-        self.off = False
-        self.probes = ProbeSchedule.for_row()  # when speculation is off: when to probe (plugins/probe.py)
-        self.spec_steps = 0  # speculative steps since speculation was (re)turned on
+        self.run_rate = RateAverage(RATE_EMA)  # every step: λ
+        self.judge = Judge.for_row()  # speculation on or off, and when to probe (plugins/probe.py)
         self.probing = False  # the current step is a probe
         self.wanted = False  # the last plan's own verdict: a tree beats the root alone
         self._tables_age = REFRESH  # steps since the tables were read from the curves (REFRESH: stale)
@@ -183,9 +157,9 @@ class AutoPlanner:
         if self.plan is not None:  # a row of a batch: the batch chose the step's shape
             return grow_row(self, drafter, root, self.plan.shape(self), max_depth, began)
         self.probing = False
-        if max_depth > 0 and self.off and self.probes.due():
+        if max_depth > 0 and self.judge.due():
             self.probing = True
-        if max_depth <= 0 or (self.off and not self.probing) or not self.known:  # plain decoding: the root alone
+        if max_depth <= 0 or (self.judge.off and not self.probing) or not self.known:  # plain decoding: the root alone
             # (with nothing measured yet, the first step is plain: it measures the rate to beat)
             seconds = float(self.t_step[0]) if self.known else 0.0
             own = time.perf_counter() - began
@@ -218,7 +192,7 @@ class AutoPlanner:
             order = np.argsort(-cand, kind="stable")[:cap]  # best first; a layer adds at most cap nodes
             kept = cand[order]  # [K] descending
             count = int(np.searchsorted(-kept, -bar))  # those strictly above the bar (q = 0 padding: p̂ 0, never)
-            if count == 0 and depth == 1 and (self.probing or self.spec_steps < TRIAL_STEPS) and kept[0] > 0:
+            if count == 0 and depth == 1 and (self.probing or self.judge.trial) and kept[0] > 0:
                 count = 1  # a trial step tests speculation: at least the draft's best child
             order, kept = order[:count], kept[:count]
             if count:
@@ -280,7 +254,7 @@ class AutoPlanner:
         # the plan's own verdict, before the rules below: would this step, drafting included, beat the
         # root alone? (a probe turns speculation back on only if so)
         self.wanted = n > 0 and (1.0 + tokens[n]) * t[0] > typical + t[n]
-        if n == 0 and drafted and (self.probing or self.spec_steps < TRIAL_STEPS):
+        if n == 0 and drafted and (self.probing or self.judge.trial):
             n = 1 + int(np.argmax(value[1:]))  # a trial or probe step verifies a tree: the map keeps learning
         n = self._explore(n, drafted)
         return n, float(tokens[n]), spent + float(t[n])
@@ -337,42 +311,19 @@ class AutoPlanner:
         else:  # reproducible: judge steps by the profile's times, never this run's clock
             wall = (self.decisions[-1]["predicted_seconds"] if self.decisions else 0.0) or wall
         self.run_rate.add(stats.emitted, wall)
-        if self.plan is not None:
-            self.plan.observe(wall)
         last = self.decisions[-1] if self.decisions else {"off": False, "probe": False, "drafting": 0.0}
-        if last["off"] or self.plan is not None:  # a plain step; or a batch row: the batch's plan judges, for every row
-            return
-        if last["probe"]:
-            self._after_probe()
-            return
-        self.spec_steps += 1
-        self.probes.won()
-        if self.spec_steps > TRIAL_STEPS:  # the trial steps (forced trees, a catch-up) are not the policy
-            self.spec.add(stats.emitted, wall)
-            drafting = stats.t_draft if self.refine else last["drafting"]
-            self.plain.add(1.0, self._as_plain(stats.tree_size, wall - drafting))
-        if self.spec_steps < MIN_STEPS_OFF:
-            return
-        if self.spec.rate is not None and self.spec.rate < TIE * (self.plain.rate or 0.0):
-            self.off = True  # loses: off until a probe says otherwise
-            self.probes.lost()
+        drafting = stats.t_draft if self.refine else last["drafting"]
+        plain = self._as_plain(stats.tree_size, wall - drafting)  # the same step as plain decoding
+        if self.plan is not None:  # a batch row: the batch's plan judges, for every row
+            self.plan.observe(wall, stats.emitted, plain)
+        elif last["probe"]:
+            self.judge.probed(self.wanted)  # its own plan, made with everything calibrated so far
+        elif not last["off"]:
+            self.judge.speculated(stats.emitted, wall, plain)
 
     def _as_plain(self, n: int, seconds: float) -> float:
-        """A plain step's seconds, from the ``seconds`` a step spent verifying ``n`` drafted nodes (and
-        its bookkeeping): × T(0) / T(n), the cost curves' ratio — one clock for both rates."""
-        t = self.t_step
-        if not self.known or n >= t.size or t[n] <= 0 or t[0] <= 0:
-            return seconds
-        return seconds * float(t[0]) / float(t[n])
-
-    def _after_probe(self) -> None:
-        """Speculation resumes if the probe's own plan, made with everything calibrated so far, expected
-        its step — drafting included — to beat the root alone."""
-        if self.wanted:
-            self.off, self.spec_steps = False, 0
-            self.spec, self.plain = _Average(JUDGE_EMA), _Average(JUDGE_EMA)
-        else:
-            self.probes.lost()
+        """``probe.as_plain`` with this planner's T(n) (the seconds unchanged before the curves are known)."""
+        return as_plain(self.t_step if self.known else None, n, seconds)
 
 
 def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from treespec.plugins.batch_budget import PLAIN, BatchPlan, Shape, expectation_table
+from treespec.plugins.probe import MIN_STEPS_OFF, as_plain
 
 
 def brute(phat, depths, parents, d, n):
@@ -43,8 +44,8 @@ def test_expectation_table_is_the_best_subtree(seed):
 
 
 class _Planner:
-    """What the plan reads of a row's planner: its cost tables (T(n): plain decoding's price until a
-    plain step is measured) and its depth limit."""
+    """What the plan reads of a row's planner: its cost tables (T(n), T_first, T_expand(m)) and its
+    depth limit."""
 
     def __init__(self, t0: float, per_node: float, per_round: float):
         self.t_step = t0 + per_node * np.arange(66)
@@ -54,21 +55,31 @@ class _Planner:
         self.max_depth = 32
 
 
-def _run(plan: BatchPlan, planner: _Planner, accept: float, wall, steps: int = 40) -> list[Shape]:
+def _run(
+    plan: BatchPlan, planner: _Planner, accept: float, wall, steps: int = 40, speed=lambda step: 1.0
+) -> list[Shape]:
     """Drive ``plan`` as 4 rows would: each row asks, 'drafts' a chain-like table whose node at depth
-    d has p̂ = accept^d (plus a runner-up at half of it), reports it, and is observed with ``wall(shape)``."""
+    d has p̂ = accept^d (plus a runner-up at half of it), reports it, gains the chain's expected tokens
+    and is observed with ``wall(shape)`` × ``speed(step)`` (the machine's speed of the moment), priced
+    as a plain step the way a row's planner prices it (``as_plain``: the wall without drafting ×
+    T(0) / T(n))."""
     shapes = []
-    for _ in range(steps):
+    for i in range(steps):
         for _ in range(4):
             shape = plan.shape(planner)
         shapes.append(shape)
+        tokens = 1.0
         if shape != PLAIN:
             depths = np.repeat(np.arange(1, shape.rounds + 1), min(shape.width, 2))
             phat = accept**depths * np.where(np.arange(depths.size) % 2, 0.5, 1.0)[: depths.size]
             for _ in range(4):
                 plan.report(expectation_table(phat, depths))
+            tokens += float(np.sum(accept ** np.arange(1, shape.nodes + 1)))
+        seconds = wall(shape) * speed(i)
+        drafting = (planner.t_first + (shape.rounds - 1) * planner.t_expand[1]) * speed(i) if shape.rounds else 0.0
+        plain = as_plain(planner.t_step, shape.nodes, seconds - drafting)
         for _ in range(4):
-            plan.observe(wall(shape))
+            plan.observe(seconds, tokens, plain)
     return shapes
 
 
@@ -91,6 +102,9 @@ def test_the_depth_settles_where_tokens_per_second_are_best():
     assert plan.home in (2, 3), plan.home
 
 
+SETTLED = MIN_STEPS_OFF + 2  # the judge weighs this many speculative steps before it may turn speculation off
+
+
 def _plain_but_probes(shapes: list[Shape]) -> bool:
     """Plain decoding, apart from single probe steps (never two speculative steps in a row)."""
     return all(a == PLAIN or b == PLAIN for a, b in zip(shapes, shapes[1:])) and shapes.count(PLAIN) >= 0.85 * len(
@@ -101,16 +115,39 @@ def _plain_but_probes(shapes: list[Shape]) -> bool:
 def test_dear_steps_or_bad_drafts_decode_plainly():
     planner = _Planner(t0=0.010, per_node=0.004, per_round=0.006)
     wall = lambda s: 0.010 if s == PLAIN else 0.010 + 0.004 * s.nodes + 0.006 * s.rounds  # noqa: E731
-    assert _plain_but_probes(_run(BatchPlan(), planner, accept=0.9, wall=wall)[2:])
+    assert _plain_but_probes(_run(BatchPlan(), planner, accept=0.9, wall=wall, steps=80)[SETTLED:])
     cheap = _Planner(t0=0.010, per_node=0.0002, per_round=0.0005)
     wall = lambda s: 0.010 if s == PLAIN else 0.010 + 0.0002 * s.nodes + 0.0005 * s.rounds  # noqa: E731
-    assert _plain_but_probes(_run(BatchPlan(), cheap, accept=0.01, wall=wall)[2:])
+    assert _plain_but_probes(_run(BatchPlan(), cheap, accept=0.01, wall=wall, steps=80)[SETTLED:])
 
 
 def test_a_plain_batch_probes_and_comes_back_when_drafts_improve():
     planner = _Planner(t0=0.010, per_node=0.0002, per_round=0.0005)
     wall = lambda s: 0.010 if s == PLAIN else 0.010 + 0.0002 * s.nodes + 0.0005 * s.rounds  # noqa: E731
     plan = BatchPlan()
-    assert _plain_but_probes(_run(plan, planner, accept=0.01, wall=wall, steps=30)[2:])
+    assert _plain_but_probes(_run(plan, planner, accept=0.01, wall=wall, steps=60)[SETTLED:])
     later = _run(plan, planner, accept=0.95, wall=wall, steps=80)
     assert later[-1] != PLAIN  # a probe saw the better drafts and the batch speculates again
+
+
+def test_speculation_is_judged_on_the_clock_of_its_own_steps():
+    """The machine's speed swings 2× in stretches of 15 steps (a shared CPU). Chains of a draft accepted
+    70% of the time gain 1.5–2.4 tokens a step for 1.2–1.6 plain steps' time at the same speed:
+    speculation wins throughout, and a judge comparing it with plain steps measured in a faster
+    stretch would turn it off in the slow ones. It stays on (no plain step after the first ones)."""
+    planner = _Planner(t0=0.010, per_node=0.001, per_round=0.002)
+    wall = lambda s: 0.010 if s == PLAIN else 0.010 + 0.001 * s.nodes + 0.002 * s.rounds  # noqa: E731
+    swing = lambda i: 2.0 if (i // 15) % 2 else 1.0  # noqa: E731
+    shapes = _run(BatchPlan(), planner, accept=0.7, wall=wall, steps=150, speed=swing)
+    assert PLAIN not in shapes, shapes.count(PLAIN)
+
+
+def test_a_small_loss_on_the_same_clock_turns_speculation_off():
+    """A draft accepted 15% of the time: a chain of 1 gains 1.15 tokens for 1.3 plain steps' time (a
+    12% loss on the same clock, whatever the machine's speed): the batch decodes plainly, but for
+    probes."""
+    planner = _Planner(t0=0.010, per_node=0.001, per_round=0.002)
+    wall = lambda s: 0.010 if s == PLAIN else 0.010 + 0.001 * s.nodes + 0.002 * s.rounds  # noqa: E731
+    swing = lambda i: 2.0 if (i // 15) % 2 else 1.0  # noqa: E731
+    shapes = _run(BatchPlan(), planner, accept=0.15, wall=wall, steps=200, speed=swing)
+    assert _plain_but_probes(shapes[SETTLED:]), shapes[SETTLED:]

@@ -19,8 +19,9 @@ from conftest import STORIES260K, tinystories_prompts
 from treespec.acceptance_map import AcceptanceMap
 from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel, Curve, ProfileWarning, load_profile, profile_path
 from treespec.interfaces import Drafter, Proposals
-from treespec.plugins.cost_aware import MIN_STEPS_OFF, AutoPlanner
+from treespec.plugins.cost_aware import AutoPlanner
 from treespec.plugins.drafted import Drafted
+from treespec.plugins.probe import MIN_STEPS_OFF
 from treespec.stats import StepStats
 from treespec.tree import DraftTree
 
@@ -292,7 +293,7 @@ def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
     for _ in range(MIN_STEPS_OFF):  # speculative steps that accept nothing: 1 token in 10.4 ms plus drafting
         planner.build(ConfidentDrafter(), 1, 20)
         step(4, 0, 0.03)
-    assert planner.off and planner.probes.gap == 8  # off, and the next loss waits twice as long
+    assert planner.judge.off and planner.judge.probes.gap == 8  # off, and the next loss waits twice as long
     sizes = []
     for _ in range(4):
         sizes.append(planner.build(ConfidentDrafter(), 1, 20).size)
@@ -300,11 +301,11 @@ def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
     assert sizes == [0, 0, 0, 0]  # plain steps
     assert planner.build(ConfidentDrafter(), 1, 20).size > 0 and planner.probing  # the probe drafts a tree
     step(6, 3, 0.02)
-    assert not planner.off  # its plan (a confident draft, cheap nodes) expects to beat a plain step
+    assert not planner.judge.off  # its plan (a confident draft, cheap nodes) expects to beat a plain step
     for _ in range(70):  # and speculation wins: 4 tokens a step
         planner.build(ConfidentDrafter(), 1, 20)
         step(6, 3, 0.02)
-    assert not planner.off and planner.probes.gap == 4  # a long winning stretch resets the probe gap
+    assert not planner.judge.off and planner.judge.probes.gap == 4  # a long winning stretch resets the probe gap
 
 
 def _judged(planner: AutoPlanner, steps: int, tree_size: int, accepted: int, draft: float, verify: float) -> bool:
@@ -313,7 +314,7 @@ def _judged(planner: AutoPlanner, steps: int, tree_size: int, accepted: int, dra
     for _ in range(steps):
         planner.build(ConfidentDrafter(), 1, 20)
         planner.observe(_stats(tree_size, accepted, draft + verify, draft=draft))
-    return not planner.off
+    return not planner.judge.off
 
 
 def test_speculation_is_judged_on_the_clock_of_its_own_steps():
@@ -322,10 +323,10 @@ def test_speculation_is_judged_on_the_clock_of_its_own_steps():
     now would verify its one node in 20 ms (50 tokens/s): speculation wins and stays on."""
     planner = planner_with(verify_per_node=1e-4, expand_seconds=1e-5, fixed=0.01)  # the curves: T(0) 10 ms, T(4) 10.4
     for _ in range(8):  # plain steps measured before, on the fast machine
-        planner.off, planner.probes.wait = True, 100
+        planner.judge.off, planner.judge.probes.wait = True, 100
         planner.build(ConfidentDrafter(), 1, 20)
         planner.observe(_stats(0, 0, 0.010, draft=0.0))
-    planner.off = False
+    planner.judge.off = False
     assert _judged(planner, 3 * MIN_STEPS_OFF, tree_size=4, accepted=1, draft=0.002, verify=0.0208)
 
 
@@ -360,14 +361,14 @@ def test_a_probe_whose_plan_expects_no_gain_keeps_speculation_off_and_backs_off(
     for _ in range(MIN_STEPS_OFF):
         planner.build(DoubtfulDrafter(), 1, 20)
         planner.observe(_stats(1, 0, 0.03))
-    assert planner.off
+    assert planner.judge.off
     probes = []
     for _ in range(200):
         tree = planner.build(DoubtfulDrafter(), 1, 20)
         probes.append(planner.probing)
         assert tree.size <= 1  # plain steps, and probes that verify the draft's best child only
         planner.observe(_stats(tree.size, 0, 0.012 if tree.size else 0.01))
-    assert planner.off
+    assert planner.judge.off
     gaps = [i for i, p in enumerate(probes) if p]
     assert len(gaps) >= 3
     assert [b - a for a, b in zip(gaps, gaps[1:])] == sorted(b - a for a, b in zip(gaps, gaps[1:]))  # gaps grow
