@@ -12,7 +12,7 @@ import typer
 
 from treespec.cli import fail as _fail
 from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
-from treespec.cli.train_options import Answers, Holdout, Limit, MaxNew, Offset, Target, Threads
+from treespec.cli.train_options import Answers, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -67,13 +67,6 @@ SaveDtype = Annotated[
     str,
     typer.Option(
         help="EAGLE-1: dtype of the saved head's weights (float16 halves it; loading casts to the target's dtype)"
-    ),
-]
-GenBatch = Annotated[
-    Optional[int],
-    typer.Option(
-        help="prompts per batch while the target generates the training data [default: --batch-size]",
-        show_default=False,
     ),
 ]
 Init = Annotated[

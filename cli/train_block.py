@@ -12,7 +12,7 @@ import typer
 
 from treespec.cli import fail
 from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
-from treespec.cli.train_options import Answers, Holdout, Limit, MaxNew, Offset, Target, Threads
+from treespec.cli.train_options import Answers, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 from treespec.plugins.block_settings import BlockSettings
 
@@ -58,10 +58,6 @@ DraftVocab = Annotated[
     ),
 ]
 MaxLen = Annotated[int, typer.Option(help="train on each sequence's last N tokens")]
-GenBatch = Annotated[
-    Optional[int],
-    typer.Option(help="prompts per batch while the target generates [default: --batch-size]", show_default=False),
-]
 SaveDtype = Annotated[str, typer.Option(help="float32, float16 or bfloat16 for the saved weights")]
 
 

@@ -24,3 +24,10 @@ Answers = Annotated[
         show_default=False,
     ),
 ]
+GenBatch = Annotated[
+    Optional[int],
+    typer.Option(
+        help="prompts per batch while the target generates the training data [default: --batch-size]",
+        show_default=False,
+    ),
+]
