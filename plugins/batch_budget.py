@@ -20,7 +20,9 @@ Only the depth is chosen, one round at a time, from what the rows expect and wha
     every ``EXPLORE_EVERY``-th step runs D + 1 or D − 1 instead (alternately), so both neighbours'
         walls and tables stay measured beside D's
 
-Steps whose drafters also fed a backlog (a new prompt, the tokens of a plain stretch) measure no wall.
+Only steps of the full batch are measured and judged: not those whose drafters also fed a backlog (a
+new prompt, the tokens of a plain stretch), nor a tail of fewer rows (cheaper, and a few rows' luck:
+one row with poor drafts turned a whole batch plain for the next prompts).
 Whether to speculate at all is the row planner's judge (``plugins/probe.py``), fed the batch's steps:
 the rows' mean tokens per step over the step's wall, against the same step priced as plain decoding
 (its wall without drafting × T(0)/T(D) of the batch's cost curves: one clock for both). When it loses,
@@ -132,6 +134,7 @@ class BatchPlan:
         self.probing = False  # the current step is a probe
         self.step_wall = self.step_plain = 0.0  # the last step's wall, and its price as a plain step
         self.step_tokens: list[float] = []  # the last step's tokens, per row
+        self.rows = 0  # the most rows a step had: the batch's size (steps with fewer are a tail)
         self.turn = 0  # which neighbour the next exploring step runs
         self.predicted = 0.0  # the current shape's measured step seconds (what the plan expects)
 
@@ -155,11 +158,6 @@ class BatchPlan:
         its price as a plain step (``probe.as_plain``; every row waited for the same step)."""
         if not self.observed:
             self.step_wall, self.step_plain, self.step_tokens = wall, wall if plain is None else plain, []
-            if self.current != PLAIN and not self.catch_up:
-                for w in self.walls.values():  # every depth's record ages alike: they cover the same stretch
-                    w[0], w[1] = WALL_DECAY * w[0], WALL_DECAY * w[1]
-                w = self.walls.setdefault(self.current.rounds, [0.0, 0.0])
-                w[0], w[1] = w[0] + wall, w[1] + 1.0
         self.step_tokens.append(tokens)
         self.observed = True
 
@@ -170,10 +168,11 @@ class BatchPlan:
             self.table.fold(self.step_tables)
         self.step_tables = []
         probe, self.probing = self.probing, False
+        self.rows = max(self.rows, len(self.step_tokens))
         if probe:  # the probe's verdict, from the tables it just reported
             self.judge.probed(self._wanted(planner))
-        elif self.current != PLAIN and not self.catch_up and self.step_tokens:
-            self.judge.speculated(float(np.mean(self.step_tokens)), self.step_wall, self.step_plain)
+        elif self.current != PLAIN and not self.catch_up and len(self.step_tokens) == self.rows:
+            self._measured()  # a full batch's step (a tail of fewer rows is cheaper, and a few rows' luck)
         self.catch_up = False
         if not self.judge.off:
             self._choose(planner)
@@ -182,6 +181,14 @@ class BatchPlan:
         else:
             self.current = PLAIN
             self.predicted = float(planner.t_step[0]) if planner.known else 0.0
+
+    def _measured(self) -> None:
+        """The last step's wall joins its depth's record, and the step is judged against plain decoding."""
+        for w in self.walls.values():  # every depth's record ages alike: they cover the same stretch
+            w[0], w[1] = WALL_DECAY * w[0], WALL_DECAY * w[1]
+        w = self.walls.setdefault(self.current.rounds, [0.0, 0.0])
+        w[0], w[1] = w[0] + self.step_wall, w[1] + 1.0
+        self.judge.speculated(float(np.mean(self.step_tokens)), self.step_wall, self.step_plain)
 
     def _wanted(self, planner: AutoPlanner) -> bool:
         """Does the probed chain, drafting included, beat a plain step by the batch's cost curves and
