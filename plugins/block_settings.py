@@ -4,20 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-DATA_VERSION = 3  # EAGLE-3's data (``eagle_data.py``): the same files serve both
+from treespec.plugins.train_settings import DataSettings
 
 
 @dataclass(frozen=True)
-class BlockSettings:
-    target: str
-    data: str
-    out: str
-    offset: int = 0
-    limit: int = 2000
-    holdout: float = 0.1
-    max_new_tokens: int = 128
+class BlockSettings(DataSettings):
     epochs: int = 10
     batch_size: int = 8
     lr: float = 1e-3
@@ -29,18 +22,11 @@ class BlockSettings:
     max_len: int = 2048
     gen_batch_size: int | None = None
     save_dtype: str = "float32"
-    answers: str | None = None  # an earlier run's data.pt whose continuations to reuse
     seed: int = 0
     last_feature: bool = False  # add the newest context row to every block row (BlockSpec.last_feature)
     feature_layers: tuple[int, ...] = ()  # the target's hidden_states indices fused [default: EAGLE-3's three]
 
+    data_version: ClassVar[int] = 3  # EAGLE-3's data (``eagle_data.py``): the same files serve both
+
     def data_key(self) -> dict[str, Any]:
-        return {
-            "v": DATA_VERSION,
-            "target": self.target,
-            "data": self.data,
-            "offset": self.offset,
-            "limit": self.limit,
-            "max_new_tokens": self.max_new_tokens,
-            "layers": list(self.feature_layers),
-        }
+        return super().data_key() | {"layers": list(self.feature_layers)}

@@ -27,7 +27,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -39,22 +39,15 @@ from treespec.plugins.eagle3_head import Eagle3Head, default_layers
 from treespec.plugins.eagle_data import Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_head import head_config_for
 from treespec.plugins.eagle_train import TrainRun, frozen_target
+from treespec.plugins.train_settings import DataSettings
 from treespec.train import calibration
 from treespec.train.checkpoint import prepare_out
 
-DATA_VERSION = 3
 DECAY = 0.8  # step i's loss weight: DECAY ** i, as the reference
 
 
 @dataclass(frozen=True)
-class Train3Settings:
-    target: str
-    data: str
-    out: str
-    offset: int = 0
-    limit: int = 2000
-    holdout: float = 0.1
-    max_new_tokens: int = 128
+class Train3Settings(DataSettings):
     epochs: int = 10
     batch_size: int = 16
     lr: float = 1e-3
@@ -62,17 +55,7 @@ class Train3Settings:
     max_len: int = 2048  # sequences are cut to their last max_len tokens for training (the reference: 2048)
     draft_vocab: int | None = None  # default: the whole vocabulary up to 32,000 ids
     seed: int = 0
-    answers: str | None = None  # an earlier run's data.pt whose continuations to reuse (features computed anew)
-
-    def data_key(self) -> dict[str, Any]:
-        return {
-            "v": DATA_VERSION,
-            "target": self.target,
-            "data": self.data,
-            "offset": self.offset,
-            "limit": self.limit,
-            "max_new_tokens": self.max_new_tokens,
-        }
+    data_version: ClassVar[int] = 3  # the fused layers' features as well
 
 
 def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tensor:

@@ -21,8 +21,6 @@ from treespec.files import save_torch_atomic
 from treespec.target import TargetModel
 from treespec.train.checkpoint import load_data
 
-DATA_VERSION = 1
-
 
 @dataclass
 class Sequence:

@@ -35,23 +35,17 @@ from treespec.errors import ConfigError
 from treespec.files import save_torch_atomic, write_text_atomic
 from treespec.kv import causal_mask
 from treespec.memory import check_fits, decoder_parameters
-from treespec.plugins.eagle_data import DATA_VERSION, Progress, Sequence, quiet, training_data
+from treespec.plugins.eagle_data import Progress, Sequence, quiet, training_data
 from treespec.plugins.eagle_head import EagleHead, head_config_for
 from treespec.plugins.eagle_loss import DraftOut, batch_tensors, head_step
+from treespec.plugins.train_settings import DataSettings
 from treespec.target import TargetModel
 from treespec.train import calibration
 from treespec.train.checkpoint import load_data, prepare_out
 
 
 @dataclass(frozen=True)
-class TrainSettings:
-    target: str
-    data: str
-    out: str
-    offset: int = 0  # skip the dataset's first prompts (keep benchmark prompts out of training)
-    limit: int = 2000  # prompts used (train + held out)
-    holdout: float = 0.1  # fraction of prompts held out for the agreement summary
-    max_new_tokens: int = 128  # length of the target's continuation per prompt
+class TrainSettings(DataSettings):
     layers: int = 1
     epochs: int = 10
     batch_size: int = 32
@@ -65,17 +59,6 @@ class TrainSettings:
     # the saved head's weights (float16 halves a shipped head; loading casts to the target's)
     save_dtype: str = "float32"
     init: str | None = None  # start from this head's weights and draft vocabulary (fine-tuning)
-    answers: str | None = None  # an earlier run's data.pt whose continuations to reuse (features computed anew)
-
-    def data_key(self) -> dict[str, Any]:
-        return {
-            "v": DATA_VERSION,
-            "target": self.target,
-            "data": self.data,
-            "offset": self.offset,
-            "limit": self.limit,
-            "max_new_tokens": self.max_new_tokens,
-        }
 
 
 @torch.no_grad()
