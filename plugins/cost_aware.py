@@ -29,8 +29,9 @@ clock for both, so a machine whose speed swings never decides on its own — the
 root alone (the drafter is not called, and catches up in one forward when drafting resumes). Every
 ``gap`` steps a probe drafts and verifies a tree (at least the draft's best child), and speculation
 resumes if the probe's own plan expects its step, drafting included (as the curves predict it), to
-beat the root alone: (1 + E_n) / (T_draft + T(n)) > 1 / T(0). Each probe that does not, and each on-phase that loses, doubles the gap (4 … 256
-steps); 64 winning steps in a row reset it. docs/cost-aware.md gives the reasons and the measurements.
+beat the root alone: (1 + E_n) / (T_draft + T(n)) > 1 / T(0). Each probe that does not, and each
+on-phase that loses, doubles the gap (4 … 256 steps); 64 winning steps in a row reset it.
+docs/cost-aware.md gives the reasons and the measurements.
 
 Decisions change tree shapes from run to run, never tokens: whatever tree is drafted, verification
 keeps the output lossless. The planner's own arithmetic is a few numpy operations per layer on
