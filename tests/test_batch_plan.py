@@ -151,3 +151,20 @@ def test_a_small_loss_on_the_same_clock_turns_speculation_off():
     swing = lambda i: 2.0 if (i // 15) % 2 else 1.0  # noqa: E731
     shapes = _run(BatchPlan(), planner, accept=0.15, wall=wall, steps=200, speed=swing)
     assert _plain_but_probes(shapes[SETTLED:]), shapes[SETTLED:]
+
+
+def test_a_tail_of_fewer_rows_is_not_judged():
+    """The last row of a batch, alone and with drafts that are never right, speculates at a loss; the
+    next prompts fill the batch again with good drafts. The tail is not the batch: it neither turns
+    speculation off for the next prompts nor enters the depths' walls (a row alone steps faster)."""
+    planner = _Planner(t0=0.010, per_node=0.0002, per_round=0.0005)
+    plan = BatchPlan()
+    _run(plan, planner, accept=0.95, wall=lambda s: 0.010 + 0.0002 * s.nodes + 0.0005 * s.rounds, steps=30)
+    walls = dict(plan.walls)
+    for _ in range(60):  # one row left, nothing accepted, a step twice as fast as the batch's
+        shape = plan.shape(planner)
+        plan.report(expectation_table(np.array([0.01]), np.array([1])))
+        plan.observe(0.005, 1.0, 0.004)  # plain decoding would have taken 4 ms: a 20% loss
+    assert not plan.judge.off and plan.shape(planner) != PLAIN
+    assert plan.walls.keys() == walls.keys() and all(plan.walls[d] == walls[d] for d in walls)
+    assert shape != PLAIN
