@@ -153,11 +153,11 @@ class BatchPlan:
         self.step_tables.append(table)
         self.catch_up = self.catch_up or catching_up
 
-    def observe(self, wall: float, tokens: float = 1.0, plain: float | None = None) -> None:
+    def observe(self, wall: float, tokens: float, plain: float) -> None:
         """A row's measured step: the ``tokens`` it gained; the step's first row records its ``wall`` and
         its price as a plain step (``probe.as_plain``; every row waited for the same step)."""
         if not self.observed:
-            self.step_wall, self.step_plain, self.step_tokens = wall, wall if plain is None else plain, []
+            self.step_wall, self.step_plain, self.step_tokens = wall, plain, []
         self.step_tokens.append(tokens)
         self.observed = True
 

@@ -18,6 +18,7 @@ import torch
 
 from treespec.errors import ConfigError
 from treespec.files import save_torch_atomic
+from treespec.plugins.train_settings import DataSettings
 from treespec.target import TargetModel
 from treespec.train.checkpoint import load_data
 
@@ -132,7 +133,7 @@ def _features(model: Any, dev: Any, seqs: list[Sequence], layers: tuple[int, ...
             s.fused = fused[r, : s.ids.numel()].clone()
 
 
-def reuse_answers(s: Any, out: Path, log: Callable[[str], None]) -> None:
+def reuse_answers(s: DataSettings, out: Path, log: Callable[[str], None]) -> None:
     """Write ``OUT/generated.pt`` (the data collector's journal) from an earlier run's ``data.pt`` on the
     same prompts, so only the features are computed (``eagle_data.collect`` picks the journal up)."""
     from treespec.bench.datasets import load_prompts
