@@ -20,7 +20,6 @@ class BlockSettings(DataSettings):
     gamma: float | None = None  # depth decay of the loss weights [default: K / 2]
     draft_vocab: int | None = None  # default: the whole vocabulary up to 32,000 ids
     max_len: int = 2048
-    gen_batch_size: int | None = None
     save_dtype: str = "float32"
     seed: int = 0
     last_feature: bool = False  # add the newest context row to every block row (BlockSpec.last_feature)

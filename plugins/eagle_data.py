@@ -194,12 +194,12 @@ def training_data(
         target,
         prompts,
         s.max_new_tokens,
-        getattr(s, "gen_batch_size", None) or s.batch_size,
+        s.gen_batch_size or s.batch_size,
         progress,
         layers,
         journal=journal,
         key={**s.data_key(), "kept": len(kept)},
-    )  # EAGLE-3's settings have no gen_batch_size
+    )
     seqs = kept + new
     rows = [
         {"ids": x.ids, "feats": x.feats, "prompt_len": x.prompt_len} | ({"fused": x.fused} if layers else {})

@@ -55,7 +55,6 @@ class TrainSettings(DataSettings):
     p_weight: float = 0.1
     seed: int = 0
     draft_vocab: int | None = None  # draft over the N most frequent target tokens (plugins/draft_vocab.py)
-    gen_batch_size: int | None = None  # prompts per batch while the target generates [default: batch_size]
     # the saved head's weights (float16 halves a shipped head; loading casts to the target's)
     save_dtype: str = "float32"
     init: str | None = None  # start from this head's weights and draft vocabulary (fine-tuning)
@@ -123,9 +122,10 @@ def fit_temperature(
 # ---------------------------------------------------------------------- the loop
 def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
     """What must match to resume: every setting but where the files are (``out`` may be spelt differently),
-    the dtype the final head is saved in (a finished run re-run with another ``save_dtype`` re-saves it) and
-    where its answers were reused from (block drafters: ``--answers``)."""
-    return {k: v for k, v in settings.items() if k not in ("out", "save_dtype", "answers")}
+    the dtype the final head is saved in (a finished run re-run with another ``save_dtype`` re-saves it),
+    where its answers were reused from (block drafters: ``--answers``) and how many prompts the target
+    answered at once (``gen_batch_size``: the data it made are keyed by ``data_key``)."""
+    return {k: v for k, v in settings.items() if k not in ("out", "save_dtype", "answers", "gen_batch_size")}
 
 
 def frozen_target(name: str) -> tuple[TargetModel, Any, Any]:

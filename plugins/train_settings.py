@@ -19,6 +19,7 @@ class DataSettings:
     holdout: float = 0.1  # fraction of prompts held out for the agreement summary
     max_new_tokens: int = 128  # length of the target's continuation per prompt
     answers: str | None = None  # an earlier run's data.pt whose continuations to reuse (features computed anew)
+    gen_batch_size: int | None = None  # prompts per batch while the target generates [default: batch_size]
     #: the layout of ``data.pt`` (1: EAGLE-1's last hidden state; 3: EAGLE-3's fused layers as well)
     data_version: ClassVar[int] = 1
 

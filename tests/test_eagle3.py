@@ -231,6 +231,8 @@ def test_cli_trains_an_eagle3_head_that_decodes_losslessly(tmp_path, greedy_refe
             "300",
             "--max-new-tokens",
             "48",
+            "--gen-batch-size",
+            "40",
             "--out",
             str(out),
         ],
@@ -241,6 +243,7 @@ def test_cli_trains_an_eagle3_head_that_decodes_losslessly(tmp_path, greedy_refe
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "training.json").read_text())
     assert summary["draft_vocab"] == 300 and len(summary["top1_per_step"]) == 3
+    assert summary["settings"]["gen_batch_size"] == 40  # once dropped without a word for version 3
     assert summary["history"][-1]["held_out"]["loss"] < summary["history"][0]["held_out"]["loss"]  # it learns
     prompt = tinystories_prompts(4)[3]
     r = subprocess.run(
