@@ -9,17 +9,27 @@ speculation off decodes plainly inside a step that still drafts and verifies tre
 every row fills it. The shape is a chain (the draft's best guess at each of D depths): every best fixed
 row of the batch benchmarks here is a chain, and a plan over trees of any width and size wandered into
 shapes its cost model mispriced and ran 10–20% behind them (docs/bench/batch-default-pair-shared-map).
-Only the depth is chosen, one round at a time, from what the rows expect and what the steps measured:
+Only the depth is chosen, from what the rows expect and what the steps measured:
 
-    each row reports E_r[d, n] = the calibrated expected accepted length of its best n-node tree
-        within depth d; the plan keeps a moving average Ē of the rows' tables
-    W(D) = the batch's measured step wall at depth D (decayed by ``WALL_DECAY`` per step, so the
-        depths' walls cover the same stretch of prompts)
-    D ← argmax over D' in {D − 1, D, D + 1} of (1 + Ē[D', D']) / W(D'), moving only for ``SWITCH``
-        more (near the best, chains of 3 to 6 nodes ran within 3% of one another at B = 4)
-    every ``EXPLORE_EVERY``-th step runs D + 1 or D − 1 instead (alternately), so both neighbours'
-        walls and tables stay measured beside D's
+    each row reports its chain's p̂ at every depth (calibrated: what it expects accepted there); the
+        plan keeps a moving average p̄_d per depth, and Ē_D = p̄_1 + … + p̄_D
+    W(D) = W_home · (1 + s · (D − home)): W_home is the moving average of the home depth's step walls,
+        s what a round adds in units of W_home, measured on one clock: (W_explore / W_home − 1) / (D −
+        home) for the second step of an exploring run against the home step just before the run and
+        the second one after it, the median of the last ``SLOPE_SAMPLES`` (the cost curves' until then)
+    D ← argmax over the depths drafted so far of (1 + Ē_D) / W(D), moving only for ``SWITCH`` more (a
+        step's wall is noisy); not just a neighbour: near the best, depths differ by 1–2% each, less
+        than ``SWITCH``, and a plan moving one depth at a time stayed wherever it first arrived
+    every ``EXPLORE_EVERY`` steps, two run D + 1 or D − 1 instead (alternately), so s and both
+        neighbours' p̄ stay measured
 
+Walls of each depth kept apart (an earlier version) compared a depth measured minutes ago, when the
+machine ran at another speed, with one measured now: a trace at B = 4 kept a wall twice today's for
+hundreds of steps and chose depths 1 to 8 in turn. There, two consecutive steps' walls differed by a
+median 5.5%, steps 30 apart by 23%, and one step in a few by far more: hence neighbours, and a median.
+A step also pays for the one before it (its drafter first reads the tokens the last step accepted), so
+a lone exploring step and the home step after it each carry part of the other depth's load, which
+shrinks the difference measured: a run's second step and the second home step after it carry their own.
 Only steps of the full batch are measured and judged: not those whose drafters also fed a backlog (a
 new prompt, the tokens of a plain stretch), nor a tail of fewer rows (cheaper, and a few rows' luck:
 one row with poor drafts turned a whole batch plain for the next prompts).
@@ -28,7 +38,7 @@ the rows' mean tokens per step over the step's wall, against the same step price
 (its wall without drafting × T(0)/T(D) of the batch's cost curves: one clock for both). When it loses,
 every row decodes plainly, and a probe every ``gap`` steps drafts the last chain again; speculation
 resumes if the chain, drafting included, promises more than a plain step by the curves and the rows'
-tables: (1 + Ē[D, D]) · T(0) > T_draft(D) + T(D). The plan changes tree shapes, never tokens.
+p̄: (1 + Ē_D) · T(0) > T_draft(D) + T(D). The plan changes tree shapes, never tokens.
 """
 
 from __future__ import annotations
@@ -48,10 +58,10 @@ if TYPE_CHECKING:
     from treespec.interfaces import Drafter
     from treespec.plugins.cost_aware import AutoPlanner
 
-MEASURED_STEPS = 1.5  # decayed steps of a depth before its wall counts
-EXPLORE_EVERY = 6  # steps between exploring steps (a neighbouring depth, alternately deeper and shallower)
-EMA = 0.25  # weight of a step's mean table in the moving average
-WALL_DECAY = 0.97  # per step: a depth's measured wall follows the last ~30 steps
+EXPLORE_EVERY = 8  # steps between exploring runs (two steps at a neighbouring depth, deeper or shallower in turn)
+EMA = 0.25  # weight of a step's mean p̂ in a depth's moving average p̄
+WALL_EMA = 0.2  # weight of a home step's wall in W_home (it follows the last ~5 home steps)
+SLOPE_SAMPLES = 8  # s is the median of this many measurements (two an exploring step)
 SWITCH = 0.03  # another depth must promise this much more than the current one
 
 
@@ -70,65 +80,22 @@ def chain(depth: int) -> Shape:
     return Shape(depth, depth, 1)
 
 
-def expectation_table(phat: np.ndarray, depths: np.ndarray) -> np.ndarray:
-    """E[d, n] ([D + 1, M + 1]): Σ of the n largest p̂ among the drafted nodes of depth ≤ d (the best
-    n-node tree within depth d: p̂ never grows along a path, so the n largest form a tree); E[0, ·] = 0,
-    and beyond the nodes there are, E stays flat. ``phat``/``depths``: the drafted nodes (root excluded)."""
-    top, m = int(depths.max()) if depths.size else 0, int(phat.size)
-    order = np.argsort(-phat, kind="stable")  # [K] best first
-    within = depths[order][None, :] <= np.arange(1, top + 1)[:, None]  # [D, K] node j counts within depth d
-    sums = np.cumsum(np.where(within, phat[order], 0.0), axis=1)  # [D, K] Σ p̂ of the first j that count
-    table = np.zeros((top + 1, m + 1))
-    rows, cols = np.nonzero(within)
-    table[rows + 1, np.cumsum(within, axis=1)[rows, cols]] = sums[rows, cols]  # [d, n]: the n best within d
-    return np.maximum.accumulate(table, axis=1)  # beyond the nodes there are, E stays flat
-
-
-def _grow_to(table: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """``table`` padded to ``shape`` with its last row and column (no data: no further gain)."""
-    pad = ((0, shape[0] - table.shape[0]), (0, shape[1] - table.shape[1]))
-    return np.pad(table, pad, mode="edge") if any(p[1] for p in pad) else table
-
-
-class _Average:
-    """A per-cell moving average of E tables, over the cells the trees reached."""
-
-    def __init__(self) -> None:
-        self.mean: np.ndarray | None = None  # [D + 1, M + 1]
-        self.seen: np.ndarray | None = None
-
-    def fold(self, tables: list[np.ndarray]) -> None:
-        size = (max(t.shape[0] for t in tables), max(t.shape[1] for t in tables))
-        if self.mean is not None:
-            size = (max(size[0], self.mean.shape[0]), max(size[1], self.mean.shape[1]))
-        step = np.mean([_grow_to(t, size) for t in tables], axis=0)  # [D + 1, M + 1]
-        reached = np.zeros(size, dtype=bool)
-        reached[: min(t.shape[0] for t in tables), : min(t.shape[1] for t in tables)] = True
-        if self.mean is None:
-            self.mean, self.seen = step, reached
-            return
-        mean = _grow_to(self.mean, size)
-        seen = np.pad(self.seen, ((0, size[0] - self.seen.shape[0]), (0, size[1] - self.seen.shape[1])))
-        mean = np.where(reached & seen, mean + EMA * (step - mean), np.where(reached, step, mean))
-        # E never falls with more nodes or more depth; cells averaged over different steps can disagree
-        self.mean = np.maximum.accumulate(np.maximum.accumulate(mean, axis=0), axis=1)
-        self.seen = seen | reached
-
-
 class BatchPlan:
     """The chain a batch's auto rows share (see the module docstring). ``shape(planner)`` is asked by
-    every row at the start of its build; ``report(table)`` after it drafted; ``observe(wall)`` after
+    every row at the start of its build; ``report(phat)`` after it drafted; ``observe(wall)`` after
     the step."""
 
     def __init__(self) -> None:
-        self.table = _Average()  # moving average of the rows' E tables
+        self.gains = np.zeros(0)  # [D] p̄_d: the rows' calibrated p̂ at depth d + 1, a moving average
         self.current: Shape = FIRST  # what rows draft and verify this step
         self.home = FIRST.rounds  # the chosen depth (exploring steps run a neighbour of it)
         self.last_spec: Shape = FIRST  # the last speculative shape (probes draft it)
-        self.walls: dict[int, list[float]] = {}  # depth -> decayed Σ wall, Σ steps
+        self.base: float | None = None  # W_home: moving average of the home depth's step walls
+        self.slopes: list[float] = []  # the last measurements of s (the first: the cost curves')
+        self.recent: list[tuple[int, float] | None] = []  # the last steps' (depth, wall); None: not measured
         self.observed = False  # a row's step was observed since the current step began
         self.catch_up = False  # a row of this step also fed its drafter a backlog (its wall is not the shape's)
-        self.step_tables: list[np.ndarray] = []  # this step's reports
+        self.step_gains: list[np.ndarray] = []  # this step's reports
         self.steps = 0
         self.judge = Judge.for_batch()  # speculation on or off, and when to probe (plugins/probe.py)
         self.probing = False  # the current step is a probe
@@ -136,7 +103,7 @@ class BatchPlan:
         self.step_tokens: list[float] = []  # the last step's tokens, per row
         self.rows = 0  # the most rows a step had: the batch's size (steps with fewer are a tail)
         self.turn = 0  # which neighbour the next exploring step runs
-        self.predicted = 0.0  # the current shape's measured step seconds (what the plan expects)
+        self.predicted = 0.0  # the current shape's step seconds by W(D) (what the plan expects)
 
     # ------------------------------------------------------------------ rows' calls
     def shape(self, planner: AutoPlanner) -> Shape:
@@ -147,10 +114,11 @@ class BatchPlan:
             self._new_step(planner)
         return self.current
 
-    def report(self, table: np.ndarray, catching_up: bool = False) -> None:
-        """A row's E table of the tree it just drafted; ``catching_up``: its drafter also fed what it
-        skipped (a new prompt, or the tokens of a plain stretch), so this step's wall is not the shape's."""
-        self.step_tables.append(table)
+    def report(self, phat: np.ndarray, catching_up: bool = False) -> None:
+        """A row's chain, drafted: the calibrated p̂ of its node at each depth ([D]); ``catching_up``: its
+        drafter also fed what it skipped (a new prompt, or the tokens of a plain stretch), so this step's
+        wall is not the shape's."""
+        self.step_gains.append(phat)
         self.catch_up = self.catch_up or catching_up
 
     def observe(self, wall: float, tokens: float, plain: float) -> None:
@@ -164,15 +132,18 @@ class BatchPlan:
     # ------------------------------------------------------------------ the choice
     def _new_step(self, planner: AutoPlanner) -> None:
         self.steps += 1
-        if self.step_tables:
-            self.table.fold(self.step_tables)
-        self.step_tables = []
         probe, self.probing = self.probing, False
         self.rows = max(self.rows, len(self.step_tokens))
-        if probe:  # the probe's verdict, from the tables it just reported
+        full = len(self.step_tokens) == self.rows  # not a tail of fewer rows (cheaper, and a few rows' luck)
+        if self.step_gains and (full or probe):
+            self._fold(self.step_gains)
+        self.step_gains = []
+        if probe:  # the probe's verdict, from the chains it just reported
             self.judge.probed(self._wanted(planner))
-        elif self.current != PLAIN and not self.catch_up and len(self.step_tokens) == self.rows:
-            self._measured()  # a full batch's step (a tail of fewer rows is cheaper, and a few rows' luck)
+        elif self.current != PLAIN and not self.catch_up and full:
+            self._measured()
+        else:
+            self.recent = [*self.recent[-3:], None]  # no wall to pair
         self.catch_up = False
         if not self.judge.off:
             self._choose(planner)
@@ -182,48 +153,97 @@ class BatchPlan:
             self.current = PLAIN
             self.predicted = float(planner.t_step[0]) if planner.known else 0.0
 
+    def _fold(self, chains: list[np.ndarray]) -> None:
+        """p̄_d moves towards this step's mean p̂ at depth d over the rows whose chains reached it (a row
+        near its end drafts fewer rounds: it says nothing of the deeper ones)."""
+        depth = max(c.size for c in chains)
+        grid = np.full((len(chains), depth), np.nan)  # [R, D]
+        for r, c in enumerate(chains):
+            grid[r, : c.size] = c
+        step = np.nanmean(grid, axis=0)  # [D] every column has a row: depth is the longest chain
+        old, k = self.gains, min(depth, self.gains.size)
+        step[:k] = old[:k] + EMA * (step[:k] - old[:k])
+        self.gains = np.concatenate([step, old[depth:]])
+
+    def expected(self, depth: int) -> float | None:
+        """Ē_D: the tokens a row expects accepted from a chain of ``depth`` (None: deeper than drafted)."""
+        return float(self.gains[:depth].sum()) if 0 < depth <= self.gains.size else None
+
+    @property
+    def slope(self) -> float | None:
+        """s: what a round adds to a step's wall, in units of the home depth's (None: not measured yet)."""
+        return max(float(np.median(self.slopes)), 0.0) if self.slopes else None
+
+    def wall(self, depth: int) -> float | None:
+        """W(D) = W_home · (1 + s · (D − home)): a step's seconds at ``depth`` (None: not measured yet)."""
+        s = self.slope
+        if self.base is None or s is None:
+            return None
+        return self.base * (1.0 + s * (depth - self.home))
+
     def _measured(self) -> None:
-        """The last step's wall joins its depth's record, and the step is judged against plain decoding."""
-        for w in self.walls.values():  # every depth's record ages alike: they cover the same stretch
-            w[0], w[1] = WALL_DECAY * w[0], WALL_DECAY * w[1]
-        w = self.walls.setdefault(self.current.rounds, [0.0, 0.0])
-        w[0], w[1] = w[0] + self.step_wall, w[1] + 1.0
-        self.judge.speculated(float(np.mean(self.step_tokens)), self.step_wall, self.step_plain)
+        """The last step (full batch, speculative) updates W_home (a home step) and s (an exploring step
+        against the home steps beside it), and is judged against plain decoding."""
+        wall, depth = self.step_wall, self.current.rounds
+        if wall > 0:
+            if depth == self.home:
+                self.base = wall if self.base is None else self.base + WALL_EMA * (wall - self.base)
+            self.recent = [*self.recent[-3:], (depth, wall)]
+            pair = self._pair()
+            if pair is not None:
+                (de, we), (dh, wh) = pair
+                self.slopes = [*self.slopes, (we / wh - 1.0) / (de - dh)][-SLOPE_SAMPLES:]
+        self.judge.speculated(float(np.mean(self.step_tokens)), wall, self.step_plain)
+
+    def _pair(self) -> tuple[tuple[int, float], tuple[int, float]] | None:
+        """(exploring, home) steps to compare, if the last steps end H E E or E E H H (E: an exploring
+        run's steps, at one depth; H: home steps): the run's second step, and the home step two away."""
+        last, home = self.recent[-4:], self.home
+        if len(last) < 3 or any(x is None for x in last[-3:]):
+            return None
+        a, b, c = last[-3:]
+        if a[0] == home and b[0] == c[0] != home:
+            return c, a
+        if len(last) == 4 and last[0] is not None and last[0][0] == a[0] != home and b[0] == c[0] == home:
+            return a, c
+        return None
 
     def _wanted(self, planner: AutoPlanner) -> bool:
         """Does the probed chain, drafting included, beat a plain step by the batch's cost curves and
-        the rows' tables? (1 + Ē[D, D]) · T(0) > T_first + (D − 1) · T_expand(1) + T(D). Without
-        curves: yes (the judge then weighs its steps on their own clock)."""
-        mean = self.table.mean
-        if mean is None or not planner.known:
+        the rows' p̂? (1 + Ē_D) · T(0) > T_first + (D − 1) · T_expand(1) + T(D). Without curves: yes
+        (the judge then weighs its steps on their own clock)."""
+        d = min(self.last_spec.rounds, self.gains.size, planner.t_step.size - 1 if planner.known else 0)
+        if d < 1:
             return True
-        d = min(self.last_spec.rounds, mean.shape[0] - 1, mean.shape[1] - 1, planner.t_step.size - 1)
         drafting = planner.t_first + (d - 1) * float(planner.t_expand[min(1, planner.t_expand.size - 1)])
-        return (1.0 + float(mean[d, d])) * float(planner.t_step[0]) > drafting + float(planner.t_step[d])
-
-    def wall(self, depth: int) -> float | None:
-        """The measured step wall at ``depth`` (None: not measured in the recent stretch)."""
-        w = self.walls.get(depth)
-        return w[0] / w[1] if w is not None and w[1] >= MEASURED_STEPS else None
+        return (1.0 + self.gains[:d].sum()) * float(planner.t_step[0]) > drafting + float(planner.t_step[d])
 
     def _choose(self, planner: AutoPlanner) -> None:
-        """D ← the best of D − 1, D, D + 1 by (1 + Ē[D, D]) / W(D) (``SWITCH`` to move)."""
-        mean, home = self.table.mean, self.home  # [D + 1, M + 1] or None
+        """D ← the best depth drafted so far by (1 + Ē_D) / W(D) (``SWITCH`` to move)."""
+        home = self.home
+        if not self.slopes and planner.known and home + 1 < planner.t_step.size:  # until measured
+            expand = float(planner.t_expand[min(1, planner.t_expand.size - 1)])
+            here = planner.t_first + (home - 1) * expand + float(planner.t_step[home])
+            self.slopes = [(expand + float(planner.t_step[home + 1] - planner.t_step[home])) / here]
         best, best_rate, home_rate = home, 0.0, 0.0
-        for d in (home - 1, home, home + 1):
-            wall = self.wall(d)
-            if mean is None or d < 1 or d >= min(mean.shape) or wall is None:
+        for d in range(1, self.gains.size + 1):
+            gain, wall = self.expected(d), self.wall(d)
+            if gain is None or wall is None or wall <= 0:
                 continue
-            rate = (1.0 + mean[d, d]) / wall  # tokens per second per row
+            rate = (1.0 + gain) / wall  # tokens per second per row
             home_rate = rate if d == home else home_rate
             if rate > best_rate:
                 best, best_rate = d, rate
         if best != home and best_rate < (1 + SWITCH) * home_rate:  # noise does not move the depth
-            best, best_rate = home, home_rate
-        self.home = best
-        depth = best
-        if self.steps % EXPLORE_EVERY == 0:  # a neighbour, alternately deeper and shallower
-            self.turn += 1
+            best = home
+        if best != home:
+            self.base, moved = self.wall(best), best - home  # W_home and s re-based on the new home
+            self.slopes = [r / (1.0 + r * moved) for r in self.slopes if 1.0 + r * moved > 0.1]
+            self.recent = []  # the steps before were another home's
+        self.home = depth = best
+        phase = self.steps % EXPLORE_EVERY
+        if phase < 2:  # an exploring run: a neighbour, alternately deeper and shallower
+            self.turn += phase == 0
             depth = best + 1 if self.turn % 2 or best == 1 else best - 1
         self.current = self.last_spec = chain(min(depth, planner.max_depth))
         self.predicted = self.wall(self.current.rounds) or 0.0
@@ -266,8 +286,8 @@ def grow_row(
         if order.size == 0:
             break
         frontier = drafted.add(tree, frontier, prop, order, depth, cand[order])
-    phat, depths = drafted.nodes
-    planner.plan.report(expectation_table(phat, depths), catching_up)
+    phat, _ = drafted.nodes  # [D] a chain's nodes, one a depth, in tree order
+    planner.plan.report(phat.copy(), catching_up)
     n = min(shape.nodes, drafted.size)
     expected = float(np.sort(phat)[::-1][:n].sum())
     chosen = drafted.top(tree, n)
