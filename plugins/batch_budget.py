@@ -9,27 +9,29 @@ speculation off decodes plainly inside a step that still drafts and verifies tre
 every row fills it. The shape is a chain (the draft's best guess at each of D depths): every best fixed
 row of the batch benchmarks here is a chain, and a plan over trees of any width and size wandered into
 shapes its cost model mispriced and ran 10–20% behind them (docs/bench/batch-default-pair-shared-map).
-Only the depth is chosen, from what the rows expect and what the steps measured:
+Only the depth is chosen, from what the rows expect and what the batch's cost curves say:
 
     each row reports its chain's p̂ at every depth (calibrated: what it expects accepted there); the
-        plan keeps a moving average p̄_d per depth, and Ē_D = p̄_1 + … + p̄_D
-    W(D) = W_home · (1 + s · (D − home)): W_home is the moving average of the home depth's step walls,
-        s what a round adds in units of W_home, measured on one clock: (W_explore / W_home − 1) / (D −
-        home) for the second step of an exploring run against the home step just before the run and
-        the second one after it, the median of the last ``SLOPE_SAMPLES`` (the cost curves' until then)
-    D ← argmax over the depths drafted so far of (1 + Ē_D) / W(D), moving only for ``SWITCH`` more (a
-        step's wall is noisy); not just a neighbour: near the best, depths differ by 1–2% each, less
-        than ``SWITCH``, and a plan moving one depth at a time stayed wherever it first arrived
-    every ``EXPLORE_EVERY`` steps, two run D + 1 or D − 1 instead (alternately), so s and both
-        neighbours' p̄ stay measured
+        plan keeps each row's moving average p̄_r,d (since its prompt began) and Ē_r,D = Σ_{d ≤ D} p̄_r,d
+    W(D) = P(ANCHOR) + S · (D − ANCHOR): a chain's price by the cost curves measured before the batch's
+        first step, P(D) = T_first + (D − 1) · T_expand(1) + T(D), drawn once as a line with the slope
+        S = P(ANCHOR + 1) − P(ANCHOR) it has there
+    D ← argmax over the depths drafted of (1 + min_r Ē_r,D) / W(D), moving only for ``SWITCH`` more
+    every ``EXPLORE_EVERY`` steps, one runs D + 1 instead, so the next depth's p̄ stays measured
 
-Walls of each depth kept apart (an earlier version) compared a depth measured minutes ago, when the
-machine ran at another speed, with one measured now: a trace at B = 4 kept a wall twice today's for
-hundreds of steps and chose depths 1 to 8 in turn. There, two consecutive steps' walls differed by a
-median 5.5%, steps 30 apart by 23%, and one step in a few by far more: hence neighbours, and a median.
-A step also pays for the one before it (its drafter first reads the tokens the last step accepted), so
-a lone exploring step and the home step after it each carry part of the other depth's load, which
-shrinks the difference measured: a run's second step and the second home step after it carry their own.
+Why the slowest row: a batch of prompts that started together finishes when its slowest row does, and
+depth helps that row least. On 40 HumanEval prompts (default pair, B = 4, one batch per 4 prompts) the
+rows' own Ē promised 1.69× fewer steps from chain k=5 than from k=2 and 2.04× from k=7, and one row at a
+time took 1.62× and 1.91× fewer (so Ē is right for a row), but the batches took 1.40× and 1.56× fewer:
+each batch's last row set its length. Rows that replace finished ones (``batch_size`` below the number
+of prompts) lose less to this; there the slowest row's choice priced no worse than the mean's.
+Why the curves, drawn once as a line, and not measured walls: a step's wall on this VM moves by a
+median 5.5% from one step to the next, 23% over 30 steps, and far more in one step of a few; plans
+choosing from walls (each depth's own, or an exploring step against its neighbours) wandered over
+depths 1 to 13. The curves' online refinement follows the walls too, and a line redrawn from them at
+every step, or the curves' own flatter price of deep chains, sent plans 1–2 rounds deeper than the
+walls of fixed chains pay for. Each variant was judged by the depths it chose, priced by one table of
+fixed chains' measured walls that no run's noise moves (``docs/bench/batch-plan-slowest-row/NOTES.md``).
 Only steps of the full batch are measured and judged: not those whose drafters also fed a backlog (a
 new prompt, the tokens of a plain stretch), nor a tail of fewer rows (cheaper, and a few rows' luck:
 one row with poor drafts turned a whole batch plain for the next prompts).
@@ -58,10 +60,9 @@ if TYPE_CHECKING:
     from treespec.interfaces import Drafter
     from treespec.plugins.cost_aware import AutoPlanner
 
-EXPLORE_EVERY = 8  # steps between exploring runs (two steps at a neighbouring depth, deeper or shallower in turn)
+EXPLORE_EVERY = 8  # steps between exploring steps (one round deeper than the chosen depth)
+ANCHOR = 4  # the depth whose slope of the curves' price the line W(D) keeps
 EMA = 0.25  # weight of a step's mean p̂ in a depth's moving average p̄
-WALL_EMA = 0.2  # weight of a home step's wall in W_home (it follows the last ~5 home steps)
-SLOPE_SAMPLES = 8  # s is the median of this many measurements (two an exploring step)
 SWITCH = 0.03  # another depth must promise this much more than the current one
 
 
@@ -90,20 +91,19 @@ class BatchPlan:
         self.current: Shape = FIRST  # what rows draft and verify this step
         self.home = FIRST.rounds  # the chosen depth (exploring steps run a neighbour of it)
         self.last_spec: Shape = FIRST  # the last speculative shape (probes draft it)
-        self.base: float | None = None  # W_home: moving average of the home depth's step walls
-        self.slopes: list[float] = []  # the last measurements of s (the first: the cost curves')
-        self.recent: list[tuple[int, float] | None] = []  # the last steps' (depth, wall); None: not measured
         self.observed = False  # a row's step was observed since the current step began
         self.catch_up = False  # a row of this step also fed its drafter a backlog (its wall is not the shape's)
         self.step_gains: list[np.ndarray] = []  # this step's reports
+        self.step_rows: list[tuple[object, np.ndarray, bool]] = []  # the same, with their rows
+        self.row_gains: dict[object, np.ndarray] = {}  # each row's own p̄ (moving average since its prompt began)
         self.steps = 0
         self.judge = Judge.for_batch()  # speculation on or off, and when to probe (plugins/probe.py)
         self.probing = False  # the current step is a probe
         self.step_wall = self.step_plain = 0.0  # the last step's wall, and its price as a plain step
         self.step_tokens: list[float] = []  # the last step's tokens, per row
         self.rows = 0  # the most rows a step had: the batch's size (steps with fewer are a tail)
-        self.turn = 0  # which neighbour the next exploring step runs
-        self.predicted = 0.0  # the current shape's step seconds by W(D) (what the plan expects)
+        self.predicted = 0.0  # the current shape's step seconds by the curves (what the plan expects)
+        self.line: tuple[float, float] | None = None  # (P(ANCHOR), S) of W(D), from the batch's cost curves
 
     # ------------------------------------------------------------------ rows' calls
     def shape(self, planner: AutoPlanner) -> Shape:
@@ -114,11 +114,12 @@ class BatchPlan:
             self._new_step(planner)
         return self.current
 
-    def report(self, phat: np.ndarray, catching_up: bool = False) -> None:
+    def report(self, phat: np.ndarray, catching_up: bool = False, row: object = None, fresh: bool = False) -> None:
         """A row's chain, drafted: the calibrated p̂ of its node at each depth ([D]); ``catching_up``: its
         drafter also fed what it skipped (a new prompt, or the tokens of a plain stretch), so this step's
-        wall is not the shape's."""
+        wall is not the shape's; ``row``: which row (its planner), ``fresh``: its first step on a prompt."""
         self.step_gains.append(phat)
+        self.step_rows.append((row, phat, fresh))
         self.catch_up = self.catch_up or catching_up
 
     def observe(self, wall: float, tokens: float, plain: float) -> None:
@@ -137,13 +138,15 @@ class BatchPlan:
         full = len(self.step_tokens) == self.rows  # not a tail of fewer rows (cheaper, and a few rows' luck)
         if self.step_gains and (full or probe):
             self._fold(self.step_gains)
-        self.step_gains = []
+            self.row_gains = {
+                key: phat if fresh or key not in self.row_gains else _moved(self.row_gains[key], phat)
+                for key, phat, fresh in self.step_rows
+            }
+        self.step_gains, self.step_rows = [], []
         if probe:  # the probe's verdict, from the chains it just reported
             self.judge.probed(self._wanted(planner))
-        elif self.current != PLAIN and not self.catch_up and full:
-            self._measured()
-        else:
-            self.recent = [*self.recent[-3:], None]  # no wall to pair
+        elif self.current != PLAIN and not self.catch_up and full:  # judged against plain decoding
+            self.judge.speculated(float(np.mean(self.step_tokens)), self.step_wall, self.step_plain)
         self.catch_up = False
         if not self.judge.off:
             self._choose(planner)
@@ -160,53 +163,20 @@ class BatchPlan:
         grid = np.full((len(chains), depth), np.nan)  # [R, D]
         for r, c in enumerate(chains):
             grid[r, : c.size] = c
-        step = np.nanmean(grid, axis=0)  # [D] every column has a row: depth is the longest chain
-        old, k = self.gains, min(depth, self.gains.size)
-        step[:k] = old[:k] + EMA * (step[:k] - old[:k])
-        self.gains = np.concatenate([step, old[depth:]])
+        self.gains = _moved(self.gains, np.nanmean(grid, axis=0))  # [D] each column has a row (the longest)
+
+    def slowest(self, depth: int) -> float | None:
+        """min over the rows of Ē_r,D: what the row that gains least expects from a chain of ``depth``
+        (None: a row has not drafted that deep since its prompt began; the mean there would flatter
+        deeper chains)."""
+        rows = self.row_gains.values()
+        if not rows or depth < 1 or any(g.size < depth for g in rows):
+            return None
+        return min(float(g[:depth].sum()) for g in rows)
 
     def expected(self, depth: int) -> float | None:
         """Ē_D: the tokens a row expects accepted from a chain of ``depth`` (None: deeper than drafted)."""
         return float(self.gains[:depth].sum()) if 0 < depth <= self.gains.size else None
-
-    @property
-    def slope(self) -> float | None:
-        """s: what a round adds to a step's wall, in units of the home depth's (None: not measured yet)."""
-        return max(float(np.median(self.slopes)), 0.0) if self.slopes else None
-
-    def wall(self, depth: int) -> float | None:
-        """W(D) = W_home · (1 + s · (D − home)): a step's seconds at ``depth`` (None: not measured yet)."""
-        s = self.slope
-        if self.base is None or s is None:
-            return None
-        return self.base * (1.0 + s * (depth - self.home))
-
-    def _measured(self) -> None:
-        """The last step (full batch, speculative) updates W_home (a home step) and s (an exploring step
-        against the home steps beside it), and is judged against plain decoding."""
-        wall, depth = self.step_wall, self.current.rounds
-        if wall > 0:
-            if depth == self.home:
-                self.base = wall if self.base is None else self.base + WALL_EMA * (wall - self.base)
-            self.recent = [*self.recent[-3:], (depth, wall)]
-            pair = self._pair()
-            if pair is not None:
-                (de, we), (dh, wh) = pair
-                self.slopes = [*self.slopes, (we / wh - 1.0) / (de - dh)][-SLOPE_SAMPLES:]
-        self.judge.speculated(float(np.mean(self.step_tokens)), wall, self.step_plain)
-
-    def _pair(self) -> tuple[tuple[int, float], tuple[int, float]] | None:
-        """(exploring, home) steps to compare, if the last steps end H E E or E E H H (E: an exploring
-        run's steps, at one depth; H: home steps): the run's second step, and the home step two away."""
-        last, home = self.recent[-4:], self.home
-        if len(last) < 3 or any(x is None for x in last[-3:]):
-            return None
-        a, b, c = last[-3:]
-        if a[0] == home and b[0] == c[0] != home:
-            return c, a
-        if len(last) == 4 and last[0] is not None and last[0][0] == a[0] != home and b[0] == c[0] == home:
-            return a, c
-        return None
 
     def _wanted(self, planner: AutoPlanner) -> bool:
         """Does the probed chain, drafting included, beat a plain step by the batch's cost curves and
@@ -219,34 +189,49 @@ class BatchPlan:
         return (1.0 + self.gains[:d].sum()) * float(planner.t_step[0]) > drafting + float(planner.t_step[d])
 
     def _choose(self, planner: AutoPlanner) -> None:
-        """D ← the best depth drafted so far by (1 + Ē_D) / W(D) (``SWITCH`` to move)."""
+        """D ← the best depth drafted by (1 + min_r Ē_r,D) / W(D) (``SWITCH`` to move); every
+        ``EXPLORE_EVERY``-th step one round deeper."""
         home = self.home
-        if not self.slopes and planner.known and home + 1 < planner.t_step.size:  # until measured
-            expand = float(planner.t_expand[min(1, planner.t_expand.size - 1)])
-            here = planner.t_first + (home - 1) * expand + float(planner.t_step[home])
-            self.slopes = [(expand + float(planner.t_step[home + 1] - planner.t_step[home])) / here]
+        if self.line is None:  # drawn once, from the curves measured before the batch's first step
+            self.line = line(planner)
         best, best_rate, home_rate = home, 0.0, 0.0
         for d in range(1, self.gains.size + 1):
-            gain, wall = self.expected(d), self.wall(d)
+            gain, wall = self.slowest(d), self.price(d)
             if gain is None or wall is None or wall <= 0:
                 continue
-            rate = (1.0 + gain) / wall  # tokens per second per row
+            rate = (1.0 + gain) / wall  # the slowest row's tokens per second
             home_rate = rate if d == home else home_rate
             if rate > best_rate:
                 best, best_rate = d, rate
         if best != home and best_rate < (1 + SWITCH) * home_rate:  # noise does not move the depth
             best = home
-        if best != home:
-            self.base, moved = self.wall(best), best - home  # W_home and s re-based on the new home
-            self.slopes = [r / (1.0 + r * moved) for r in self.slopes if 1.0 + r * moved > 0.1]
-            self.recent = []  # the steps before were another home's
         self.home = depth = best
-        phase = self.steps % EXPLORE_EVERY
-        if phase < 2:  # an exploring run: a neighbour, alternately deeper and shallower
-            self.turn += phase == 0
-            depth = best + 1 if self.turn % 2 or best == 1 else best - 1
+        if self.steps % EXPLORE_EVERY == 0:
+            depth = best + 1
         self.current = self.last_spec = chain(min(depth, planner.max_depth))
-        self.predicted = self.wall(self.current.rounds) or 0.0
+        self.predicted = self.price(self.current.rounds) or 0.0
+
+    def price(self, depth: int) -> float | None:
+        """W(D) = P(ANCHOR) + S · (D − ANCHOR) (None: no curves)."""
+        return None if self.line is None else self.line[0] + self.line[1] * (depth - ANCHOR)
+
+
+def line(planner: AutoPlanner) -> tuple[float, float] | None:
+    """(P(ANCHOR), S): the batch's cost curves' price of a chain of ``ANCHOR`` rounds, and what one more
+    round adds there (None: no curves measured)."""
+    if not planner.known or planner.t_step.size <= ANCHOR + 1:
+        return None
+    expand = float(planner.t_expand[min(1, planner.t_expand.size - 1)])
+    at = planner.t_first + (ANCHOR - 1) * expand + float(planner.t_step[ANCHOR])  # P(ANCHOR)
+    return at, expand + float(planner.t_step[ANCHOR + 1] - planner.t_step[ANCHOR])
+
+
+def _moved(old: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """A per-depth moving average ``old`` moved ``EMA`` of the way to ``step``: depths only ``step`` has
+    start at its value, depths only ``old`` has keep theirs."""
+    k = min(old.size, step.size)
+    head = old[:k] + EMA * (step[:k] - old[:k])
+    return np.concatenate([head, step[k:], old[step.size :]])
 
 
 def grow_row(
@@ -259,7 +244,8 @@ def grow_row(
     planner.probing = False
     # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up): the
     # step's wall is not what the shape costs
-    catching_up = planner.fresh or (bool(planner.decisions) and planner.decisions[-1]["off"])
+    fresh = planner.fresh
+    catching_up = fresh or (bool(planner.decisions) and planner.decisions[-1]["off"])
     planner.fresh = False
     if shape.nodes <= 0 or max_depth <= 0:
         planner.decide(
@@ -287,7 +273,7 @@ def grow_row(
             break
         frontier = drafted.add(tree, frontier, prop, order, depth, cand[order])
     phat, _ = drafted.nodes  # [D] a chain's nodes, one a depth, in tree order
-    planner.plan.report(phat.copy(), catching_up)
+    planner.plan.report(phat.copy(), catching_up, planner, fresh)
     n = min(shape.nodes, drafted.size)
     expected = float(np.sort(phat)[::-1][:n].sum())
     chosen = drafted.top(tree, n)

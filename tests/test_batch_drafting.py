@@ -181,7 +181,7 @@ def test_the_rows_auto_planners_share_one_shape_per_step(target64, greedy_refere
         sizes = [o.stats.steps[k].tree_size for o, d in zip(outs, done) if 48 - d[k] > 1]
         assert not sizes or (min(sizes) == 0) == (max(sizes) == 0), (k, sizes)  # all plain or none
     assert plan.steps >= steps - 1  # the plan started a step for every step of the batch
-    assert plan.base is not None and plan.base > 0  # and measured their walls
+    assert plan.predicted > 0  # and priced its chains by the batch's cost curves
     assert plan.gains.size >= 1 and np.all((plan.gains >= 0) & (plan.gains <= 1))  # p̄ at each depth drafted
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == greedy_reference(dec.encode(prompt), 48)
