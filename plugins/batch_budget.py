@@ -93,8 +93,7 @@ class BatchPlan:
         self.last_spec: Shape = FIRST  # the last speculative shape (probes draft it)
         self.observed = False  # a row's step was observed since the current step began
         self.catch_up = False  # a row of this step also fed its drafter a backlog (its wall is not the shape's)
-        self.step_gains: list[np.ndarray] = []  # this step's reports
-        self.step_rows: list[tuple[object, np.ndarray, bool]] = []  # the same, with their rows
+        self.step_rows: list[tuple[object, np.ndarray, bool]] = []  # this step's reports: (row, p̂, fresh)
         self.row_gains: dict[object, np.ndarray] = {}  # each row's own p̄ (moving average since its prompt began)
         self.steps = 0
         self.judge = Judge.for_batch()  # speculation on or off, and when to probe (plugins/probe.py)
@@ -118,7 +117,6 @@ class BatchPlan:
         """A row's chain, drafted: the calibrated p̂ of its node at each depth ([D]); ``catching_up``: its
         drafter also fed what it skipped (a new prompt, or the tokens of a plain stretch), so this step's
         wall is not the shape's; ``row``: which row (its planner), ``fresh``: its first step on a prompt."""
-        self.step_gains.append(phat)
         self.step_rows.append((row, phat, fresh))
         self.catch_up = self.catch_up or catching_up
 
@@ -136,13 +134,13 @@ class BatchPlan:
         probe, self.probing = self.probing, False
         self.rows = max(self.rows, len(self.step_tokens))
         full = len(self.step_tokens) == self.rows  # not a tail of fewer rows (cheaper, and a few rows' luck)
-        if self.step_gains and (full or probe):
-            self._fold(self.step_gains)
+        if self.step_rows and (full or probe):
+            self._fold([phat for _, phat, _ in self.step_rows])
             self.row_gains = {
                 key: phat if fresh or key not in self.row_gains else _moved(self.row_gains[key], phat)
                 for key, phat, fresh in self.step_rows
             }
-        self.step_gains, self.step_rows = [], []
+        self.step_rows = []
         if probe:  # the probe's verdict, from the chains it just reported
             self.judge.probed(self._wanted(planner))
         elif self.current != PLAIN and not self.catch_up and full:  # judged against plain decoding
@@ -173,10 +171,6 @@ class BatchPlan:
         if not rows or depth < 1 or any(g.size < depth for g in rows):
             return None
         return min(float(g[:depth].sum()) for g in rows)
-
-    def expected(self, depth: int) -> float | None:
-        """Ē_D: the tokens a row expects accepted from a chain of ``depth`` (None: deeper than drafted)."""
-        return float(self.gains[:depth].sum()) if 0 < depth <= self.gains.size else None
 
     def _wanted(self, planner: AutoPlanner) -> bool:
         """Does the probed chain, drafting included, beat a plain step by the batch's cost curves and
