@@ -89,7 +89,7 @@ class BatchPlan:
     def __init__(self) -> None:
         self.gains = np.zeros(0)  # [D] p̄_d: the rows' calibrated p̂ at depth d + 1, a moving average
         self.current: Shape = FIRST  # what rows draft and verify this step
-        self.home = FIRST.rounds  # the chosen depth (exploring steps run a neighbour of it)
+        self.home = FIRST.rounds  # the chosen depth (exploring steps run one round deeper)
         self.last_spec: Shape = FIRST  # the last speculative shape (probes draft it)
         self.observed = False  # a row's step was observed since the current step began
         self.catch_up = False  # a row of this step also fed its drafter a backlog (its wall is not the shape's)
