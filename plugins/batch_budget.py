@@ -163,14 +163,13 @@ class BatchPlan:
             grid[r, : c.size] = c
         self.gains = _moved(self.gains, np.nanmean(grid, axis=0))  # [D] each column has a row (the longest)
 
-    def slowest(self, depth: int) -> float | None:
-        """min over the rows of Ē_r,D: what the row that gains least expects from a chain of ``depth``
-        (None: a row has not drafted that deep since its prompt began; the mean there would flatter
-        deeper chains)."""
-        rows = self.row_gains.values()
-        if not rows or depth < 1 or any(g.size < depth for g in rows):
-            return None
-        return min(float(g[:depth].sum()) for g in rows)
+    def slowest(self) -> np.ndarray:
+        """[D] min over the rows of Ē_r,D for D = 1 … the depth every row has drafted since its prompt
+        began (deeper, the mean of the rows that drafted it would flatter deeper chains)."""
+        if not self.row_gains:
+            return np.zeros(0)
+        reach = min(g.size for g in self.row_gains.values())
+        return np.cumsum([g[:reach] for g in self.row_gains.values()], axis=1).min(axis=0)  # [R, D] -> [D]
 
     def _wanted(self, planner: AutoPlanner) -> bool:
         """Does the probed chain, drafting included, beat a plain step by the batch's cost curves and
@@ -179,8 +178,7 @@ class BatchPlan:
         d = min(self.last_spec.rounds, self.gains.size, planner.t_step.size - 1 if planner.known else 0)
         if d < 1:
             return True
-        drafting = planner.t_first + (d - 1) * float(planner.t_expand[min(1, planner.t_expand.size - 1)])
-        return (1.0 + self.gains[:d].sum()) * float(planner.t_step[0]) > drafting + float(planner.t_step[d])
+        return (1.0 + self.gains[:d].sum()) * float(planner.t_step[0]) > chain_price(planner, d)
 
     def _choose(self, planner: AutoPlanner) -> None:
         """D ← the best depth drafted by (1 + min_r Ē_r,D) / W(D) (``SWITCH`` to move); every
@@ -189,9 +187,9 @@ class BatchPlan:
         if self.line is None:  # drawn once, from the curves measured before the batch's first step
             self.line = line(planner)
         best, best_rate, home_rate = home, 0.0, 0.0
-        for d in range(1, self.gains.size + 1):
-            gain, wall = self.slowest(d), self.price(d)
-            if gain is None or wall is None or wall <= 0:
+        for d, gain in enumerate(self.slowest(), start=1):
+            wall = self.price(d)
+            if wall is None or wall <= 0:
                 continue
             rate = (1.0 + gain) / wall  # the slowest row's tokens per second
             home_rate = rate if d == home else home_rate
@@ -210,14 +208,20 @@ class BatchPlan:
         return None if self.line is None else self.line[0] + self.line[1] * (depth - ANCHOR)
 
 
+def chain_price(planner: AutoPlanner, depth: int) -> float:
+    """P(D) = T_first + (D − 1) · T_expand(1) + T(D): a chain of ``depth`` drafted and verified, by the
+    batch's cost curves (``planner.known``)."""
+    expand = float(planner.t_expand[min(1, planner.t_expand.size - 1)])
+    return planner.t_first + (depth - 1) * expand + float(planner.t_step[depth])
+
+
 def line(planner: AutoPlanner) -> tuple[float, float] | None:
-    """(P(ANCHOR), S): the batch's cost curves' price of a chain of ``ANCHOR`` rounds, and what one more
-    round adds there (None: no curves measured)."""
+    """(P(ANCHOR), S): the price of a chain of ``ANCHOR`` rounds, and what one more round adds there
+    (None: no curves measured)."""
     if not planner.known or planner.t_step.size <= ANCHOR + 1:
         return None
-    expand = float(planner.t_expand[min(1, planner.t_expand.size - 1)])
-    at = planner.t_first + (ANCHOR - 1) * expand + float(planner.t_step[ANCHOR])  # P(ANCHOR)
-    return at, expand + float(planner.t_step[ANCHOR + 1] - planner.t_step[ANCHOR])
+    at = chain_price(planner, ANCHOR)
+    return at, chain_price(planner, ANCHOR + 1) - at
 
 
 def _moved(old: np.ndarray, step: np.ndarray) -> np.ndarray:
