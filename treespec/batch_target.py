@@ -21,7 +21,8 @@ One row is the common case (``Decoder.generate(prompt)``), and it keeps the sing
 path: while the batch has one row, every call goes to the ``TargetModel``'s own cache and methods
 (a root-only step without a mask, the prompt's logits only for its last token, sliding-window layers).
 The row's cache is already this layout (row i = position i), so when rows join it becomes the
-batch's cache as it is; the batched forward below needs full attention in every layer.
+batch's cache as it is. Sliding-window layers (Mistral, Gemma 2/3, Qwen2's lower layers) get their
+windows in the batched mask as one row does (``kv.AttentionWindows``): every row keeps its positions.
 """
 
 from __future__ import annotations
@@ -72,14 +73,6 @@ class BatchTarget:
     def rows(self) -> int:
         return 1 if self.single else len(self._lens)
 
-    def _batched(self, rows: int) -> None:
-        """Refuse what the batched forward cannot do, before a batch of ``rows`` rows starts."""
-        if rows > 1 and self.target.windows.smallest is not None:
-            raise ConfigError(
-                f"target {self.target.name!r} has sliding-window layers: batched decoding supports full "
-                "attention only; decode its prompts one at a time"
-            )
-
     @property
     def device(self) -> torch.device:
         return self.target.device
@@ -89,14 +82,21 @@ class BatchTarget:
         return self.target.dtype
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor, want_hidden: Any) -> Any:
-        """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V])."""
+        """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V]).
+        Sliding windows are applied here as for one row: cache column j holds position j (a hole is
+        masked by ``visible`` anyway), the T new columns hold ``pos``."""
         mask = float_mask(visible.to(self.device), self.dtype)  # [B, T, S+T]
+        if self.target.windows.smallest is not None:  # a tensor, or a dict of masks per layer type
+            s = visible.shape[-1] - ids.shape[1]
+            kv_pos = torch.cat([torch.arange(s).expand(ids.shape[0], -1), pos], dim=1)  # [B, S+T]
+            mask = self.target.windows.apply(mask, pos, kv_pos)
+        mask = {k: m[:, None] for k, m in mask.items()} if isinstance(mask, dict) else mask[:, None]  # [B, 1, T, S+T]
         try:
             with grouped_sdpa(self.target.grouped_sdpa), self.target.row_matmul.applied():
                 return self.model(
                     input_ids=ids.to(self.device),
                     position_ids=pos.to(self.device),
-                    attention_mask=mask[:, None],
+                    attention_mask=mask,
                     use_cache=True,
                     return_dict=True,
                     output_hidden_states=bool(want_hidden),
@@ -113,7 +113,6 @@ class BatchTarget:
         Returns each row's hidden states [L_b - 1, ·] if asked (``TargetModel.hidden_of``), else Nones."""
         if min(len(p) for p in prompts) < 1:
             raise ConfigError("every prompt needs at least one token")
-        self._batched(len(prompts))
         self._tree, self.single = None, len(prompts) == 1
         if self.single:  # the target's own prefill (its cache, logits for the last token only)
             self.cache = None
@@ -185,7 +184,6 @@ class BatchTarget:
         (the narrower side padded with masked columns). Returns their hidden states as ``prefill``."""
         if not self.rows:
             return self.prefill(prompts, want_hidden)
-        self._batched(self.rows + len(prompts))
         if self.single:  # the one row's cache (row i = position i) becomes the batch's
             self.cache, self._lens, self.width = self.target.cache, self.lens, self.target.past_len
             self.target.reset()  # the target's own sequence is the batch's row 0 now

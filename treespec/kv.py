@@ -76,10 +76,11 @@ def tree_mask(prefix: int, ancestors: torch.Tensor, dtype: torch.dtype) -> torch
 
 def window_mask(mask: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """Block keys at or beyond ``window`` positions behind each query (Hugging Face's sliding rule:
-    key visible iff kv_pos > q_pos − window). mask: [..., Q, K]; q_pos: [Q]; kv_pos: [K]."""
+    key visible iff kv_pos > q_pos − window). mask: [..., Q, K]; q_pos: [..., Q]; kv_pos: [..., K]
+    (one sequence's positions, or a batch's [B, Q] and [B, K] for a mask [B, Q, K])."""
     if window is None:
         return mask
-    far = kv_pos.to(mask.device)[None, :] <= q_pos.to(mask.device)[:, None] - window  # [Q, K]
+    far = kv_pos.to(mask.device)[..., None, :] <= q_pos.to(mask.device)[..., :, None] - window  # [..., Q, K]
     return mask.masked_fill(far, torch.finfo(mask.dtype).min)
 
 
