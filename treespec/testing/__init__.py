@@ -43,7 +43,8 @@ within ``max_nodes`` (``budget``) and ``max_depth`` (``max_depth``), the same in
 (``batch``), and every output equal to the target's own greedy decoding (``lossless``). Files:
 ``trees`` (the rules of a tree and of an ``expand`` call), ``watch`` (the builder as the Decoder sees
 it, checked at every ``build``), ``builder_checks`` and ``builder_suite``; ``settings`` holds
-``BuilderSettings``.
+``BuilderSettings``. What both kits share (a check as a plain function, the runner that collects
+failures, the pytest base class's target fixture and generated test methods) is ``kit``.
 
 This package imports torch and transformers; ``import treespec`` does not import it. pytest is
 optional: without it, ``DrafterConformance`` is a plain class and ``check_drafter`` still works.
