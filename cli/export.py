@@ -334,33 +334,31 @@ def _report(planned) -> None:
         )
 
 
-@export_app.command("vllm", epilog=EPILOG)
-def export_vllm(
-    target: Target = None,
-    head: Head = None,
-    out: Out = Path("export-vllm"),
-    acceptance: Acceptance = None,
-    nodes: Nodes = 16,
-    profile: Profile = None,
-    tokens: Tokens = None,
-    dtype: Dtype = "keep",
-    force: Force = False,
-) -> None:
-    """Write the head as vLLM loads it (speculators EAGLE-3, or EAGLE-1) and the command that serves it."""
-    _export("vllm", target, head, out, acceptance, nodes, profile, tokens, dtype, force)
+def _serving_command(kind: str, doc: str) -> None:
+    """``treespec export <kind>``: the same options for every serving engine."""
+
+    def command(
+        target: Target = None,
+        head: Head = None,
+        out: Out = Path(f"export-{kind}"),
+        acceptance: Acceptance = None,
+        nodes: Nodes = 16,
+        profile: Profile = None,
+        tokens: Tokens = None,
+        dtype: Dtype = "keep",
+        force: Force = False,
+    ) -> None:
+        _export(kind, target, head, out, acceptance, nodes, profile, tokens, dtype, force)
+
+    command.__doc__ = doc
+    command.__name__ = f"export_{kind}"
+    export_app.command(kind, epilog=EPILOG)(command)
 
 
-@export_app.command("sglang", epilog=EPILOG)
-def export_sglang(
-    target: Target = None,
-    head: Head = None,
-    out: Out = Path("export-sglang"),
-    acceptance: Acceptance = None,
-    nodes: Nodes = 16,
-    profile: Profile = None,
-    tokens: Tokens = None,
-    dtype: Dtype = "keep",
-    force: Force = False,
-) -> None:
-    """Write the head as SGLang loads it (LlamaForCausalLMEagle3 / LlamaForCausalLMEagle) and the command that serves it."""
-    _export("sglang", target, head, out, acceptance, nodes, profile, tokens, dtype, force)
+_serving_command(
+    "vllm", "Write the head as vLLM loads it (speculators EAGLE-3, or EAGLE-1) and the command that serves it."
+)
+_serving_command(
+    "sglang",
+    "Write the head as SGLang loads it (LlamaForCausalLMEagle3 / LlamaForCausalLMEagle) and the command that serves it.",
+)

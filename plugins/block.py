@@ -23,27 +23,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from treespec.catalog import SHIPPED_BLOCKS
 from treespec.errors import ConfigError
 from treespec.inference import inference
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
 from treespec.plugins.block_head import load_block_head
 from treespec.plugins.configs import BlockConfig
-from treespec.plugins.eagle_head import target_dims
+from treespec.plugins.eagle_head import drafter_dims, shipped_drafter
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
-
-
-def default_block(target: TargetModel) -> str:
-    """The block drafter shipped for a target treespec knows (``catalog.SHIPPED_BLOCKS``)."""
-    from treespec.catalog import SHIPPED_BLOCKS, shipped_for
-
-    block = shipped_for(target.name, SHIPPED_BLOCKS)
-    if block is None:
-        raise ConfigError(
-            f"drafter 'block' needs a block drafter trained for target {target.name!r}: pass -D head=DIR-or-HUB-ID "
-            "(make one with `treespec train block --target ...`)"
-        )
-    return block
 
 
 class BlockDrafter(Drafter):
@@ -54,9 +42,8 @@ class BlockDrafter(Drafter):
 
     def __init__(self, config: BlockConfig, target: TargetModel):
         super().__init__(config, target)
-        hidden, vocab = target_dims(target.config)
-        vocab = min(vocab, target.vocab_size)
-        name = config.head or default_block(target)
+        hidden, vocab = drafter_dims(target)
+        name = config.head or shipped_drafter(target, SHIPPED_BLOCKS, "block", "treespec train block")
         self.head, self.meta = load_block_head(name, hidden, vocab, f"target {target.name!r}")
         self.device, self.dtype = target.device, target.dtype
         self.head.to(device=self.device, dtype=self.dtype)

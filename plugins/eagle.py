@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from treespec.catalog import SHIPPED_HEADS
 from treespec.errors import ConfigError
 from treespec.inference import inference
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
 from treespec.kv import causal_mask, crop_cache, tree_mask
 from treespec.plugins.configs import EagleConfig
-from treespec.plugins.eagle_head import load_head, target_dims
+from treespec.plugins.eagle_head import drafter_dims, load_head, shipped_drafter
 from treespec.row_matmul import linear
 from treespec.slack_cache import slack_cache
 from treespec.target import TargetModel
@@ -39,20 +40,6 @@ from treespec.tree import DraftTree
 
 if TYPE_CHECKING:
     from treespec.plugins.eagle_rows import EagleRows
-
-
-def default_head(target: TargetModel) -> str:
-    """The head shipped for a target treespec knows (``catalog.SHIPPED_HEADS``: its own pair's target,
-    SmolLM2 by alias or by its GGUF file); any other target needs ``head=``."""
-    from treespec.catalog import SHIPPED_HEADS, shipped_for
-
-    head = shipped_for(target.name, SHIPPED_HEADS)
-    if head is None:
-        raise ConfigError(
-            f"drafter 'eagle' needs a head trained for target {target.name!r}: pass -D head=DIR-or-HUB-ID "
-            "(make one with `treespec train eagle --target ...`)"
-        )
-    return head
 
 
 class EagleDrafter(Drafter):
@@ -63,9 +50,8 @@ class EagleDrafter(Drafter):
 
     def __init__(self, config: EagleConfig, target: TargetModel):
         super().__init__(config, target)
-        hidden, vocab = target_dims(target.config)
-        vocab = min(vocab, target.vocab_size)
-        head = config.head or default_head(target)
+        hidden, vocab = drafter_dims(target)
+        head = config.head or shipped_drafter(target, SHIPPED_HEADS, "eagle", "treespec train eagle")
         self.head, self.meta = load_head(head, hidden, vocab, target_name=f"target {target.name!r}")
         if config.attn_implementation:
             self.head.config._attn_implementation = config.attn_implementation

@@ -22,7 +22,7 @@ from treespec.errors import ConfigError
 from treespec.plugins.configs import Eagle3Config
 from treespec.plugins.eagle import EagleDrafter
 from treespec.plugins.eagle3_head import config_layers, default_layers, load_head3
-from treespec.plugins.eagle_head import target_dims
+from treespec.plugins.eagle_head import drafter_dims
 from treespec.target import TargetModel
 
 
@@ -49,8 +49,7 @@ class Eagle3Drafter(EagleDrafter):
 
     def __init__(self, config: Eagle3Config, target: TargetModel):  # noqa: D107 - EagleDrafter's state, another head
         super(EagleDrafter, self).__init__(config, target)
-        hidden, vocab = target_dims(target.config)
-        vocab = min(vocab, target.vocab_size)
+        hidden, vocab = drafter_dims(target)
         head = config.head or default_head3(target)
         self.head, raw = load_head3(head, hidden, vocab, target_name=f"target {target.name!r}")
         self.meta = raw.get("treespec", {})

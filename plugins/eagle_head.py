@@ -48,6 +48,27 @@ def target_dims(config: Any) -> tuple[int, int]:
     return int(hidden), int(cfg.vocab_size)
 
 
+def drafter_dims(target: Any) -> tuple[int, int]:
+    """(hidden size, vocabulary size) a drafter on ``target`` works in: the config's vocabulary cut to
+    the tokenizer's where the output layer is padded past it."""
+    hidden, vocab = target_dims(target.config)
+    return hidden, min(vocab, target.vocab_size)
+
+
+def shipped_drafter(target: Any, table: dict[str, str], drafter: str, train: str) -> str:
+    """The drafter alias ``table`` (``catalog.SHIPPED_HEADS`` / ``SHIPPED_BLOCKS``) ships for ``target``,
+    or one line naming the fix: pass ``head=``, or make one with ``train``."""
+    from treespec.catalog import shipped_for
+
+    found = shipped_for(target.name, table)
+    if found is None:
+        raise ConfigError(
+            f"drafter {drafter!r} needs a {'block drafter' if drafter == 'block' else 'head'} trained for target "
+            f"{target.name!r}: pass -D head=DIR-or-HUB-ID (make one with `{train} --target ...`)"
+        )
+    return found
+
+
 def head_config_for(target_config: Any, layers: int = 1) -> LlamaConfig:
     """A head config for a target: its hidden size, heads, MLP width, RoPE and vocabulary."""
     cfg = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
