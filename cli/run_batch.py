@@ -49,7 +49,7 @@ def _summary(outs: list[Any], start: int, n: int, batch_size: int, seconds: floa
     steps = sum(len(o.stats.steps) for o in outs)
     tau = tokens / steps if steps else 0.0
     typer.secho(
-        f"prompts {start + 1}-{start + n} ({batch_size} rows): {tokens} tokens in {seconds:.2f} s "
+        f"prompts {start + 1}-{start + n} ({min(batch_size, n)} rows): {tokens} tokens in {seconds:.2f} s "
         f"({tokens / max(seconds, 1e-9):.1f} tokens/s), τ {tau:.2f}",
         fg=typer.colors.CYAN,
         err=True,
