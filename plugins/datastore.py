@@ -104,30 +104,21 @@ class DatastoreDrafter(Drafter):
         self.tail = context.input_ids.tolist()[-self.config.max_suffix :]
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
-        m = int(nodes.shape[0])
         width = self.config.max_suffix
-        out_tokens = [[0] * k for _ in range(m)]  # padding: token 0 with q = 0
-        out_q = [[0.0] * k for _ in range(m)]
-        if m and k > 0:
-            toks = tree.tokens.tolist()
-            parents = tree.parents.tolist()
-            contexts = []
-            for node in nodes.tolist():
-                ext = []  # the path's last tokens below the root, leaf to root; at most max_suffix
-                while node > 0 and len(ext) < width:
-                    ext.append(toks[node])
-                    node = parents[node]
-                ext.reverse()
-                ctx = self.tail + ext
-                contexts.append(tuple(ctx[-width:]))
-            for i, found in enumerate(self.lookup_many(contexts)):
-                for j, (tok, q) in enumerate(found[:k]):
-                    out_tokens[i][j] = tok
-                    out_q[i][j] = q
-        return Proposals(
-            tokens=torch.tensor(out_tokens, dtype=torch.long).reshape(m, k),  # [M, k]
-            q=torch.tensor(out_q, dtype=torch.float32).reshape(m, k),  # [M, k]
-        )
+        if not int(nodes.shape[0]) or k <= 0:
+            return Proposals.ranked([[] for _ in range(int(nodes.shape[0]))], k)
+        toks = tree.tokens.tolist()
+        parents = tree.parents.tolist()
+        contexts = []
+        for node in nodes.tolist():
+            ext = []  # the path's last tokens below the root, leaf to root; at most max_suffix
+            while node > 0 and len(ext) < width:
+                ext.append(toks[node])
+                node = parents[node]
+            ext.reverse()
+            ctx = self.tail + ext
+            contexts.append(tuple(ctx[-width:]))
+        return Proposals.ranked(self.lookup_many(contexts), k)
 
     def commit(self, commit: Commit) -> None:
         # commit.tokens = accepted draft tokens + the bonus token; they follow the old root (tail[-1])

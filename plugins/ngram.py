@@ -104,11 +104,9 @@ class NgramDrafter(Drafter):
         self._extend(context.input_ids.tolist())
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
-        m = int(nodes.shape[0])
         kk = min(k, self.config.max_matches)
-        out_tokens = [[0] * k for _ in range(m)]  # padding: token 0 with q = 0
-        out_q = [[0.0] * k for _ in range(m)]
-        if m and kk > 0:
+        found: list[list[tuple[int, float]]] = [[] for _ in range(int(nodes.shape[0]))]
+        if found and kk > 0:
             toks = tree.tokens.tolist()
             parents = tree.parents.tolist()
             for i, node in enumerate(nodes.tolist()):
@@ -117,13 +115,8 @@ class NgramDrafter(Drafter):
                     ext.append(toks[node])
                     node = parents[node]
                 ext.reverse()
-                for j, (tok, q) in enumerate(self.lookup(ext, kk)):
-                    out_tokens[i][j] = tok
-                    out_q[i][j] = q
-        return Proposals(
-            tokens=torch.tensor(out_tokens, dtype=torch.long).reshape(m, k),  # [M, k]
-            q=torch.tensor(out_q, dtype=torch.float32).reshape(m, k),  # [M, k]
-        )
+                found[i] = self.lookup(ext, kk)
+        return Proposals.ranked(found, k)
 
     def commit(self, commit: Commit) -> None:
         # commit.tokens = accepted draft tokens + the bonus token; they follow the old root (seq[-1])

@@ -38,18 +38,18 @@ import functools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from treespec.errors import ConfigError
+from treespec.export.tree import Path as RankPath
+from treespec.export.tree import Tree as SequoiaShape  # a static tree: rank paths by depth then rank, and its E(A)
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import SequoiaConfig
 from treespec.plugins.static import grow, shape_layers
 from treespec.tree import DraftTree
 
-RankPath = tuple[int, ...]
 MEASURE_HINT = "make one with `treespec sequoia-measure --target T --drafter D --out FILE`"
 
 
@@ -94,22 +94,6 @@ def load_acceptance(value: str | Path | Sequence[float]) -> tuple[float, ...]:
 
 
 # ---------------------------------------------------------------------------------------- the DP
-@dataclass(frozen=True)
-class SequoiaShape:
-    """A static tree: the rank paths of its drafted nodes (root excluded), by depth then rank."""
-
-    paths: tuple[RankPath, ...]
-    expected_accepted: float  # Σ Π p over the drafted nodes = T(n + 1, D) − 1
-
-    @property
-    def nodes(self) -> int:
-        return len(self.paths)
-
-    @property
-    def depth(self) -> int:
-        return max((len(p) for p in self.paths), default=0)
-
-
 def shape_value(paths: Sequence[RankPath], acceptance: Sequence[float]) -> float:
     """Σ over the paths of Π p_r (ranks beyond the vector count as p = 0)."""
     total = 0.0

@@ -6,6 +6,7 @@ Builders never see the target; drafters never see the target's cache. See ``docs
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,6 +31,23 @@ class Proposals:
 
     tokens: torch.Tensor  # [M, k] long
     q: torch.Tensor  # [M, k] float
+
+    @classmethod
+    def ranked(cls, found: Sequence[Sequence[tuple[int, float]]], k: int) -> Proposals:
+        """From each node's ``(token, q)`` candidates, best first: the first k of each, the rest padding
+        (token 0, q = 0)."""
+        import torch  # here: importing the interfaces (``treespec plugins``, ``--help``) needs no torch
+
+        tokens = [[0] * k for _ in found]
+        q = [[0.0] * k for _ in found]
+        for i, cands in enumerate(found):
+            for j, (tok, p) in enumerate(cands[:k]):
+                tokens[i][j], q[i][j] = tok, p
+        m = len(found)
+        return cls(
+            tokens=torch.tensor(tokens, dtype=torch.long).reshape(m, k),  # [M, k]
+            q=torch.tensor(q, dtype=torch.float32).reshape(m, k),  # [M, k]
+        )
 
 
 @dataclass(frozen=True)
