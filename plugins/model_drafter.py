@@ -128,10 +128,7 @@ class ModelDrafter(Drafter):
         self._ready()
 
     def rows(self, n: int) -> DraftRows:
-        """``n`` rows whose new nodes are fed in one draft forward per round (``model_rows.py``); draft
-        models with sliding windows draft row by row."""
-        if self.windows.smallest is not None:
-            return super().rows(n)
+        """``n`` rows whose new nodes are fed in one draft forward per round (``model_rows.py``)."""
         from treespec.plugins.model_rows import ModelRows
 
         return ModelRows(self, n)

@@ -15,7 +15,8 @@ the tree nodes it needs, as alone:
 After the forward the pending tokens' columns are copied into place after the prefix (they are
 committed); tree items stay where they are until ``commit``, which copies the root's and the accepted
 nodes' columns to root_pos_b … (what ``kv.keep_rows`` does for one sequence). Draft models with
-sliding windows draft row by row (``ModelDrafter.rows``).
+sliding windows get them in the rows' masks: every key's position is known (a prefix column j holds
+position j, a tree item's column its node's), so the one-row rule applies per row (``kv.rows_mask``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from treespec.inference import inference
 from treespec.interfaces import Expansion, Proposals
-from treespec.kv import causal_mask, move_cache_rows
+from treespec.kv import move_cache_rows
 from treespec.rows_cache import CacheRow, RowsCache
 
 if TYPE_CHECKING:
@@ -90,10 +91,14 @@ class ModelRows(RowsCache):
         r, base = self.drafters[i], self.base
         p, past = len(r.pending), r.cache_len
         cache = self.prefix_cache(i, past)
+        pos = torch.arange(past, past + p)[None]  # [1, P]
+        causal = torch.arange(past + p)[None, :] <= pos[0, :, None]  # [P, past + P] the prefix, then causal
         base.forward(
             input_ids=torch.tensor([r.pending], dtype=torch.long).to(base.device),
-            position_ids=torch.arange(past, past + p)[None].to(base.device),
-            attention_mask=causal_mask(past, p, base.dtype)[None, None].to(base.device),  # the prefix, then causal
+            position_ids=pos.to(base.device),
+            attention_mask=self.float_mask(
+                causal[None], base.dtype, base.device, base.windows, pos, torch.arange(past + p)[None]
+            ),
             **{base.cache_keyword: cache},
             use_cache=True,
         )
@@ -106,6 +111,7 @@ class ModelRows(RowsCache):
         rows, base, w = self.drafters, self.base, self.width
         sizes = {i: len(rows[i].pending) + len(new) for i, (_, new) in feed.items()}
         ids, pos, visible = self.block(sizes)
+        kv_pos = torch.arange(visible.shape[-1]).repeat(len(rows), 1)  # [B, W+T] column j of a prefix: position j
         for i, (tree, new) in feed.items():
             r = rows[i]
             p, f, past = len(r.pending), len(new), r.cache_len
@@ -120,10 +126,12 @@ class ModelRows(RowsCache):
             items = torch.tensor(r.row_nodes + new, dtype=torch.long)  # [R + F] tree items, old then new
             cols = torch.tensor(r.cols + list(range(w + p, w + p + f)), dtype=torch.long)  # [R + F]
             visible[i, p : p + f, cols] = tree.ancestors[index][:, items]  # its ancestors (itself included)
+            kv_pos[i, r.cols] = r.root_pos + tree.depths[items[: len(r.row_nodes)]]  # earlier rounds' items
+        kv_pos[:, w:] = pos  # this block's keys
         out = base.forward(
             input_ids=ids.to(base.device),
             position_ids=pos.to(base.device),
-            attention_mask=self.float_mask(visible, base.dtype, base.device),
+            attention_mask=self.float_mask(visible, base.dtype, base.device, base.windows, pos, kv_pos),
             **{base.cache_keyword: self.cache},
             use_cache=True,
         )

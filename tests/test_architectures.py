@@ -254,3 +254,60 @@ def test_sliding_window_targets_decode_in_batches_losslessly(arch, tmp_path):
                 )
             assert out.token_ids == ref[0, len(ids) :].tolist(), f"{arch} draft={draft} prompt={ids}"
         assert sum(s.accepted for o in outs for s in o.stats.steps) > 0
+
+
+@pytest.mark.parametrize("arch", SLIDING)
+def test_sliding_window_draft_models_draft_rows_together_as_each_alone(arch, tmp_path):
+    """A batch's draft-model rows in one forward per round (``plugins/model_rows.py``) on draft models
+    with sliding windows: every row gets the proposals its own drafter alone gives it, over steps whose
+    prefixes and trees run past the window, a long prompt joining mid-batch (fed alone) included
+    (tokens equal; q to 1e-5 under Gemma's float32 softmax)."""
+    import random
+
+    from treespec.interfaces import Commit, Expansion, PrefillContext
+    from treespec.tree import DraftTree
+
+    target = treespec.TargetModel(_model(arch, 0, tmp_path / "target"))
+    _model(arch, 1, tmp_path / "draft")
+    base = treespec.Decoder(target, drafter=str(tmp_path / "draft"), builder="chain").drafter
+    rng = random.Random(9)
+    ids = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (2, 13, 7)]
+    group, singles = base.rows(len(ids)), [base.fork() for _ in ids]
+    assert type(group).__name__ == "ModelRows"
+    for row, single, p in zip(group.drafters, singles, ids):
+        row.prefill(PrefillContext(input_ids=torch.tensor(p)))
+        single.prefill(PrefillContext(input_ids=torch.tensor(p)))
+    roots = [p[-1] for p in ids]
+    for _ in range(4):
+        trees = [DraftTree(r) for r in roots]
+        for i, root in enumerate(roots):
+            group.drafters[i].begin_step(root)
+            singles[i].begin_step(root)
+        frontier = {i: torch.zeros(1, dtype=torch.long) for i in range(len(trees))}
+        for _level in range(3):
+            requests = {i: Expansion(trees[i], nodes, 2) for i, nodes in frontier.items()}
+            got = group.expand_together(requests)
+            for i, req in requests.items():
+                want = singles[i].expand(trees[i], req.nodes, 2)
+                assert torch.equal(got[i].tokens, want.tokens), (arch, i)
+                assert torch.allclose(got[i].q, want.q, atol=1e-5), (arch, i)
+                width = rng.randint(1, 2)
+                frontier[i] = trees[i].add_children(
+                    req.nodes.repeat_interleave(width),
+                    got[i].tokens[:, :width].flatten(),
+                    got[i].q[:, :width].flatten().clamp(min=1e-6),
+                )
+        for i, tree in enumerate(trees):  # accept a random path and a bonus token
+            path = tree.ancestors[rng.randrange(len(tree))].nonzero().flatten()
+            tokens = tree.tokens[path[1:]].tolist() + [rng.randrange(3, VOCAB)]
+            group.drafters[i].commit(Commit(tokens=tokens))
+            singles[i].commit(Commit(tokens=tokens))
+            roots[i] = tokens[-1]
+        if len(singles) == 3:  # a long prompt joins the running batch: its prompt is fed alone (past the window)
+            (row,), single = group.add(1), base.fork()
+            prompt = [rng.randrange(3, VOCAB) for _ in range(40)]
+            row.prefill(PrefillContext(input_ids=torch.tensor(prompt)))
+            single.prefill(PrefillContext(input_ids=torch.tensor(prompt)))
+            singles.append(single)
+            roots.append(prompt[-1])
+    assert min(s.cache_len for s in singles) > 8  # every row past the window

@@ -37,9 +37,9 @@ from treespec.inference import inference
 from treespec.kv import (
     concat_caches,
     crop_cache,
-    float_mask,
     grouped_sdpa,
     move_cache_rows,
+    rows_mask,
     rows_prefill_visible,
     rows_tree_visible,
 )
@@ -85,12 +85,9 @@ class BatchTarget:
         """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V]).
         Sliding windows are applied here as for one row: cache column j holds position j (a hole is
         masked by ``visible`` anyway), the T new columns hold ``pos``."""
-        mask = float_mask(visible.to(self.device), self.dtype)  # [B, T, S+T]
-        if self.target.windows.smallest is not None:  # a tensor, or a dict of masks per layer type
-            s = visible.shape[-1] - ids.shape[1]
-            kv_pos = torch.cat([torch.arange(s).expand(ids.shape[0], -1), pos], dim=1)  # [B, S+T]
-            mask = self.target.windows.apply(mask, pos, kv_pos)
-        mask = {k: m[:, None] for k, m in mask.items()} if isinstance(mask, dict) else mask[:, None]  # [B, 1, T, S+T]
+        s = visible.shape[-1] - ids.shape[1]
+        kv_pos = torch.cat([torch.arange(s).expand(ids.shape[0], -1), pos], dim=1)  # [B, S+T] each key's position
+        mask = rows_mask(visible.to(self.device), self.dtype, self.target.windows, pos, kv_pos)  # [B, 1, T, S+T]
         try:
             with grouped_sdpa(self.target.grouped_sdpa), self.target.row_matmul.applied():
                 return self.model(

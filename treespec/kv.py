@@ -84,6 +84,22 @@ def window_mask(mask: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor, w
     return mask.masked_fill(far, torch.finfo(mask.dtype).min)
 
 
+def rows_mask(
+    visible: torch.Tensor,
+    dtype: torch.dtype,
+    windows: AttentionWindows | None = None,
+    q_pos: torch.Tensor | None = None,
+    kv_pos: torch.Tensor | None = None,
+) -> Any:
+    """A batch's [B, T, K] bool visibility → the [B, 1, T, K] additive mask its forward takes, with the
+    model's sliding windows applied to the rows' positions (``q_pos`` [B, T], ``kv_pos`` [B, K]) if it
+    has any: then a dict of masks per layer type where layers mix (``AttentionWindows.apply``)."""
+    mask: Any = float_mask(visible, dtype)  # [B, T, K]
+    if windows is not None and windows.smallest is not None:
+        mask = windows.apply(mask, q_pos, kv_pos)
+    return {k: m[:, None] for k, m in mask.items()} if isinstance(mask, dict) else mask[:, None]  # [B, 1, T, K]
+
+
 # ------------------------------------------------------------------------------- facts of a config
 
 

@@ -22,8 +22,7 @@ from typing import Any
 import torch
 
 from treespec.interfaces import DraftRows, Expansion, Proposals
-from treespec.kv import concat_caches, crop_cache
-from treespec.kv import float_mask as kv_float_mask
+from treespec.kv import concat_caches, crop_cache, rows_mask
 from treespec.slack_cache import slack_cache
 
 
@@ -141,6 +140,14 @@ class RowsCache(DraftRows):
         return torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, dtype=torch.long), visible
 
     @staticmethod
-    def float_mask(visible: torch.Tensor, dtype: torch.dtype, device: Any) -> torch.Tensor:
-        """[B, T, S] bool → the [B, 1, T, S] additive mask (0 = attend, finfo.min = blocked)."""
-        return kv_float_mask(visible.to(device), dtype)[:, None]
+    def float_mask(
+        visible: torch.Tensor,
+        dtype: torch.dtype,
+        device: Any,
+        windows: Any = None,
+        q_pos: Any = None,
+        kv_pos: Any = None,
+    ) -> Any:
+        """[B, T, S] bool → the [B, 1, T, S] additive mask (0 = attend, finfo.min = blocked), with a draft
+        model's sliding windows on the rows' positions if given (``kv.rows_mask``)."""
+        return rows_mask(visible.to(device), dtype, windows, q_pos, kv_pos)
