@@ -64,7 +64,7 @@ class EagleDrafter(Drafter):
         # their weights, read directly (cheaper than a module call), unless a device map offloaded them:
         # then the modules' own hooks load them
         offloaded = any(m.weight.device.type == "meta" for m in (self.embed, self.lm_head))
-        self._embed = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
+        self.embed_ids = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
         self._head = self.lm_head if offloaded else (lambda x: linear(x, self.lm_head.weight, self.lm_head.bias))
         self.vocab = vocab
         self.ids = self._draft_ids(config, head, vocab)  # [N] target ids of a reduced draft vocabulary, or None
@@ -99,12 +99,12 @@ class EagleDrafter(Drafter):
         return ids[: config.vocab]
 
     def _new_sequence(self) -> None:
-        """Per-sequence state (``prefill``; the per-step part: ``_clear_tree``)."""
+        """Per-sequence state (``prefill``; the per-step part: ``clear_tree``)."""
         self.cache = slack_cache()
         self.stable = 0  # committed items in the cache: item j at row j, position j
         self.root_feature: torch.Tensor | None = None  # [H] f̂ at the root (None: one-token prompt)
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # committed items not fed yet: (features, tokens)
-        self._clear_tree()
+        self.clear_tree()
 
     # ------------------------------------------------------------------ lifecycle
     @inference
@@ -125,13 +125,13 @@ class EagleDrafter(Drafter):
     def begin_step(self, root_token: int) -> None:
         if self.row_nodes:  # items of an earlier tree of this step
             self.drop_tree_rows()
-        self._clear_tree()
+        self.clear_tree()
 
     def drop_tree_rows(self) -> None:
         """Crop the head's cache back to the committed items (a batch row's live in its group's cache)."""
         crop_cache(self.cache, self.stable)
 
-    def _clear_tree(self) -> None:
+    def clear_tree(self) -> None:
         # predicted features f̂ of the step's fed nodes: row 0 = the root's, then one row per tree item
         self.feats = self.root_feature[None] if self.root_feature is not None else None  # [1 + R, H]
         self.node_row: list[int] = [
@@ -150,10 +150,10 @@ class EagleDrafter(Drafter):
             self._flush()
         self._feed_missing(tree, wanted)
         rows = self.feats[torch.tensor([self.node_row[n] for n in wanted])]  # [M, H]
-        q, tokens = self._top(rows, k)  # [M, k]
+        q, tokens = self.top(rows, k)  # [M, k]
         return Proposals(tokens=tokens.cpu(), q=q.cpu())
 
-    def _top(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def top(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k most likely next tokens (target ids) after each of ``feats`` [M, H] and their q: [M, k] each."""
         if self.ids is None:
             return self._q(feats).topk(k, dim=-1)
@@ -232,7 +232,7 @@ class EagleDrafter(Drafter):
         tokens = torch.tensor(commit.tokens, dtype=torch.long)  # [m+1] accepted + bonus
         self.pending.append((commit.hidden, tokens))  # items (f(root), a1), (f(a1), a2), ..., (f(am), bonus)
         self.root_feature = None
-        self._clear_tree()
+        self.clear_tree()
 
     # ------------------------------------------------------------------ forwards
     def _flush(self) -> None:
@@ -242,14 +242,14 @@ class EagleDrafter(Drafter):
         tokens = torch.cat([t for _, t in self.pending])  # [n]
         self.pending = []
         self._feed_committed(features, tokens)
-        self._clear_tree()
+        self.clear_tree()
 
     def _feed_committed(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Append stable items (features[i], next_tokens[i]) at positions stable, stable+1, ..."""
         n, dev, dtype = int(next_tokens.shape[0]), self.device, self.dtype
         out = self.forward(
             features.to(dev, dtype)[None],  # [1, n, H]
-            self._embed(next_tokens.to(dev))[None],  # [1, n, H]
+            self.embed_ids(next_tokens.to(dev))[None],  # [1, n, H]
             torch.arange(self.stable, self.stable + n, device=dev)[None],  # [1, n]
             causal_mask(self.stable, n, dtype)[None, None].to(dev),  # [1, 1, n, stable + n]
             self.cache,
@@ -271,7 +271,7 @@ class EagleDrafter(Drafter):
             mask = tree_mask(self.stable, tree.ancestors[index][:, rows], dtype)[None, None].to(dev)  # [1, 1, F, S+R+F]
         out = self.forward(
             feats[None],  # [1, F, H]
-            self._embed(tree.tokens[index].to(dev))[None],  # [1, F, H]
+            self.embed_ids(tree.tokens[index].to(dev))[None],  # [1, F, H]
             (self.stable - 1 + depths).to(dev)[None],  # [1, F]
             mask,
             self.cache,

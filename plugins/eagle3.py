@@ -68,7 +68,7 @@ class Eagle3Drafter(EagleDrafter):
         own = self.head.embed_tokens  # a head of another width than the target embeds with its own table
         self.embed = own if own is not None else target.model.get_input_embeddings()  # shared: no copy
         offloaded = self.embed.weight.device.type == "meta"
-        self._embed = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
+        self.embed_ids = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
         self.vocab = vocab
         self.full_vocab = self.head.lm_head.out_features == vocab and not bool(self.head.d2t.any())
         self.ids = self.head.target_ids(torch.arange(self.head.lm_head.out_features, device=self.device))  # [Vd]

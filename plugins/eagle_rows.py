@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 class EagleRow(CacheRow):
     """A row of ``EagleRows``: ``cols[i]`` is the shared cache's column of its tree item i."""
 
-    def _clear_tree(self) -> None:
-        super()._clear_tree()  # type: ignore[misc]
+    def clear_tree(self) -> None:
+        super().clear_tree()  # type: ignore[misc]
         self.cols: list[int] = []
 
     def drop_tree_rows(self) -> None:
@@ -80,7 +80,7 @@ class EagleRows(RowsCache):
             rows[i].feats[torch.tensor([rows[i].node_row[n] for n in req.nodes.tolist()])]
             for i, (req, _) in live.items()
         ]
-        q, tokens = rows[next(iter(live))]._top(torch.cat(picked), max(k for _, k in live.values()))  # [ΣM, k]
+        q, tokens = rows[next(iter(live))].top(torch.cat(picked), max(k for _, k in live.values()))  # [ΣM, k]
         start = 0
         for (i, (_req, k)), part in zip(live.items(), picked):
             end = start + part.shape[0]
@@ -96,7 +96,7 @@ class EagleRows(RowsCache):
         dev, dtype = base.device, base.dtype
         return base.forward(
             feats.to(dev, dtype),
-            base._embed(ids.to(dev)),
+            base.embed_ids(ids.to(dev)),
             pos.to(dev),
             self.float_mask(visible, dtype, dev),
             self.cache,
@@ -136,7 +136,7 @@ class EagleRows(RowsCache):
             r = rows[i]
             r.stable += n
             r.root_feature = out[i, n - 1]
-            r._clear_tree()
+            r.clear_tree()
 
     def _catch_up_alone(self, i: int) -> None:
         """Row i's pending items in a forward of its own (a prompt that just joined the batch: in the
@@ -151,7 +151,7 @@ class EagleRows(RowsCache):
         dev, dtype = base.device, base.dtype
         out = base.forward(
             f[None].to(dev, dtype),
-            base._embed(t[None].to(dev)),
+            base.embed_ids(t[None].to(dev)),
             torch.arange(s, s + n)[None].to(dev),
             causal_mask(s, n, dtype)[None, None].to(dev),
             cache,
@@ -159,7 +159,7 @@ class EagleRows(RowsCache):
         self.splice(i, cache, s, n)
         r.stable += n
         r.root_feature = out[0, n - 1]
-        r._clear_tree()
+        r.clear_tree()
 
     def _feed_level(self, level: dict[int, tuple[DraftTree, list[int]]]) -> None:
         """Feed one tree level of each row in ``level`` in one forward: node n of row b is the item

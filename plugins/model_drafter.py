@@ -158,14 +158,14 @@ class ModelDrafter(Drafter):
         if not wanted or (self.max_positions and self.root_pos + int(tree.depths[nodes].max()) >= self.max_positions):
             # the draft's context is full: propose nothing (the target still makes progress)
             return Proposals(torch.zeros(len(wanted), k, dtype=torch.long), torch.zeros(len(wanted), k))
-        new = self._unfed(tree, wanted)
+        new = self.unfed(tree, wanted)
         if new:
             self._feed(tree, new)
         rows = torch.tensor([self.row_of[n] - self.root_pos for n in wanted])  # [M]
         q, tokens = self.probs[rows].topk(k, dim=-1)  # [M, k]
         return Proposals(tokens=tokens.cpu(), q=q.float().cpu())
 
-    def _unfed(self, tree: DraftTree, wanted: list[int]) -> list[int]:
+    def unfed(self, tree: DraftTree, wanted: list[int]) -> list[int]:
         """The requested nodes and their ancestors that have no row yet, ascending (parents first)."""
         row_of = self.row_of
         missing = [n for n in wanted if n not in row_of]

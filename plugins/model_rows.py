@@ -68,7 +68,7 @@ class ModelRows(RowsCache):
             ):
                 answers[i] = Proposals(torch.zeros(len(wanted), k, dtype=torch.long), torch.zeros(len(wanted), k))
                 continue  # the draft's context is full: propose nothing (the target still makes progress)
-            new = r._unfed(req.tree, wanted)
+            new = r.unfed(req.tree, wanted)
             if new:
                 feed[i] = new
         if feed:
