@@ -27,7 +27,7 @@ import torch
 
 from treespec.inference import inference
 from treespec.interfaces import Expansion, Proposals
-from treespec.kv import move_cache_rows
+from treespec.kv import causal_visible, move_cache_rows
 from treespec.rows_cache import CacheRow, RowsCache
 
 if TYPE_CHECKING:
@@ -92,12 +92,11 @@ class ModelRows(RowsCache):
         p, past = len(r.pending), r.cache_len
         cache = self.prefix_cache(i, past)
         pos = torch.arange(past, past + p)[None]  # [1, P]
-        causal = torch.arange(past + p)[None, :] <= pos[0, :, None]  # [P, past + P] the prefix, then causal
         base.forward(
             input_ids=torch.tensor([r.pending], dtype=torch.long).to(base.device),
             position_ids=pos.to(base.device),
             attention_mask=self.float_mask(
-                causal[None], base.dtype, base.device, base.windows, pos, torch.arange(past + p)[None]
+                causal_visible(past, p)[None], base.dtype, base.device, base.windows, pos, torch.arange(past + p)[None]
             ),
             **{base.cache_keyword: cache},
             use_cache=True,

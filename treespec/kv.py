@@ -57,12 +57,17 @@ def rows_tree_visible(lens: torch.Tensor, width: int, ancestors: list[torch.Tens
     return visible
 
 
-def causal_mask(past: int, n: int, dtype: torch.dtype, extra: int = 0) -> torch.Tensor:
-    """[n, past + n + extra]: new row i (at position past + i) sees the ``past`` cached rows and new
-    rows 0..i; the ``extra`` columns after them (rows fed in the same forward, e.g. tree nodes) are
-    blocked."""
+def causal_visible(past: int, n: int, extra: int = 0) -> torch.Tensor:
+    """[n, past + n + extra] bool: new row i (at position past + i) sees the ``past`` cached rows and
+    new rows 0..i; the ``extra`` columns after them (rows fed in the same forward, e.g. tree nodes)
+    are blocked."""
     col = torch.arange(past + n + extra)  # [K]
-    return float_mask(col[None, :] <= past + torch.arange(n)[:, None], dtype)  # [n, K]
+    return col[None, :] <= past + torch.arange(n)[:, None]  # [n, K]
+
+
+def causal_mask(past: int, n: int, dtype: torch.dtype, extra: int = 0) -> torch.Tensor:
+    """``causal_visible`` as an additive float mask [n, past + n + extra]."""
+    return float_mask(causal_visible(past, n, extra), dtype)  # [n, K]
 
 
 def tree_mask(prefix: int, ancestors: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
