@@ -80,6 +80,15 @@ def _model(arch: str, seed: int, path):
     return model
 
 
+@torch.inference_mode()
+def _greedy(model, ids: list[int], n: int) -> list[int]:
+    """The model's own greedy ``generate``: the reference every decode here must equal."""
+    ref = model.generate(
+        torch.tensor([ids]), do_sample=False, max_new_tokens=n, attention_mask=torch.ones(1, len(ids), dtype=torch.long)
+    )
+    return ref[0, len(ids) :].tolist()
+
+
 @pytest.mark.parametrize(
     "arch", ["llama", "qwen2", "mistral", "gpt2", "mistral-window", "gemma2", "gemma3", "qwen2-mixed"]
 )
@@ -94,14 +103,7 @@ def test_decode_loop_is_lossless_on_architecture(arch, tmp_path):
             dec = treespec.Decoder(target, drafter=str(tmp_path / draft), builder=builder, builder_options=opts)
             for ids in prompts:
                 out = dec.generate(ids, max_new_tokens=40)
-                with torch.inference_mode():
-                    ref = target_model.generate(
-                        torch.tensor([ids]),
-                        do_sample=False,
-                        max_new_tokens=40,
-                        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                    )
-                want = ref[0, len(ids) :].tolist()
+                want = _greedy(target_model, ids, 40)
                 assert out.token_ids == want, f"{arch} draft={draft} {builder} prompt={ids}"
                 if draft == "target" and builder == "chain":  # the target's own chain is always accepted
                     assert all(s.accepted == s.depth for s in out.stats.steps)
@@ -245,14 +247,7 @@ def test_sliding_window_targets_decode_in_batches_losslessly(arch, tmp_path):
         )
         outs = dec.generate(prompts, max_new_tokens=40, batch_size=2)
         for ids, out in zip(prompts, outs):
-            with torch.inference_mode():
-                ref = target_model.generate(
-                    torch.tensor([ids]),
-                    do_sample=False,
-                    max_new_tokens=40,
-                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                )
-            assert out.token_ids == ref[0, len(ids) :].tolist(), f"{arch} draft={draft} prompt={ids}"
+            assert out.token_ids == _greedy(target_model, ids, 40), f"{arch} draft={draft} prompt={ids}"
         assert sum(s.accepted for o in outs for s in o.stats.steps) > 0
 
 

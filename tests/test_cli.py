@@ -218,8 +218,11 @@ def test_the_headline_command_picks_the_drafts_target_and_runs_from_the_cache(tm
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    # huggingface_hub read HF_HOME when it was first imported (maybe by an earlier test in this worker)
+    # huggingface_hub read HF_HOME and HF_HUB_OFFLINE when it was first imported (maybe by an earlier
+    # test in this worker); without the second, the reference below asked the hub and waited out its
+    # retries (two minutes here) before using the cache
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     args = [
         "run",
         "--builder",
