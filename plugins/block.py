@@ -43,7 +43,7 @@ class BlockDrafter(Drafter):
     def __init__(self, config: BlockConfig, target: TargetModel):
         super().__init__(config, target)
         hidden, vocab = drafter_dims(target)
-        name = config.head or shipped_drafter(target, SHIPPED_BLOCKS, "block", "treespec train block")
+        name = config.head or shipped_drafter(target, SHIPPED_BLOCKS, "block", "block drafter", "treespec train block")
         self.head, self.meta = load_block_head(name, hidden, vocab, f"target {target.name!r}")
         self.device, self.dtype = target.device, target.dtype
         self.head.to(device=self.device, dtype=self.dtype)

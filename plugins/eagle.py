@@ -51,7 +51,7 @@ class EagleDrafter(Drafter):
     def __init__(self, config: EagleConfig, target: TargetModel):
         super().__init__(config, target)
         hidden, vocab = drafter_dims(target)
-        head = config.head or shipped_drafter(target, SHIPPED_HEADS, "eagle", "treespec train eagle")
+        head = config.head or shipped_drafter(target, SHIPPED_HEADS, "eagle", "head", "treespec train eagle")
         self.head, self.meta = load_head(head, hidden, vocab, target_name=f"target {target.name!r}")
         if config.attn_implementation:
             self.head.config._attn_implementation = config.attn_implementation

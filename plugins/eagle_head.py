@@ -55,15 +55,15 @@ def drafter_dims(target: Any) -> tuple[int, int]:
     return hidden, min(vocab, target.vocab_size)
 
 
-def shipped_drafter(target: Any, table: dict[str, str], drafter: str, train: str) -> str:
+def shipped_drafter(target: Any, table: dict[str, str], drafter: str, kind: str, train: str) -> str:
     """The drafter alias ``table`` (``catalog.SHIPPED_HEADS`` / ``SHIPPED_BLOCKS``) ships for ``target``,
-    or one line naming the fix: pass ``head=``, or make one with ``train``."""
+    or one line naming the fix: pass ``head=``, or make one (a ``kind``) with ``train``."""
     from treespec.catalog import shipped_for
 
     found = shipped_for(target.name, table)
     if found is None:
         raise ConfigError(
-            f"drafter {drafter!r} needs a {'block drafter' if drafter == 'block' else 'head'} trained for target "
+            f"drafter {drafter!r} needs a {kind} trained for target "
             f"{target.name!r}: pass -D head=DIR-or-HUB-ID (make one with `{train} --target ...`)"
         )
     return found

@@ -110,7 +110,8 @@ class ModelRows(RowsCache):
         rows, base, w = self.drafters, self.base, self.width
         sizes = {i: len(rows[i].pending) + len(new) for i, (_, new) in feed.items()}
         ids, pos, visible = self.block(sizes)
-        kv_pos = torch.arange(visible.shape[-1]).repeat(len(rows), 1)  # [B, W+T] column j of a prefix: position j
+        windowed = base.windows.smallest is not None  # then every key's position, for the windows:
+        kv_pos = torch.arange(visible.shape[-1]).repeat(len(rows), 1) if windowed else None  # [B, W+T] prefix col j: j
         for i, (tree, new) in feed.items():
             r = rows[i]
             p, f, past = len(r.pending), len(new), r.cache_len
@@ -125,8 +126,10 @@ class ModelRows(RowsCache):
             items = torch.tensor(r.row_nodes + new, dtype=torch.long)  # [R + F] tree items, old then new
             cols = torch.tensor(r.cols + list(range(w + p, w + p + f)), dtype=torch.long)  # [R + F]
             visible[i, p : p + f, cols] = tree.ancestors[index][:, items]  # its ancestors (itself included)
-            kv_pos[i, r.cols] = r.root_pos + tree.depths[items[: len(r.row_nodes)]]  # earlier rounds' items
-        kv_pos[:, w:] = pos  # this block's keys
+            if kv_pos is not None:
+                kv_pos[i, r.cols] = r.root_pos + tree.depths[items[: len(r.row_nodes)]]  # earlier rounds' items
+        if kv_pos is not None:
+            kv_pos[:, w:] = pos  # this block's keys
         out = base.forward(
             input_ids=ids.to(base.device),
             position_ids=pos.to(base.device),

@@ -85,9 +85,11 @@ class BatchTarget:
         """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V]).
         Sliding windows are applied here as for one row: cache column j holds position j (a hole is
         masked by ``visible`` anyway), the T new columns hold ``pos``."""
-        s = visible.shape[-1] - ids.shape[1]
-        kv_pos = torch.cat([torch.arange(s).expand(ids.shape[0], -1), pos], dim=1)  # [B, S+T] each key's position
-        mask = rows_mask(visible.to(self.device), self.dtype, self.target.windows, pos, kv_pos)  # [B, 1, T, S+T]
+        windows, kv_pos = self.target.windows, None
+        if windows.smallest is not None:  # each key's position: [B, S+T]
+            s = visible.shape[-1] - ids.shape[1]
+            kv_pos = torch.cat([torch.arange(s).expand(ids.shape[0], -1), pos], dim=1)
+        mask = rows_mask(visible.to(self.device), self.dtype, windows, pos, kv_pos)  # [B, 1, T, S+T]
         try:
             with grouped_sdpa(self.target.grouped_sdpa), self.target.row_matmul.applied():
                 return self.model(
