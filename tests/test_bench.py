@@ -131,16 +131,20 @@ def small_bench():
 
 
 def test_small_run_is_lossless_with_sane_rows(small_bench):
-    items = datasets.load_prompts("tinystories", PROMPTS, limit=3)
+    items = datasets.load_prompts("tinystories", PROMPTS, limit=4)
     seen = []
     samples = small_bench.run(items, on_sample=lambda c, n, s, same: seen.append((c.label, n, same)), warmup=False)
     rows = {r["config"]: r for r in small_bench.rows(samples)}
-    assert len(seen) == 3 * len(small_bench.configs) and all(same for *_, same in seen)
+    assert len(seen) == 4 * len(small_bench.configs) and all(same for *_, same in seen)
     assert set(rows) == {c.label for c in small_bench.configs}
     assert rows["hf-greedy"]["tau"] == 1.0  # generate makes one forward per new token
     assert rows["hf-greedy"]["speedup"] == 1.0 and rows["hf-greedy"]["builder"] is None
     for r in rows.values():
-        assert r["lossless"] and r["mismatches"] == 0 and r["new_tokens"] == 3 * 24
+        assert r["lossless"] and r["mismatches"] == 0 and r["new_tokens"] == 4 * 24
+        # per prompt, for the paired interval: the row's own samples, in prompt order
+        assert r["per_prompt"] == [[len(s.token_ids), s.seconds] for s in samples[r["config"]]]
+        lo, hi = r["speedup_interval"]
+        assert lo <= r["speedup"] <= hi
     tree_rows = [r for r in rows.values() if r["builder"]]
     assert len(tree_rows) == 3 and all(r["tau"] > 1.0 for r in tree_rows)
     assert all(0 <= r["share_bookkeeping"] < 1 for r in tree_rows)

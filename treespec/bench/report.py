@@ -63,6 +63,14 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
     return format(value, spec)
 
 
+def speedup_cell(row: dict[str, Any]) -> str:
+    """× greedy, with its paired 95% interval over prompts where the results have one (bench/paired.py)."""
+    bounds = row.get("speedup_interval")
+    if row.get("speedup") is None or not bounds or bounds[0] == bounds[1]:
+        return _fmt(row.get("speedup"))
+    return f"{row['speedup']:.2f} ({bounds[0]:.2f}–{bounds[1]:.2f})"
+
+
 COLUMNS = [
     ("config", "config", "s"),
     ("τ", "tau", ".2f"),
@@ -85,7 +93,8 @@ def print_table(result: dict[str, Any]) -> None:
     for title, _, _ in COLUMNS:
         table.add_column(title, justify="left" if title == "config" else "right", no_wrap=True)
     for row in result["rows"]:
-        table.add_row(*[_fmt(row.get(key), spec) if key != "config" else row["config"] for _, key, spec in COLUMNS])
+        cells = {"config": row["config"], "speedup": speedup_cell(row)}
+        table.add_row(*[cells.get(key) or _fmt(row.get(key), spec) for _, key, spec in COLUMNS])
     console = Console()
     if not console.is_terminal:  # a pipe or a file: do not squeeze the table into 80 columns
         console = Console(width=200)
@@ -245,7 +254,10 @@ def markdown(results: list[tuple[Path, dict[str, Any]]], doc_dir: Path, out: Pat
         "(bonus token included; Hugging Face rows count `generate`'s own forward calls). Speed-ups are over the",
         "target's plain greedy `generate` (`hf-greedy`) and over Hugging Face assisted generation with the same",
         "draft model, measured in the same run on the same prompts, interleaved prompt by prompt. `lossless` = every",
-        "output equals `hf-greedy`'s token for token.",
+        "output equals `hf-greedy`'s token for token. Runs since 2026-11-27 17:30 give `× greedy` with its paired 95%",
+        "interval over prompts in parentheses (a bootstrap of the prompts, each prompt's rows run back to back:",
+        '`treespec/bench/paired.py`), and read issue 28\'s "within 5% of the best fixed row" as met, MISSED or',
+        "undecided against that interval: this machine's speed swings more than 5% between minutes.",
         "",
         "Regenerate this page from the runs' results: `treespec bench-report "
         + " ".join(os.path.relpath(p.parent, Path.cwd()) for p, _ in results)
@@ -321,7 +333,7 @@ def _rows_table(rows: list[dict[str, Any]]) -> list[str]:
         )
         cell = f"{r['config']}{settings}".replace("|", "\\|")  # a literal pipe inside a table cell
         parts.append(
-            f"| {cell} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'], '.0f')} | {_fmt(r['speedup'])} | "
+            f"| {cell} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'], '.0f')} | {speedup_cell(r)} | "
             f"{_fmt(r['speedup_vs_assisted'])} | {_fmt(r['lossless'])} | {_fmt(r['corr_ea_a'])} | "
             f"{_fmt(r.get('mean_tree_size'), '.1f')} | {shares} |"
         )

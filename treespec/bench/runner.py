@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from treespec import threads
-from treespec.bench import planning
+from treespec.bench import paired, planning
 from treespec.bench.baselines import (
     ASSISTED_KEYS,
     BASELINES,
@@ -309,6 +309,7 @@ class Bench:
                 "steps": forwards,
                 "new_tokens": tokens,
                 "seconds": seconds,
+                "per_prompt": [[len(s.token_ids), s.seconds] for s in got],  # paired by prompt (bench/paired.py)
             }
             if steps:
                 total = sum(s["t_draft"] + s["t_verify"] + s["t_bookkeeping"] for s in steps)
@@ -322,6 +323,7 @@ class Bench:
         for c in self.configs:
             row = per_config[c.label]
             row["speedup"] = row["tokens_per_s"] / base if base and row["tokens_per_s"] else None
+            row["speedup_interval"] = paired.interval(row["per_prompt"], per_config[self.reference]["per_prompt"])
             assisted = assisted_for(row, assisted_rows)
             row["assisted_config"] = assisted["config"] if assisted else None
             row["speedup_vs_assisted"] = (
