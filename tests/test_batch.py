@@ -202,7 +202,7 @@ def test_bench_batch_mode_writes_the_throughput_table(tmp_path):
             "--dataset",
             "tinystories",
             "--limit",
-            "3",
+            "4",
             "--max-new-tokens",
             "12",
             "--target",
@@ -226,6 +226,14 @@ def test_bench_batch_mode_writes_the_throughput_table(tmp_path):
     }
     assert all(r["lossless"] for r in rows if r["kind"].startswith("treespec"))
     assert all(r["new_tokens"] == rows[0]["new_tokens"] for r in rows if r["kind"].startswith("treespec"))
+    # paired by batch (each batch's rows run back to back): B = 1 has 4 batches, B = 2 two, refill one run
+    for r in rows:
+        assert len(r["per_batch"]) == (1 if r["kind"] == "treespec-refill" else 4 // r["batch_size"])
+        assert sum(t for t, _ in r["per_batch"]) == r["new_tokens"]
+        has = r["kind"] != "treespec-refill" and r["batch_size"] == 1  # at least 4 pairs
+        assert (r["vs_hf_interval"] is not None) == has
+        if has:
+            assert r["vs_hf_interval"][0] <= r["vs_hf"] <= r["vs_hf_interval"][1]
     assert (out / "throughput_vs_batch.png").read_bytes()[:4] == b"\x89PNG"
     md = tmp_path / "b.md"
     res = CliRunner().invoke(app, ["bench-report", str(out), "--out", str(md)])

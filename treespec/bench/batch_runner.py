@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from treespec import threads
+from treespec.bench import paired
 from treespec.bench.baselines import count_and_follow
 from treespec.factory import make_drafter, resolve_drafter_name
 from treespec.files import savefig_atomic
@@ -212,12 +213,24 @@ class BatchBench:
                     "peak_rss_mb": max(r.rss for _, r in got),
                     "rss_growth_mb": got[-1][1].rss - got[0][1].rss,
                     "warmup_seconds": self.warmup.get((c.label.removesuffix(" | refill"), b)),
+                    # per batch of b prompts, run back to back with the other rows' (refill: one run)
+                    "per_batch": [[r.tokens, r.seconds] for _, r in got],
                 }
             )
         hf = next(r for r in rows if r["kind"] == "hf-greedy")
         for row in rows:
             row["vs_hf"] = row["tokens_per_s"] / hf["tokens_per_s"] if hf["tokens_per_s"] else None
+            paired_runs = len(row["per_batch"]) == len(hf["per_batch"])  # a refill row is one run: no pairs
+            row["vs_hf_interval"] = paired.interval(row["per_batch"], hf["per_batch"]) if paired_runs else None
         return rows
+
+
+def _vs_hf(row: dict[str, Any]) -> str:
+    """× HF batched greedy, with its paired 95% interval over batches where there is one (bench/paired.py)."""
+    bounds = row.get("vs_hf_interval")
+    if not bounds or bounds[0] == bounds[1]:
+        return f"{row['vs_hf']:.2f}"
+    return f"{row['vs_hf']:.2f} ({bounds[0]:.2f}–{bounds[1]:.2f})"
 
 
 def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
@@ -232,7 +245,7 @@ def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
         same = "yes" if r["lossless"] else "no ({} rows differ)".format(r["mismatches"])
         nodes = f"{r['nodes_per_row_step']:.1f}" if r.get("nodes_per_row_step") is not None else "—"
         out.append(
-            f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {r['vs_hf']:.2f} | {r['forwards']} | {nodes} | "
+            f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {_vs_hf(r)} | {r['forwards']} | {nodes} | "
             f"{same} | {r['peak_rss_mb']:.0f} | {r['rss_growth_mb']:+.0f} |"
         )
     return out
