@@ -45,7 +45,7 @@ def bench_batches(
 ) -> None:
     import torch
 
-    from treespec.bench.batch_runner import plot
+    from treespec.bench.batch_runner import plot, target_lines
 
     sizes = _sizes(batch_size)
     if sampling is not None:
@@ -83,6 +83,8 @@ def bench_batches(
     except TreespecError as exc:
         fail(f"{exc}; the results are complete in {out / 'results.json'}", code=1)
     _print_rows(rows)
+    for verdict in target_lines(rows):
+        typer.echo(verdict)
     typer.echo(f"wrote {out / 'results.json'}, {png}")
 
 

@@ -241,6 +241,27 @@ def test_bench_batch_mode_writes_the_throughput_table(tmp_path):
     assert "× HF batched greedy" in md.read_text()
 
 
+def test_batch_targets_read_auto_against_the_best_fixed_row_of_its_kind():
+    from treespec.bench.batch_runner import target_lines
+
+    def row(config, kind, rate, batches):
+        per = [[100, 100 / rate]] * batches
+        return {"config": config, "kind": kind, "batch_size": 4, "tokens_per_s": rate, "per_batch": per}
+
+    rows = [
+        row("hf-greedy", "hf-greedy", 50.0, 6),
+        row("opt-tree nodes=auto | eagle", "treespec", 90.0, 6),
+        row("chain k=4 | eagle", "treespec", 100.0, 6),
+        row("chain k=3 | eagle", "treespec", 80.0, 6),
+        row("opt-tree nodes=auto | eagle | refill", "treespec-refill", 99.0, 1),
+        row("chain k=4 | eagle | refill", "treespec-refill", 60.0, 1),
+    ]
+    static, refill = target_lines(rows)
+    assert static.startswith("- B=4 opt-tree nodes=auto | eagle: 0.90× chain k=4 | eagle (95% interval 0.90–0.90)")
+    assert static.endswith("within 5%: MISSED")
+    assert refill == "- B=4 opt-tree nodes=auto | eagle | refill: 1.65× chain k=4 | eagle | refill"
+
+
 def test_cli_run_decodes_a_prompt_file_in_batches(tmp_path, greedy_reference, prompts):
     import json
 

@@ -233,6 +233,30 @@ def _vs_hf(row: dict[str, Any]) -> str:
     return f"{row['vs_hf']:.2f} ({bounds[0]:.2f}–{bounds[1]:.2f})"
 
 
+def target_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per batch size with a planning row (``nodes=auto``): its rate over the best fixed row of the same
+    kind (batches, or refilled), with the paired interval and issue 28's within-5% verdict where the rows
+    ran batch by batch (a refill row is one run: ratio only)."""
+    lines = []
+    for r in (r for r in rows if r["kind"].startswith("treespec") and "nodes=auto" in r["config"]):
+        fixed = [
+            o
+            for o in rows
+            if o["batch_size"] == r["batch_size"] and o["kind"] == r["kind"] and o is not r and o["tokens_per_s"]
+        ]
+        best = max(fixed, key=lambda o: o["tokens_per_s"], default=None)
+        if best is None or not r["tokens_per_s"]:
+            continue
+        line = f"- B={r['batch_size']} {r['config']}: {r['tokens_per_s'] / best['tokens_per_s']:.2f}× {best['config']}"
+        if r["kind"] == "treespec" and "per_batch" in r:
+            bounds = paired.interval(r["per_batch"], best["per_batch"])
+            if bounds is not None:
+                line += f" (95% interval {bounds[0]:.2f}–{bounds[1]:.2f})"
+            line += f"; within 5%: {paired.verdict(bounds, 0.95)}"
+        lines.append(line)
+    return lines
+
+
 def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
     """The throughput table of a batch run (report.markdown)."""
     out = [

@@ -61,6 +61,6 @@ def verdict(bounds: tuple[float, float] | None, goal: float) -> str:
     """A target "ratio ≥ goal" read against the interval: met (all of it above), MISSED (all of it
     below) or undecided (it straddles the goal: more prompts would decide)."""
     if bounds is None:
-        return "undecided (too few prompts for an interval)"
+        return f"undecided (fewer than {MIN_PROMPTS} paired runs: no interval)"
     lo, hi = bounds
     return "met" if lo >= goal else "MISSED" if hi < goal else "undecided (the interval straddles it)"

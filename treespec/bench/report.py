@@ -275,9 +275,11 @@ def _section(path: Path, res: dict[str, Any], rel: str) -> list[str]:
     parts = _section_head(res, rel)
     notes = path.parent / "NOTES.md"  # hand-written reading of this run, kept beside its results
     if res.get("mode") == "batch":  # throughput mode: treespec.bench.batch_runner
-        from treespec.bench.batch_runner import markdown_rows
+        from treespec.bench.batch_runner import markdown_rows, target_lines
 
         parts += [*markdown_rows(res["rows"]), ""]
+        if any("per_batch" in r for r in res["rows"]):  # runs with per-batch times: auto against the best row
+            parts += ["`nodes=auto` against the best fixed row at each batch size:", "", *target_lines(res["rows"]), ""]
         if notes.is_file():
             parts += [notes.read_text().strip(), ""]
         if (path.parent / "throughput_vs_batch.png").exists():
