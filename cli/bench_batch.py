@@ -45,7 +45,7 @@ def bench_batches(
 ) -> None:
     import torch
 
-    from treespec.bench.batch_runner import plot, target_lines
+    from treespec.bench.batch_runner import plot
 
     sizes = _sizes(batch_size)
     if sampling is not None:
@@ -83,17 +83,20 @@ def bench_batches(
     except TreespecError as exc:
         fail(f"{exc}; the results are complete in {out / 'results.json'}", code=1)
     _print_rows(rows)
-    for verdict in target_lines(rows):
-        typer.echo(verdict)
     typer.echo(f"wrote {out / 'results.json'}, {png}")
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
+    """Every row's throughput, then ``nodes=auto`` against the best fixed row at each batch size."""
+    from treespec.bench.batch_runner import target_lines, vs_hf_cell
+
     for r in rows:
         same = "lossless" if r["lossless"] else f"{r['mismatches']} rows differ"
         typer.echo(
-            f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  {r['vs_hf']:.2f}x HF  {same}"
+            f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  × HF {vs_hf_cell(r)}  {same}"
         )
+    for verdict in target_lines(rows):
+        typer.echo(verdict)
 
 
 def _load(

@@ -225,7 +225,7 @@ class BatchBench:
         return rows
 
 
-def _vs_hf(row: dict[str, Any]) -> str:
+def vs_hf_cell(row: dict[str, Any]) -> str:
     """× HF batched greedy, with its paired 95% interval over batches where there is one (bench/paired.py)."""
     bounds = row.get("vs_hf_interval")
     if not bounds or bounds[0] == bounds[1]:
@@ -269,7 +269,7 @@ def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
         same = "yes" if r["lossless"] else "no ({} rows differ)".format(r["mismatches"])
         nodes = f"{r['nodes_per_row_step']:.1f}" if r.get("nodes_per_row_step") is not None else "—"
         out.append(
-            f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {_vs_hf(r)} | {r['forwards']} | {nodes} | "
+            f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {vs_hf_cell(r)} | {r['forwards']} | {nodes} | "
             f"{same} | {r['peak_rss_mb']:.0f} | {r['rss_growth_mb']:+.0f} |"
         )
     return out
