@@ -107,17 +107,7 @@ class DatastoreDrafter(Drafter):
         width = self.config.max_suffix
         if not int(nodes.shape[0]) or k <= 0:
             return Proposals.ranked([[] for _ in range(int(nodes.shape[0]))], k)
-        toks = tree.tokens.tolist()
-        parents = tree.parents.tolist()
-        contexts = []
-        for node in nodes.tolist():
-            ext = []  # the path's last tokens below the root, leaf to root; at most max_suffix
-            while node > 0 and len(ext) < width:
-                ext.append(toks[node])
-                node = parents[node]
-            ext.reverse()
-            ctx = self.tail + ext
-            contexts.append(tuple(ctx[-width:]))
+        contexts = [tuple((self.tail + ext)[-width:]) for ext in tree.suffixes(nodes.tolist(), width)]
         return Proposals.ranked(self.lookup_many(contexts), k)
 
     def commit(self, commit: Commit) -> None:

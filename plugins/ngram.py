@@ -107,15 +107,7 @@ class NgramDrafter(Drafter):
         kk = min(k, self.config.max_matches)
         found: list[list[tuple[int, float]]] = [[] for _ in range(int(nodes.shape[0]))]
         if found and kk > 0:
-            toks = tree.tokens.tolist()
-            parents = tree.parents.tolist()
-            for i, node in enumerate(nodes.tolist()):
-                ext = []  # the path's tokens below the root, collected leaf to root
-                while node > 0:
-                    ext.append(toks[node])
-                    node = parents[node]
-                ext.reverse()
-                found[i] = self.lookup(ext, kk)
+            found = [self.lookup(ext, kk) for ext in tree.suffixes(nodes.tolist())]
         return Proposals.ranked(found, k)
 
     def commit(self, commit: Commit) -> None:

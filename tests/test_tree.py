@@ -163,6 +163,18 @@ def test_graph_is_arborescence_with_attributes(tree):
         assert nx.shortest_path(g, 0, i) == ref_path(parents, i)
 
 
+@SETTINGS
+@given(tree=trees(), limit=st.one_of(st.none(), st.integers(0, 6)))
+def test_suffixes_are_the_networkx_paths_below_the_root(tree, limit):
+    """A retrieval drafter's context: the path's tokens after the root, its last ``limit`` of them."""
+    g = tree.graph
+    toks = tree.tokens.tolist()
+    nodes = list(range(len(tree)))
+    for node, got in zip(nodes, tree.suffixes(nodes, limit)):
+        below = [toks[n] for n in nx.shortest_path(g, 0, node)[1:]]
+        assert got == (below if limit is None else below[len(below) - min(limit, len(below)) :])
+
+
 # ----------------------------------------------------------------------------- validate
 @SETTINGS
 @given(tree=trees())

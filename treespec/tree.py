@@ -225,6 +225,20 @@ class DraftTree:
         """Tokens from the root to ``node``, both included."""
         return self.tokens[self.ancestors[node]].tolist()
 
+    def suffixes(self, nodes: list[int], limit: int | None = None) -> list[list[int]]:
+        """Each node's path below the root (root excluded, the node included), root side first, cut to
+        its last ``limit`` tokens: the context a retrieval drafter looks up. A walk up the parents on
+        Python lists: for the few nodes of an ``expand`` call it beats the ancestor matrix."""
+        toks, parents = self.tokens.tolist(), self.parents.tolist()
+        out = []
+        for node in nodes:
+            ext: list[int] = []  # leaf to root
+            while node > 0 and (limit is None or len(ext) < limit):
+                ext.append(toks[node])
+                node = parents[node]
+            out.append(ext[::-1])
+        return out
+
     def tensors(self, past_len: int, dtype: torch.dtype = torch.float32) -> TreeTensors:
         """Inputs for one target forward over all nodes, on top of a cache of ``past_len`` tokens."""
         from treespec.kv import tree_mask
