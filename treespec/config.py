@@ -55,15 +55,17 @@ def build_config(config_cls: type[PluginConfig], options: dict[str, Any] | None,
     try:
         return config_cls.model_validate(dict(options or {}))
     except pydantic.ValidationError as exc:
-        problems = []
+        problems, fields = [], {}  # fields: option -> (its input, what each accepted type said)
         for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "options"
             if err["type"] == "extra_forbidden":
-                problems.append(f"unknown option {loc!r}")
+                problems.append(f"unknown option {'.'.join(str(p) for p in err['loc'])!r}")
             elif not err["loc"]:  # a check across the options (PluginConfig's own validators)
                 problems.append(str(err["msg"]).removeprefix("Value error, "))
-            else:
-                problems.append(f"option {loc!r}: {err['msg']} (got {err.get('input')!r})")
+            else:  # one message per option: a union (nodes: int > 0 or 'auto') fails once per member
+                said = fields.setdefault(str(err["loc"][0]), (err.get("input"), []))[1]
+                said.append(str(err["msg"]).removeprefix("Input ").removeprefix("Value error, "))
+        for name, (value, said) in fields.items():
+            problems.append(f"option {name!r}: {', or '.join(dict.fromkeys(said))} (got {value!r})")
         known = (
             ", ".join(
                 f"{o['name']}={o['default']!r}" if not o["required"] else f"{o['name']} (required)"
