@@ -46,11 +46,12 @@ DATASET_HELP = "mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl
 DATA_DIR_HELP = "folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]"
 DRAFTER_HELP = (
     'drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep) '
-    "[default with the default target: treespec-py-draft, eagle]"
+    "[default with the default target: treespec-py-draft, eagle; with a target that ships a head, e.g. smollm2: eagle]"
 )
 BUILDER_HELP = (
     'builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4; '
-    "with the default target: opt-tree nodes=auto,6, chain k=8]"
+    "with the default target: opt-tree nodes=auto,6, chain k=8; with a shipped head alone: opt-tree nodes=auto, "
+    "chain k=1, chain k=2]"
 )
 BASELINE_HELP = (
     'Hugging Face baselines besides hf-greedy: "hf-assisted [num_assistant_tokens=..] '
@@ -192,12 +193,17 @@ def _rows(
     target: str | None, drafter: list[str] | None, builder: list[str] | None, config: list[str] | None
 ) -> tuple[str, list[str], list[str], list]:
     """(target, drafters, builders, --config pairs), the defaults filling in: the default pair's draft model
-    and EAGLE head at their measured budgets; opt-tree and chain k=4 for a drafter given alone."""
+    and EAGLE head at their measured budgets; a target with a shipped head (SmolLM2) alone, its head
+    under the default and the chains; opt-tree and chain k=4 for a drafter given alone."""
+    from treespec.catalog import SHIPPED_HEADS, shipped_for
+
+    pairs = parse_pairs(config)
     if target is None:
         target = defaults.TARGET
         drafter = drafter or defaults.bench_drafters()
         builder = builder or defaults.bench_builders()
-    pairs = parse_pairs(config)
+    elif not drafter and not pairs and shipped_for(target, SHIPPED_HEADS):
+        drafter, builder = [defaults.DRAFTER], builder or defaults.shipped_bench_builders()
     if not drafter and not pairs:
         fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]" or --config "BUILDER | DRAFTER"')
     drafter = drafter or []

@@ -382,6 +382,27 @@ def test_planning_summary_of_known_steps():
     assert summary([{"tree_size": 3, "predicted_seconds": None}]) is None  # a builder that does not plan
 
 
+def test_row_defaults_follow_the_target():
+    """No --target: the small pair's rows; a target that ships a head (SmolLM2) alone: its head under the
+    default and the chains; another target alone: one line asking for a drafter."""
+    from treespec import defaults
+    from treespec.cli.bench import _rows
+
+    assert _rows(None, None, None, None) == (
+        defaults.TARGET,
+        defaults.bench_drafters(),
+        defaults.bench_builders(),
+        [],
+    )
+    assert _rows("smollm2", None, None, None) == ("smollm2", ["eagle"], defaults.shipped_bench_builders(), [])
+    assert _rows("HuggingFaceTB/SmolLM2-135M-Instruct", None, ["chain k=3"], None)[1:3] == (["eagle"], ["chain k=3"])
+    assert _rows("smollm2", ["ngram"], None, None)[1:3] == (["ngram"], ["opt-tree", "chain k=4"])
+    import typer
+
+    with pytest.raises(typer.Exit):
+        _rows(str(STORIES260K), None, None, None)
+
+
 def test_configs_first_turns_chat_requests_and_per_category(tmp_path, monkeypatch):
     """--config adds exactly one builder|drafter row each; --turns 1 keeps first turns; --chat makes
     completion prompts user requests; --per-category keeps the first N of every category."""

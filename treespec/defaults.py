@@ -43,6 +43,12 @@ def bench_builders() -> list[str]:
     return [f"opt-tree nodes=auto,{OPT_TREE_FIXED}", f"chain k={CHAIN_K}"]
 
 
+def shipped_bench_builders() -> list[str]:
+    """``treespec bench`` builders for a target given without a drafter that ships an EAGLE head
+    (SmolLM2): the default and the chains that were its best fixed rows (bench/smollm2-paired-mtbench)."""
+    return ["opt-tree nodes=auto", "chain k=1", "chain k=2"]
+
+
 def prompt_for(target: str | None) -> str:
     """The prompt `treespec run` uses without --prompt: a chat request for an instruct target, code otherwise."""
     return CHAT_PROMPT if (target or MAIN) in CHAT_TARGETS else PROMPT
