@@ -13,7 +13,7 @@ from treespec import defaults
 from treespec.bench.load import background_load as busy
 from treespec.cli import fail
 from treespec.cli.bench_batch import bench_batches
-from treespec.cli.bench_inputs import baselines_for, load_items, parse_pairs, parse_rules, parse_sampling
+from treespec.cli.bench_inputs import baselines_for, load_items, parse_rules, parse_sampling, rows_for
 from treespec.cli.bench_report import write_report
 from treespec.cli.common import (
     DEVICE_HELP,
@@ -133,7 +133,7 @@ def bench(
         per_category, report_to,
     )  # fmt: skip
     items = load_items(dataset, data_dir, limit, category, turns, chat, per_category)
-    target, drafter, builder, pairs = _rows(target, drafter, builder, config)
+    target, drafter, builder, pairs = rows_for(target, drafter, builder, config)
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     if batch_size is not None:
         _refuse_in_batches(rules, pairs)
@@ -187,28 +187,6 @@ def _inputs(
     if report_to is not None:
         writable_file(report_to, "--report")
     return Path(out), load, sampling, rules, None if per_category is not None else limit
-
-
-def _rows(
-    target: str | None, drafter: list[str] | None, builder: list[str] | None, config: list[str] | None
-) -> tuple[str, list[str], list[str], list]:
-    """(target, drafters, builders, --config pairs), the defaults filling in: the default pair's draft model
-    and EAGLE head at their measured budgets; a target with a shipped head (SmolLM2) alone, its head
-    under the default and the chains; opt-tree and chain k=4 for a drafter given alone."""
-    from treespec.catalog import SHIPPED_HEADS, shipped_for
-
-    pairs = parse_pairs(config)
-    if target is None:
-        target = defaults.TARGET
-        drafter = drafter or defaults.bench_drafters()
-        builder = builder or defaults.bench_builders()
-    elif not drafter and not pairs and shipped_for(target, SHIPPED_HEADS):
-        drafter, builder = [defaults.DRAFTER], builder or defaults.shipped_bench_builders()
-    if not drafter and not pairs:
-        fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]" or --config "BUILDER | DRAFTER"')
-    drafter = drafter or []
-    builder = builder or ([] if pairs and not drafter else ["opt-tree", "chain k=4"])
-    return target, drafter, builder, pairs
 
 
 def _refuse_in_batches(rules: list[str] | None, pairs: list) -> None:
@@ -378,7 +356,16 @@ def _measure(runner: Any, items: list, result: dict[str, Any], out: Path) -> Non
 
 def _with_rows(result: dict[str, Any], runner: Any, samples: dict, partial: bool) -> dict[str, Any]:
     rows = runner.rows(samples) if any(samples.values()) else []
-    return {**result, "prompts": runner.n_prompts, "truncated": runner.truncated, "rows": rows, "partial": partial}
+    cats = getattr(runner, "categories", [])[: runner.n_prompts]
+    extra = {"prompt_categories": cats} if any(cats) else {}  # per-category speed-ups (report.category_lines)
+    return {
+        **result,
+        "prompts": runner.n_prompts,
+        "truncated": runner.truncated,
+        **extra,
+        "rows": rows,
+        "partial": partial,
+    }
 
 
 def _stopped(out: Path, why: str, code: int) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 
+from treespec import defaults
 from treespec.cli import fail
 from treespec.errors import TreespecError
 
@@ -89,3 +90,25 @@ def parse_pairs(config: list[str] | None) -> list[tuple[str, str]]:
             fail(f'--config {c!r}: expected "BUILDER-SPEC | DRAFTER-SPEC", e.g. "opt-tree nodes=auto | eagle"')
         pairs.append((parts[0], parts[1]))
     return pairs
+
+
+def rows_for(
+    target: str | None, drafter: list[str] | None, builder: list[str] | None, config: list[str] | None
+) -> tuple[str, list[str], list[str], list]:
+    """(target, drafters, builders, --config pairs), the defaults filling in: the default pair's draft model
+    and EAGLE head at their measured budgets; a target with a shipped head (SmolLM2) alone, its head
+    under the default and the chains; opt-tree and chain k=4 for a drafter given alone."""
+    from treespec.catalog import SHIPPED_HEADS, shipped_for
+
+    pairs = parse_pairs(config)
+    if target is None:
+        target = defaults.TARGET
+        drafter = drafter or defaults.bench_drafters()
+        builder = builder or defaults.bench_builders()
+    elif not drafter and not pairs and shipped_for(target, SHIPPED_HEADS):
+        drafter, builder = [defaults.DRAFTER], builder or defaults.shipped_bench_builders()
+    if not drafter and not pairs:
+        fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]" or --config "BUILDER | DRAFTER"')
+    drafter = drafter or []
+    builder = builder or ([] if pairs and not drafter else ["opt-tree", "chain k=4"])
+    return target, drafter, builder, pairs

@@ -382,25 +382,46 @@ def test_planning_summary_of_known_steps():
     assert summary([{"tree_size": 3, "predicted_seconds": None}]) is None  # a builder that does not plan
 
 
+def test_category_lines_give_each_category_its_own_paired_ratio():
+    from treespec.bench.report import category_lines
+
+    cats = ["rag"] * 4 + ["math"] * 4
+    greedy = [[100, 1.0]] * 8
+    auto = [[100, 0.5]] * 4 + [[100, 1.0]] * 4  # twice as fast on rag, even on math
+    chain = [[100, 0.8]] * 8
+    rows = [
+        {"config": "hf-greedy", "per_prompt": greedy},
+        {"config": "opt-tree nodes=auto | eagle", "per_prompt": auto, "plan": {"mean_nodes": 1}},
+        {"config": "chain k=1 | eagle", "per_prompt": chain},
+    ]
+    rag, math = category_lines({"prompt_categories": cats, "rows": rows})
+    assert rag == "- rag (4 prompts), × hf-greedy: opt-tree nodes=auto | eagle 2.00 (2.00–2.00)"  # also the best
+    assert math == (
+        "- math (4 prompts), × hf-greedy: opt-tree nodes=auto | eagle 1.00 (1.00–1.00); chain k=1 | eagle 1.25 (1.25–1.25)"
+    )
+    assert category_lines({"prompt_categories": ["a"] * 8, "rows": rows}) == []  # one category: nothing to split
+    assert category_lines({"rows": rows}) == []  # older results
+
+
 def test_row_defaults_follow_the_target():
     """No --target: the small pair's rows; a target that ships a head (SmolLM2) alone: its head under the
     default and the chains; another target alone: one line asking for a drafter."""
     from treespec import defaults
-    from treespec.cli.bench import _rows
+    from treespec.cli.bench_inputs import rows_for
 
-    assert _rows(None, None, None, None) == (
+    assert rows_for(None, None, None, None) == (
         defaults.TARGET,
         defaults.bench_drafters(),
         defaults.bench_builders(),
         [],
     )
-    assert _rows("smollm2", None, None, None) == ("smollm2", ["eagle"], defaults.shipped_bench_builders(), [])
-    assert _rows("HuggingFaceTB/SmolLM2-135M-Instruct", None, ["chain k=3"], None)[1:3] == (["eagle"], ["chain k=3"])
-    assert _rows("smollm2", ["ngram"], None, None)[1:3] == (["ngram"], ["opt-tree", "chain k=4"])
+    assert rows_for("smollm2", None, None, None) == ("smollm2", ["eagle"], defaults.shipped_bench_builders(), [])
+    assert rows_for("HuggingFaceTB/SmolLM2-135M-Instruct", None, ["chain k=3"], None)[1:3] == (["eagle"], ["chain k=3"])
+    assert rows_for("smollm2", ["ngram"], None, None)[1:3] == (["ngram"], ["opt-tree", "chain k=4"])
     import typer
 
     with pytest.raises(typer.Exit):
-        _rows(str(STORIES260K), None, None, None)
+        rows_for(str(STORIES260K), None, None, None)
 
 
 def test_configs_first_turns_chat_requests_and_per_category(tmp_path, monkeypatch):

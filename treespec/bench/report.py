@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from treespec.bench import planning
+from treespec.bench import paired, planning
 from treespec.files import savefig_atomic, write_text_atomic, writing
 
 BUDGET_KEYS = ("nodes", "total_tokens", "k")  # the option that is a builder's node budget
@@ -233,6 +233,7 @@ def targets(result: dict[str, Any]) -> list[str]:
     if shares:
         lines.append(f"- bookkeeping share of a step: {min(shares):.1%} – {max(shares):.1%} (aim: under 10%)")
     lines += planning.target_lines(rows)
+    lines += category_lines(result)
     lossy = [r["config"] for r in rows if r["lossless"] is False]
     if all(r["lossless"] is None for r in rows):  # sampling: exact in distribution, not token for token
         lines.append(
@@ -240,6 +241,33 @@ def targets(result: dict[str, Any]) -> list[str]:
         )
     else:
         lines.append(f"- lossless: {'every row' if not lossy else 'NOT ' + ', '.join(lossy)}")
+    return lines
+
+
+def category_lines(result: dict[str, Any]) -> list[str]:
+    """Per category (Spec-Bench's, MT-Bench's), × the reference row with its paired interval over that
+    category's prompts: the planning rows (the default configuration) and the category's best row."""
+    cats = result.get("prompt_categories") or []
+    rows = [r for r in result["rows"] if "per_prompt" in r]
+    ref = next((r for r in rows if r["config"] in ("hf-greedy", "hf-sample")), None)
+    if len(set(cats)) < 2 or ref is None or any(len(r["per_prompt"]) != len(cats) for r in rows):
+        return []
+    lines = []
+    for cat in dict.fromkeys(cats):
+        picks = [i for i, c in enumerate(cats) if c == cat]
+        base = [ref["per_prompt"][i] for i in picks]
+
+        def cell(r: dict[str, Any], base: list = base, picks: list = picks) -> str:
+            mine = [r["per_prompt"][i] for i in picks]
+            bounds = paired.interval(mine, base)
+            return f"{r['config']} {paired.ratio(mine, base):.2f}" + (
+                f" ({bounds[0]:.2f}–{bounds[1]:.2f})" if bounds else ""
+            )
+
+        others = [r for r in rows if r is not ref]
+        best = max(others, key=lambda r: paired.ratio([r["per_prompt"][i] for i in picks], base) or 0, default=None)
+        shown = [r for r in others if r.get("plan")] + ([best] if best is not None and not best.get("plan") else [])
+        lines.append(f"- {cat} ({len(picks)} prompts), × {ref['config']}: " + "; ".join(cell(r) for r in shown))
     return lines
 
 

@@ -259,6 +259,7 @@ class Bench:
         prompts: list[tuple[PromptItem, int]] = [
             (it, t) for t in range(max(len(i.turns) for i in items)) for it in items if t < len(it.turns)
         ]
+        self.categories = [item.category for item, _ in prompts]  # per prompt, as the samples are ordered
         samples: dict[str, list[Sample | None]] = {c.label: [] for c in self.configs}
         answers: dict[str, list[str]] = {it.id: [] for it in items}
         self.truncated = 0
