@@ -252,7 +252,7 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
             bounds = paired.interval(r["per_batch"], best["per_batch"])
             if bounds is not None:
                 line += f" (95% interval {bounds[0]:.2f}–{bounds[1]:.2f})"
-            line += f"; within 5%: {paired.verdict(bounds, 0.95)}"
+            line += f"; within {1 - paired.NEAR_BEST:.0%}: {paired.verdict(bounds, paired.NEAR_BEST)}"
         lines.append(line)
     return lines
 

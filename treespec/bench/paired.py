@@ -29,6 +29,7 @@ DRAWS = 2000  # bootstrap resamples
 LEVEL = 0.95  # the interval's coverage
 MIN_PROMPTS = 4  # fewer prompts: no interval
 SEED = 0  # the resampling is seeded: the same results give the same interval
+NEAR_BEST = 0.95  # issue 28's target: nodes=auto within 5% of the best fixed row
 
 Pairs = Sequence[Sequence[float]]  # per prompt: (tokens, seconds)
 

@@ -123,9 +123,6 @@ def plot(out: Path, result: dict[str, Any], steps: list[dict[str, Any]], budget:
     return path
 
 
-NEAR_BEST = 0.95  # issue 28's target: nodes=auto within 5% of the best fixed row
-
-
 def _interval(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float] | None:
     """The paired bootstrap interval of row a's rate over row b's (None for results without per-prompt times)."""
     if "per_prompt" not in a or "per_prompt" not in b:
@@ -144,7 +141,7 @@ def _near(row: dict[str, Any], bounds: tuple[float, float] | None) -> str:
     "met" holds despite that, "MISSED" may overstate the gap a little."""
     if "per_prompt" not in row:
         return ""
-    return f"; within {1 - NEAR_BEST:.0%}: {paired.verdict(bounds, NEAR_BEST)}"
+    return f"; within {1 - paired.NEAR_BEST:.0%}: {paired.verdict(bounds, paired.NEAR_BEST)}"
 
 
 def target_lines(rows: list[dict[str, Any]]) -> list[str]:
