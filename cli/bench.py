@@ -356,7 +356,7 @@ def _measure(runner: Any, items: list, result: dict[str, Any], out: Path) -> Non
 
 def _with_rows(result: dict[str, Any], runner: Any, samples: dict, partial: bool) -> dict[str, Any]:
     rows = runner.rows(samples) if any(samples.values()) else []
-    cats = getattr(runner, "categories", [])[: runner.n_prompts]
+    cats = runner.categories[: runner.n_prompts]
     extra = {"prompt_categories": cats} if any(cats) else {}  # per-category speed-ups (report.category_lines)
     return {
         **result,

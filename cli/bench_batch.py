@@ -88,12 +88,13 @@ def bench_batches(
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
     """Every row's throughput, then ``nodes=auto`` against the best fixed row at each batch size."""
-    from treespec.bench.batch_runner import target_lines, vs_hf_cell
+    from treespec.bench import paired
+    from treespec.bench.batch_runner import target_lines
 
     for r in rows:
         same = "lossless" if r["lossless"] else f"{r['mismatches']} rows differ"
         typer.echo(
-            f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  × HF {vs_hf_cell(r)}  {same}"
+            f"B={r['batch_size']:>3}  {r['config'][:60]:<60} {r['tokens_per_s']:8.1f} tok/s  × HF {paired.cell(r['vs_hf'], r.get('vs_hf_interval'))}  {same}"
         )
     for verdict in target_lines(rows):
         typer.echo(verdict)

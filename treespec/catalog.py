@@ -85,12 +85,12 @@ def shipped_for(target_name: str | None, table: dict[str, str]) -> str | None:
         return None
     if target_name in table:
         return table[target_name]
-    leaf = Path(target_name).name
+    leaf, source = Path(target_name).name, converted_from(target_name)
     for alias, drafter in table.items():
         if alias in PACKAGED_MODELS:
             if Path(resolve_name(target_name)).expanduser().resolve() == PACKAGED_MODELS[alias].resolve():
                 return drafter
-        elif alias in PACKAGED_GGUF and PACKAGED_GGUF[alias][2] in (leaf, converted_from(target_name)):
+        elif alias in PACKAGED_GGUF and PACKAGED_GGUF[alias][2] in (leaf, source):
             return drafter
         sources = MODEL_SOURCES.get(alias, ())
         if target_name in sources or leaf.lower() in {s.rsplit("/", 1)[-1].lower() for s in sources}:

@@ -225,14 +225,6 @@ class BatchBench:
         return rows
 
 
-def vs_hf_cell(row: dict[str, Any]) -> str:
-    """× HF batched greedy, with its paired 95% interval over batches where there is one (bench/paired.py)."""
-    bounds = row.get("vs_hf_interval")
-    if not bounds or bounds[0] == bounds[1]:
-        return f"{row['vs_hf']:.2f}"
-    return f"{row['vs_hf']:.2f} ({bounds[0]:.2f}–{bounds[1]:.2f})"
-
-
 def target_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Per batch size with a planning row (``nodes=auto``): its rate over the best fixed row of the same
     kind (batches, or refilled), with the paired interval and issue 28's within-5% verdict where the rows
@@ -251,7 +243,7 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
         if r["kind"] == "treespec" and "per_batch" in r:
             bounds = paired.interval(r["per_batch"], best["per_batch"])
             if bounds is not None:
-                line += f" (95% interval {bounds[0]:.2f}–{bounds[1]:.2f})"
+                line += f" (95% interval {paired.span(bounds)})"
             line += f"; within {1 - paired.NEAR_BEST:.0%}: {paired.verdict(bounds, paired.NEAR_BEST)}"
         lines.append(line)
     return lines
@@ -269,7 +261,7 @@ def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
         same = "yes" if r["lossless"] else "no ({} rows differ)".format(r["mismatches"])
         nodes = f"{r['nodes_per_row_step']:.1f}" if r.get("nodes_per_row_step") is not None else "—"
         out.append(
-            f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {vs_hf_cell(r)} | {r['forwards']} | {nodes} | "
+            f"| {cell} | {r['batch_size']} | {r['tokens_per_s']:.0f} | {paired.cell(r['vs_hf'], r.get('vs_hf_interval'))} | {r['forwards']} | {nodes} | "
             f"{same} | {r['peak_rss_mb']:.0f} | {r['rss_growth_mb']:+.0f} |"
         )
     return out

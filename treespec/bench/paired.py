@@ -58,6 +58,19 @@ def interval(a: Pairs, b: Pairs, draws: int = DRAWS, level: float = LEVEL) -> tu
     return float(lo), float(hi)
 
 
+def span(bounds: tuple[float, float]) -> str:
+    """An interval as the reports print it: ``lo–hi``."""
+    return f"{bounds[0]:.2f}–{bounds[1]:.2f}"
+
+
+def cell(value: float, bounds: tuple[float, float] | None) -> str:
+    """A table cell: the ratio, and its interval in parentheses unless there is none or it is a point
+    (the reference row against itself)."""
+    if not bounds or bounds[0] == bounds[1]:
+        return f"{value:.2f}"
+    return f"{value:.2f} ({span(bounds)})"
+
+
 def verdict(bounds: tuple[float, float] | None, goal: float) -> str:
     """A target "ratio ≥ goal" read against the interval: met (all of it above), MISSED (all of it
     below) or undecided (it straddles the goal: more prompts would decide)."""

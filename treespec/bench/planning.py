@@ -132,7 +132,7 @@ def _interval(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float] | Non
 
 def _bounds(bounds: tuple[float, float] | None, lead: str = "; ", close: str = "") -> str:
     """``lead`` + "95% interval lo–hi" + ``close``, or nothing without an interval."""
-    return f"{lead}95% interval {bounds[0]:.2f}–{bounds[1]:.2f}{close}" if bounds is not None else ""
+    return f"{lead}95% interval {paired.span(bounds)}{close}" if bounds is not None else ""
 
 
 def _near(row: dict[str, Any], bounds: tuple[float, float] | None) -> str:

@@ -65,10 +65,9 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
 
 def speedup_cell(row: dict[str, Any]) -> str:
     """× greedy, with its paired 95% interval over prompts where the results have one (bench/paired.py)."""
-    bounds = row.get("speedup_interval")
-    if row.get("speedup") is None or not bounds or bounds[0] == bounds[1]:
-        return _fmt(row.get("speedup"))
-    return f"{row['speedup']:.2f} ({bounds[0]:.2f}–{bounds[1]:.2f})"
+    if row.get("speedup") is None:
+        return _fmt(None)
+    return paired.cell(row["speedup"], row.get("speedup_interval"))
 
 
 COLUMNS = [
@@ -252,22 +251,19 @@ def category_lines(result: dict[str, Any]) -> list[str]:
     ref = next((r for r in rows if r["config"] in ("hf-greedy", "hf-sample")), None)
     if len(set(cats)) < 2 or ref is None or any(len(r["per_prompt"]) != len(cats) for r in rows):
         return []
-    lines = []
+    lines, others = [], [r for r in rows if r is not ref]
     for cat in dict.fromkeys(cats):
         picks = [i for i, c in enumerate(cats) if c == cat]
         base = [ref["per_prompt"][i] for i in picks]
-
-        def cell(r: dict[str, Any], base: list = base, picks: list = picks) -> str:
-            mine = [r["per_prompt"][i] for i in picks]
-            bounds = paired.interval(mine, base)
-            return f"{r['config']} {paired.ratio(mine, base):.2f}" + (
-                f" ({bounds[0]:.2f}–{bounds[1]:.2f})" if bounds else ""
-            )
-
-        others = [r for r in rows if r is not ref]
-        best = max(others, key=lambda r: paired.ratio([r["per_prompt"][i] for i in picks], base) or 0, default=None)
+        mine = {r["config"]: [r["per_prompt"][i] for i in picks] for r in others}  # this category's pairs
+        ratios = {name: paired.ratio(pairs, base) or 0.0 for name, pairs in mine.items()}
+        best = max(others, key=lambda r: ratios[r["config"]], default=None)
         shown = [r for r in others if r.get("plan")] + ([best] if best is not None and not best.get("plan") else [])
-        lines.append(f"- {cat} ({len(picks)} prompts), × {ref['config']}: " + "; ".join(cell(r) for r in shown))
+        cells = []
+        for r in shown:
+            bounds = paired.interval(mine[r["config"]], base)
+            cells.append(f"{r['config']} {ratios[r['config']]:.2f}" + (f" ({paired.span(bounds)})" if bounds else ""))
+        lines.append(f"- {cat} ({len(picks)} prompts), × {ref['config']}: " + "; ".join(cells))
     return lines
 
 
