@@ -12,6 +12,10 @@ prefixes. The merged q of a token:
                   Parts answer with their k best only: a token outside a part's k best gets
                   nothing from it, so mixed q depend on k (max's top k do not, ties aside)
 
+With merge="max" each part's q is first mapped to how often the target took that part's proposals
+(``plugins/part_calibration.py``; ``calibrate=false`` merges the raw q): an n-gram lookup's q = 1
+after one match and a head's q = 1 mean different things.
+
 The k best merged children come back best first (ties: the token that an earlier part proposed
 first, at its earlier rank there). The builder then ranks everything by p̂ under its one node
 budget: composing needs no builder change. Every part sees the same tree, including nodes that only
@@ -33,6 +37,7 @@ from treespec.config import build_config
 from treespec.errors import ConfigError
 from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
 from treespec.plugins.configs import ComposeConfig
+from treespec.plugins.part_calibration import PartCalibration, exclusive
 from treespec.tree import DraftTree
 
 
@@ -95,6 +100,8 @@ class ComposedDrafter(Drafter):
             )
         if config.weights is not None and config.merge != "mix":
             raise ConfigError("compose: weights apply to merge=mix only; add merge=mix or drop weights")
+        if config.calibrate and config.merge != "max":
+            raise ConfigError("compose: calibrate applies to merge=max only; drop calibrate or use merge=max")
         if config.weights is not None and len(config.weights) != len(parts):
             raise ConfigError(
                 f"compose: {len(config.weights)} weights for {len(parts)} parts; give one weight per part"
@@ -103,6 +110,8 @@ class ComposedDrafter(Drafter):
             target = next((p.target for p in parts if p.target is not None), None)
         super().__init__(config, target)
         self.parts = parts
+        on = config.merge == "max" and config.calibrate is not False
+        self.calibration = PartCalibration(len(parts)) if on else None  # plugins/part_calibration.py
         # per instance (the class attributes are the defaults the Decoder would otherwise read)
         self.needs_target_hidden = any(p.needs_target_hidden for p in parts)  # type: ignore[misc]
         wanted = {p.target_hidden_layers for p in parts if p.needs_target_hidden}
@@ -121,6 +130,7 @@ class ComposedDrafter(Drafter):
 
         twin = copy.copy(self)
         twin.parts = [part.fork() for part in self.parts]
+        twin.calibration = self.calibration.fork() if self.calibration is not None else None
         return twin
 
     def prefill(self, context: PrefillContext) -> None:
@@ -164,14 +174,21 @@ class ComposedDrafter(Drafter):
         return cls(parts, config, target)
 
     def begin_step(self, root_token: int) -> None:
+        if self.calibration is not None:
+            self.calibration.begin_step()
         for part in self.parts:
             part.begin_step(root_token)
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         props = [part.expand(tree, nodes, k) for part in self.parts]  # each [M, ≤k]
-        return merge_proposals(props, k, self.config.merge, self.config.weights)  # [M, k]
+        if self.calibration is None:
+            return merge_proposals(props, k, self.config.merge, self.config.weights)  # [M, k]
+        props = self.calibration.apply(tree, nodes, props)  # each part's q → its acceptance rate
+        return exclusive(merge_proposals(props, k, self.config.merge))  # [M, k], Σ_j q ≤ 1 per node
 
     def commit(self, commit: Commit) -> None:
+        if self.calibration is not None:
+            self.calibration.learn(commit.tokens)
         for part in self.parts:
             part.commit(commit)
 
@@ -215,7 +232,11 @@ def _route(routed: dict[str, dict[str, Any]], names: list[str], owner: str, list
 
 
 def compose(
-    *parts: Drafter | str, merge: str = "max", weights: Sequence[float] | None = None, target: Any = None
+    *parts: Drafter | str,
+    merge: str = "max",
+    weights: Sequence[float] | None = None,
+    target: Any = None,
+    calibrate: bool | None = None,
 ) -> ComposedDrafter:
     """One drafter made of ``parts``: Drafter instances, or names as ``--drafter`` takes them
     (``"ngram"``, ``"self"``, a model alias or directory) built with default options for ``target``
@@ -230,6 +251,6 @@ def compose(
                 f"compose: building drafter {part!r} by name needs the target; pass target=... or Drafter instances"
             )
         built.append(part if isinstance(part, Drafter) else make_drafter(part, None, target))
-    options = {"merge": merge, "weights": list(weights) if weights is not None else None}
+    options = {"merge": merge, "weights": list(weights) if weights is not None else None, "calibrate": calibrate}
     config = build_config(ComposeConfig, options, "compose")
     return ComposedDrafter(built, config, target)  # type: ignore[arg-type]

@@ -198,6 +198,12 @@ class ComposeConfig(PluginConfig):
     weights: list[float] | None = Field(
         None, description="merge=mix only: one weight per part, e.g. 0.7,0.3 (or 0.7:0.3; default equal)"
     )
+    calibrate: bool | None = Field(
+        None,
+        description="merge=max: map each part's q to how often the target accepted that part's proposals, "
+        "learnt online per part, depth and q, before the max [default: on for merge=max; merge=mix keeps "
+        "the parts' own q, a distribution sampling rules may need]",
+    )
 
     @field_validator("parts", mode="before")
     @classmethod

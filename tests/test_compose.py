@@ -50,6 +50,11 @@ class Scripted(Drafter):
         self.calls.append(("commit", commit))
 
 
+def raw(*parts: Drafter) -> ComposedDrafter:
+    """A composition that merges the parts' own q (these tests are about merging, not calibration)."""
+    return ComposedDrafter(list(parts), ComposeConfig(calibrate=False))
+
+
 def children(d: Drafter, tree: DraftTree, nodes: list[int], k: int) -> list[list[tuple[int, float]]]:
     p = d.expand(tree, torch.tensor(nodes), k)
     assert p.tokens.shape == p.q.shape == (len(nodes), k) and p.tokens.dtype == torch.long
@@ -69,7 +74,7 @@ def two_level_tree() -> DraftTree:
 
 # ---------------------------------------------------------------------- merging
 def test_max_merges_by_token_and_keeps_the_most_confident_q():
-    d = ComposedDrafter([Scripted(A), Scripted(B)])
+    d = raw(Scripted(A), Scripted(B))
     # 7 from both parts is one child with max(0.3, 0.9); then 5 (0.5), 9 (0.1), 8 (0.05)
     assert children(d, DraftTree(1), [0], 4) == [[(7, 0.9), (5, 0.5), (9, 0.1), (8, 0.05)]]
     assert children(d, DraftTree(1), [0], 2) == [[(7, 0.9), (5, 0.5)]]  # the k best only
@@ -94,9 +99,9 @@ def test_mix_weights_and_renormalisation_over_the_parts_that_proposed():
 
 def test_ties_go_to_the_earliest_proposal_in_part_order_then_rank():
     a, b = Scripted({1: [(30, 0.4), (20, 0.4)]}), Scripted({1: [(10, 0.4), (20, 0.1)]})
-    assert children(ComposedDrafter([a, b]), DraftTree(1), [0], 3) == [[(30, 0.4), (20, 0.4), (10, 0.4)]]
+    assert children(raw(a, b), DraftTree(1), [0], 3) == [[(30, 0.4), (20, 0.4), (10, 0.4)]]
     # 20 was also proposed by b (with a lower q): b is listed first now, so 20 comes before 30
-    assert children(ComposedDrafter([b, a]), DraftTree(1), [0], 3) == [[(10, 0.4), (20, 0.4), (30, 0.4)]]
+    assert children(raw(b, a), DraftTree(1), [0], 3) == [[(10, 0.4), (20, 0.4), (30, 0.4)]]
 
 
 def test_parts_narrower_than_k_and_three_parts():
@@ -105,7 +110,7 @@ def test_parts_narrower_than_k_and_three_parts():
             p = super().expand(tree, nodes, k)
             return Proposals(p.tokens[:, :1], p.q[:, :1])
 
-    d = ComposedDrafter([Narrow(A), Scripted(B), Scripted({1: [(11, 0.7)]})])
+    d = raw(Narrow(A), Scripted(B), Scripted({1: [(11, 0.7)]}))
     assert children(d, DraftTree(1), [0], 4) == [[(7, 0.9), (11, 0.7), (5, 0.5), (8, 0.05)]]
 
 
@@ -158,6 +163,7 @@ def test_plus_names_route_options_to_parts():
         ("ngram+ngrm", {}, "unknown drafter 'ngrm'; did you mean 'ngram'"),
         ("ngram+ngram", {"merge": "mix", "weights": "1,2,3"}, "3 weights for 2 parts"),
         ("ngram+ngram", {"weights": "1,2"}, "weights apply to merge=mix only"),
+        ("ngram+ngram", {"merge": "mix", "calibrate": "true"}, "calibrate applies to merge=max only"),
         (
             "ngram+ngram",
             {"ngram.max_ngram": 2},
@@ -239,6 +245,7 @@ def test_model_drafters_expand_nodes_they_never_proposed(target64, name, options
 @pytest.mark.parametrize(
     "name,options",
     [
+        ("model+ngram", {"model.model": str(STORIES260K), "model.layers": 3, "calibrate": "false"}),
         ("model+ngram", {"model.model": str(STORIES260K), "model.layers": 3}),
         ("self+ngram", {"self.layers": 3, "merge": "mix", "weights": "3,1"}),
     ],
@@ -249,6 +256,11 @@ def test_conformance(target64, name, options):
     # mix sums each part's q over the candidates of its k best only, so its q may depend on k (a token
     # outside a part's k best gets nothing from that part): the budget check holds for max only
     skip = ["budget"] if options.get("merge") == "mix" else []
+    if options.get("merge", "max") == "max" and options.get("calibrate") != "false":
+        # per-part calibration learns across steps and sequences by design, so its q differ from a
+        # fresh drafter's (the parts' sequence state is checked by the uncalibrated row above), and
+        # it scales a node's k children to sum to at most 1, so its q depend on k as mix's do
+        skip += ["prefill_starts_over", "commit_consistency", "budget"]
     check_drafter(
         lambda t: make_drafter(name, options, t),
         target64,
