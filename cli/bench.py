@@ -133,7 +133,7 @@ def bench(
         per_category, report_to,
     )  # fmt: skip
     items = load_items(dataset, data_dir, limit, category, turns, chat, per_category)
-    target, drafter, builder, pairs = rows_for(target, drafter, builder, config)
+    target, drafter, builder, pairs = rows_for(target, drafter, builder, config, sampling=temperature > 0)
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     if batch_size is not None:
         _refuse_in_batches(rules, pairs)

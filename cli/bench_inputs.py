@@ -93,11 +93,17 @@ def parse_pairs(config: list[str] | None) -> list[tuple[str, str]]:
 
 
 def rows_for(
-    target: str | None, drafter: list[str] | None, builder: list[str] | None, config: list[str] | None
+    target: str | None,
+    drafter: list[str] | None,
+    builder: list[str] | None,
+    config: list[str] | None,
+    sampling: bool = False,
 ) -> tuple[str, list[str], list[str], list]:
     """(target, drafters, builders, --config pairs), the defaults filling in: the default pair's draft model
-    and EAGLE head at their measured budgets; a target with a shipped head (SmolLM2) alone, its head
-    under the default and the chains; opt-tree and chain k=4 for a drafter given alone."""
+    and EAGLE head at their measured budgets; a target with a shipped head (SmolLM2) alone, its default
+    drafter under the default builder, its head alone under it and the chains
+    (``defaults.shipped_bench_pairs``; ``sampling``: temperature > 0); opt-tree and chain k=4 for a
+    drafter given alone."""
     from treespec.catalog import SHIPPED_HEADS, shipped_for
 
     pairs = parse_pairs(config)
@@ -106,7 +112,10 @@ def rows_for(
         drafter = drafter or defaults.bench_drafters()
         builder = builder or defaults.bench_builders()
     elif not drafter and not pairs and shipped_for(target, SHIPPED_HEADS):
-        drafter, builder = [defaults.DRAFTER], builder or defaults.shipped_bench_builders()
+        if builder:  # the builders given, with the target's default drafter
+            drafter = [defaults.drafter_for(target, sampling)]
+        else:
+            pairs = defaults.shipped_bench_pairs(target, sampling)
     if not drafter and not pairs:
         fail('no drafter: pass --drafter "MODEL-or-NAME [key=value ...]" or --config "BUILDER | DRAFTER"')
     drafter = drafter or []

@@ -40,9 +40,10 @@ def pair_options(
     builder_option: list[str] | None,
     drafter_option: list[str] | None,
     main: bool = True,
+    sampling: bool = False,
 ) -> tuple[str, str, dict[str, str], dict[str, str]]:
     """(target, drafter, builder options, drafter options) from the command line, the defaults (the
-    main job's, or with ``main=False`` the small pair's) filling in what is missing; raises
+    main job's, or with ``main=False`` the small pair's; ``sampling``: temperature > 0) filling in what is missing; raises
     ``TreespecError`` on bad options, exits when no drafter is named."""
     from treespec import defaults
     from treespec.options import parse_pairs
@@ -54,7 +55,7 @@ def pair_options(
             )
     b_opts = parse_pairs(builder_option, "builder")
     d_opts = parse_pairs(drafter_option, "drafter")
-    target, drafter = defaults.apply(target, drafter, builder, b_opts, main=main)
+    target, drafter = defaults.apply(target, drafter, builder, b_opts, main=main, sampling=sampling)
     if drafter is None:
         fail("no drafter: pass --drafter NAME, a draft model (alias, hub id or directory), or -D model=PATH")
     if drafter == "model" and "model" not in d_opts:

@@ -46,7 +46,7 @@ Runs refine it online anyway; without a saved profile, each run takes a
 quick measurement of a few sizes when it starts.
 """
 TARGET_HELP = f"target model [default: {defaults.MAIN}, what `treespec run` runs]"
-DRAFTER_HELP = f"drafter name or draft model [default with the default target: {defaults.DRAFTER}]"
+DRAFTER_HELP = f"drafter name or draft model [default with the default target: {defaults.MAIN_DRAFTER}]"
 PROMPT_HELP = "the prompt the measurements run on [default: a Python class opening]"
 BATCH_HELP = "rows decoded together: the profile prices one row of a batch of this many"
 OUT_HELP = "write the profile here instead of where runs look for it"

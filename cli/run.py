@@ -49,7 +49,8 @@ TARGET_HELP = (
 )
 DRAFTER_HELP = (
     "drafter name, or a draft model (alias, hub id, directory); a+b composes drafters, e.g. self+ngram with "
-    "-D ngram.max_ngram=4 [default with the default target: its EAGLE head]"
+    "-D ngram.max_ngram=4 [default: for smollm2 decoding greedily its EAGLE head with prompt lookup, "
+    "eagle+ngram; sampling, or for treespec-py, its EAGLE head]"
 )
 TEMPERATURE_HELP = "0 = greedy (lossless token for token); > 0 = exact speculative sampling"
 TOP_P_HELP = "nucleus sampling: keep the smallest set of tokens with probability >= top_p (1 = off)"
@@ -113,7 +114,7 @@ def run(
     placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     dec = _decoder(
         target, drafter, builder, builder_option, drafter_option, device, dtype, threads, trust_remote_code, seed,
-        placement,
+        placement, sampled=temperature > 0,
     )  # fmt: skip
     if chat is None:  # instruct targets treespec knows take user messages
         chat = dec.target.name in defaults.CHAT_TARGETS
@@ -156,10 +157,13 @@ def _decoder(
     trust_remote_code: bool,
     seed: int,
     placement: dict[str, Any],
+    sampled: bool = False,
 ) -> Any:
     """The Decoder the options describe (the default pair without --target); one line on any error."""
     try:
-        target, drafter, b_opts, d_opts = pair_options(target, drafter, builder, builder_option, drafter_option)
+        target, drafter, b_opts, d_opts = pair_options(
+            target, drafter, builder, builder_option, drafter_option, sampling=sampled
+        )
         check_threads(threads)
 
         import torch

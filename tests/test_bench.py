@@ -404,8 +404,9 @@ def test_category_lines_give_each_category_its_own_paired_ratio():
 
 
 def test_row_defaults_follow_the_target():
-    """No --target: the small pair's rows; a target that ships a head (SmolLM2) alone: its head under the
-    default and the chains; another target alone: one line asking for a drafter."""
+    """No --target: the small pair's rows; a target that ships a head (SmolLM2) alone: its default drafter
+    (head + lookup) under the default builder, its head alone under it and the chains; another target
+    alone: one line asking for a drafter."""
     from treespec import defaults
     from treespec.cli.bench_inputs import rows_for
 
@@ -415,8 +416,15 @@ def test_row_defaults_follow_the_target():
         defaults.bench_builders(),
         [],
     )
-    assert rows_for("smollm2", None, None, None) == ("smollm2", ["eagle"], defaults.shipped_bench_builders(), [])
-    assert rows_for("HuggingFaceTB/SmolLM2-135M-Instruct", None, ["chain k=3"], None)[1:3] == (["eagle"], ["chain k=3"])
+    main_rows = [("opt-tree nodes=auto", "eagle+ngram")] + [
+        (b, "eagle") for b in ("opt-tree nodes=auto", "chain k=1", "chain k=2")
+    ]
+    assert rows_for("smollm2", None, None, None) == ("smollm2", [], [], main_rows)
+    assert rows_for("smollm2", None, ["chain k=3"], None) == ("smollm2", ["eagle+ngram"], ["chain k=3"], [])
+    assert rows_for("treespec-py", None, ["chain k=3"], None)[1] == ["eagle"]  # the small pair: the head alone
+    assert rows_for("smollm2", None, None, None, sampling=True)[3][0] == ("opt-tree nodes=auto", "eagle")  # sampling
+    hub = rows_for("HuggingFaceTB/SmolLM2-135M-Instruct", None, ["chain k=3"], None)
+    assert hub[1:3] == (["eagle+ngram"], ["chain k=3"])  # the model by its hub id: the main job's drafter
     assert rows_for("smollm2", ["ngram"], None, None)[1:3] == (["ngram"], ["opt-tree", "chain k=4"])
     import typer
 

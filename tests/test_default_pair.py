@@ -119,7 +119,8 @@ def test_defaults_pick_the_main_job_and_keep_pairs_together():
     from treespec import defaults
 
     opts: dict[str, str] = {}
-    assert defaults.apply(None, None, "opt-tree", opts) == ("smollm2", "eagle") and opts == {"nodes": "auto"}
+    assert defaults.apply(None, None, "opt-tree", opts) == ("smollm2", "eagle+ngram") and opts == {"nodes": "auto"}
+    assert defaults.apply(None, None, sampling=True) == ("smollm2", "eagle")  # sampling: the head alone
     assert defaults.apply(None, "treespec-py-draft") == ("treespec-py", "treespec-py-draft")  # the draft's own target
     opts = {}
     assert defaults.apply("treespec-py", None, "opt-tree", opts) == ("treespec-py", "eagle") and opts == {

