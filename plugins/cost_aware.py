@@ -29,7 +29,11 @@ clock for both, so a machine whose speed swings never decides on its own — the
 root alone (the drafter is not called, and catches up in one forward when drafting resumes). Every
 ``gap`` steps a probe drafts and verifies a tree (at least the draft's best child), and speculation
 resumes if the probe's own plan expects its step, drafting included (as the curves predict it), to
-beat the root alone: (1 + E_n) / (T_draft + T(n)) > 1 / T(0). Each probe that does not, and each
+beat the root alone: (1 + E_n) / (T_draft + T(n)) > 1 / T(0). The first layer of a step after plain
+steps also feeds the drafter the skipped tokens, so it refines no curve: priced into T_first, each
+probe's catch-up made the next probe's plan dearer, until (measured on SmolLM2 under sampling, the
+head with prompt lookup) probes priced a 3.5 ms first layer at 20–30 ms and no probe turned
+speculation back on for 2,800 steps. Each probe that does not, and each
 on-phase that loses, doubles the gap (4 … 256 steps); 64 winning steps in a row reset it.
 docs/cost-aware.md gives the reasons and the measurements.
 
@@ -181,6 +185,9 @@ class AutoPlanner:
         spent, drafting, typical = 0.0, 0.0, 0.0  # typical: the drafting by the model's curves
         frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
         mass = 1.0  # Σ p̂ over the frontier
+        # after a plain step the drafter's first expansion also feeds it what it skipped (one forward
+        # over the stretch): that layer prices the catch-up, not a first layer, so it refines no curve
+        caught_up = bool(self.decisions) and bool(self.decisions[-1]["off"])
         start = time.perf_counter()
         for depth in range(1, depth_cap + 1):
             m, size = int(frontier.size), drafted.size
@@ -203,7 +210,7 @@ class AutoPlanner:
                 j = self._frontier_size(total, ratio, lam, self._layer_cost(lam, drafted.size, total.size))
                 frontier, mass = new[:j], (float(total[j - 1]) if j else 0.0)
             took = time.perf_counter() - start  # the layer: drafting and this planner's own work on it
-            if self.refine:
+            if self.refine and not (depth == 1 and caught_up):
                 (self.cost.first.observe(1, took) if depth == 1 else self.cost.expand.observe(m, took))
             predicted = self.t_first if depth == 1 else float(self.t_expand[min(m, cap + 1)])
             spent += took if self.refine else predicted

@@ -308,6 +308,42 @@ def test_speculation_turns_off_when_it_loses_and_probes_its_way_back():
     assert not planner.judge.off and planner.judge.probes.gap == 4  # a long winning stretch resets the probe gap
 
 
+class CatchingUp(ConfidentDrafter):
+    """A confident draft whose root expansion takes ``first`` seconds of a fake clock (a drafter feeding
+    what it skipped), every other expansion 10 µs."""
+
+    def __init__(self, clock: list[float], first: float):
+        super().__init__()
+        self.clock, self.first = clock, first
+
+    def expand(self, tree, nodes, k):
+        self.clock[0] += self.first if nodes.tolist() == [0] else 1e-5
+        return super().expand(tree, nodes, k)
+
+
+def test_a_first_layer_after_plain_steps_does_not_price_the_catch_up(monkeypatch):
+    """A probe after plain steps drafts through the drafter's catch-up (50 ms here against a 1 ms first
+    layer): that must not enter T_first, or each probe prices the next one dearer. The same slow layer
+    in a step after a speculative one is a first layer's time, and is learnt."""
+    import time
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    planner = planner_with(verify_per_node=1e-4, expand_seconds=1e-3)
+    planner.refine = True
+    first = planner.cost.first.predict(1)
+    planner.judge.off, planner.judge.probes.wait = True, 2
+    for _ in range(2):  # plain steps
+        assert planner.build(CatchingUp(clock, 0.05), 1, 20).size == 0
+        planner.observe(_stats(0, 0, 0.01))
+    assert planner.build(CatchingUp(clock, 0.05), 1, 20).size > 0 and planner.probing
+    assert planner.cost.first.predict(1) == pytest.approx(first)  # the catch-up priced nothing
+    planner.observe(_stats(4, 3, 0.02))
+    assert not planner.judge.off  # its plan, at the first layer's true price, beats a plain step
+    planner.build(CatchingUp(clock, 0.05), 1, 20)  # after a speculative step: a first layer's own time
+    assert planner.cost.first.predict(1) > 1.5 * first
+
+
 def _judged(planner: AutoPlanner, steps: int, tree_size: int, accepted: int, draft: float, verify: float) -> bool:
     """Run ``steps`` speculative steps with these measured times; True if speculation is still on."""
     planner.refine = True  # judge the injected wall times, not the cost model's predictions
