@@ -29,12 +29,11 @@ clock for both, so a machine whose speed swings never decides on its own — the
 root alone (the drafter is not called, and catches up in one forward when drafting resumes). Every
 ``gap`` steps a probe drafts and verifies a tree (at least the draft's best child), and speculation
 resumes if the probe's own plan expects its step, drafting included (as the curves predict it), to
-beat the root alone: (1 + E_n) / (T_draft + T(n)) > 1 / T(0). The first layer of a step after plain
-steps also feeds the drafter the skipped tokens, so it refines no curve: priced into T_first, each
-probe's catch-up made the next probe's plan dearer, until (measured on SmolLM2 under sampling, the
-head with prompt lookup) probes priced a 3.5 ms first layer at 20–30 ms and no probe turned
-speculation back on for 2,800 steps. Each probe that does not, and each
-on-phase that loses, doubles the gap (4 … 256 steps); 64 winning steps in a row reset it.
+beat the root alone: (1 + E_n) / (T_draft + T(n)) > 1 / T(0). Each probe that does not, and each
+on-phase that loses, doubles the gap (4 … 256 steps); 64 winning steps in a row reset it. The first
+layer of a step after plain steps also feeds the drafter the skipped tokens, so it refines no curve:
+priced into T_first, each probe's catch-up made the next probe's plan dearer (on SmolLM2 under
+sampling, the head with prompt lookup: a 3.5 ms first layer priced at 20–30 ms).
 docs/cost-aware.md gives the reasons and the measurements.
 
 Decisions change tree shapes from run to run, never tokens: whatever tree is drafted, verification
