@@ -46,12 +46,13 @@ DATASET_HELP = "mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a .jsonl
 DATA_DIR_HELP = "folder of the dataset files [default: $TREESPEC_DATA_DIR or ../shared/prompts]"
 DRAFTER_HELP = (
     'drafter spec, repeatable: "NAME-or-MODEL key=v1,v2 ..." (comma lists sweep) '
-    "[default with the default target: treespec-py-draft, eagle; with a target that ships a head, e.g. smollm2: eagle]"
+    "[default with the default target: treespec-py-draft, eagle; with a target that ships a head alone, e.g. "
+    "smollm2: its default drafter and its head, defaults.shipped_bench_pairs]"
 )
 BUILDER_HELP = (
     'builder spec, repeatable: "NAME key=v1,v2 ..." [default: opt-tree, chain k=4; '
-    "with the default target: opt-tree nodes=auto,6, chain k=8; with a shipped head alone: opt-tree nodes=auto, "
-    "chain k=1, chain k=2]"
+    "with the default target: opt-tree nodes=auto,6, chain k=8; with a shipped head alone: opt-tree nodes=auto "
+    "(the default drafter and the head), chain k=1 and k=2 (the head)]"
 )
 BASELINE_HELP = (
     'Hugging Face baselines besides hf-greedy: "hf-assisted [num_assistant_tokens=..] '

@@ -243,7 +243,7 @@ def grow_row(
     # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up): the
     # step's wall is not what the shape costs
     fresh = planner.fresh
-    catching_up = fresh or (bool(planner.decisions) and planner.decisions[-1]["off"])
+    catching_up = fresh or planner.after_plain
     planner.fresh = False
     if shape.nodes <= 0 or max_depth <= 0:
         planner.decide(

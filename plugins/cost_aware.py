@@ -173,6 +173,12 @@ class AutoPlanner:
         return self._grow(drafter, DraftTree(root), depth_cap, began)
 
     @property
+    def after_plain(self) -> bool:
+        """The last step was plain: this step's first expansion also feeds the drafter what it skipped
+        (one forward over the stretch), a one-off catch-up that is not what a first layer costs."""
+        return bool(self.decisions) and bool(self.decisions[-1]["off"])
+
+    @property
     def step_cap(self) -> int:
         """The most nodes this step may verify."""
         return self.cap
@@ -184,9 +190,7 @@ class AutoPlanner:
         spent, drafting, typical = 0.0, 0.0, 0.0  # typical: the drafting by the model's curves
         frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
         mass = 1.0  # Σ p̂ over the frontier
-        # after a plain step the drafter's first expansion also feeds it what it skipped (one forward
-        # over the stretch): that layer prices the catch-up, not a first layer, so it refines no curve
-        caught_up = bool(self.decisions) and bool(self.decisions[-1]["off"])
+        caught_up = self.after_plain  # then the first layer prices the catch-up: it refines no curve
         start = time.perf_counter()
         for depth in range(1, depth_cap + 1):
             m, size = int(frontier.size), drafted.size

@@ -61,6 +61,7 @@ class PartCalibration:
         so that ``learn`` can score them once the step is committed."""
         index = nodes.detach().cpu().long()  # [M]
         depths = tree.depths[index].long() + 1  # [M] the children's depth
+        depth_of = depths.tolist()
         keys = [tuple(path) for path in tree.suffixes(index.tolist())]
         out = []
         for i, p in enumerate(props):
@@ -76,7 +77,7 @@ class PartCalibration:
                     self.asked.setdefault(key, {})[i] = (
                         toks_np[m][valid_np[m]],
                         raw_np[m][valid_np[m]],
-                        int(depths[m]),
+                        depth_of[m],
                     )
         return out
 
