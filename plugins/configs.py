@@ -148,6 +148,12 @@ class NgramConfig(PluginConfig):
     max_ngram: int = Field(3, gt=0, description="longest n-gram looked up (the longest one that matches wins)")
     min_ngram: int = Field(1, gt=0, description="shortest n-gram looked up (at most max_ngram)")
     max_matches: int = Field(8, gt=0, description="at most this many candidate continuations per node")
+    prior: float = Field(
+        4.0,
+        ge=0,
+        description="pseudo-matches of a continuation not seen yet, after a match of 1 token (of n tokens: "
+        "prior/n²): q = count / (matches + prior/n²); 0 gives the raw share count / matches",
+    )
 
 
 class DatastoreConfig(PluginConfig):

@@ -5,9 +5,18 @@ the tree's root) followed by the node's path below the root. For n from ``max_ng
 ``min_ngram`` the drafter looks for earlier occurrences of the context's last n tokens; the tokens
 that followed them are the candidates. The longest n that matches at all wins (as prompt lookup
 does); its candidates are ranked by how often they followed (ties: the most recent occurrence
-first) and get ``q = count / total matches for that n``. Several distinct followers therefore become
-several ranked branches; a node with no match gets only padding (q = 0). These are normalised match
-counts, not a model's probabilities, hence ``provides_probabilities = False``.
+first) and get
+
+    q = count / (total + prior / n²)        total: the matches of that n-gram; prior: ``prior`` (4)
+
+so several distinct followers become several ranked branches, and a node with no match gets only
+padding (q = 0). The pseudo-count ``prior / n²`` is the chance of a continuation not seen yet: a
+single earlier occurrence of one token says little, of three tokens much. Measured on SmolLM2's
+MT-Bench answers (greedy and T = 0.7), the follower of a single match was the next token 15–22% of
+the time after a 1-token match, 36–45% after 2 tokens and 68–84% after 3, where the raw share
+count / total (``prior=0``) calls all three q = 1; ranked by this q, those cases come out in the
+order they are right. These are match counts, not a model's probabilities, hence
+``provides_probabilities = False``.
 
 No forward pass at all. The committed sequence is indexed once: ``index[gram]`` (a tuple of n
 tokens, min_ngram ≤ n ≤ max_ngram) maps each follower token to ``[count, last position]``. ``prefill``
@@ -92,7 +101,7 @@ class NgramDrafter(Drafter):
                             entry[1] = offset + nxt
             if not counts:
                 continue  # no match for this n: try a shorter one
-            total = sum(e[0] for e in counts.values())
+            total = sum(e[0] for e in counts.values()) + self.config.prior / (n * n)
             best = sorted(counts.items(), key=lambda te: (-te[1][0], -te[1][1]))[:k]
             return [(t, e[0] / total) for t, e in best]
         return []

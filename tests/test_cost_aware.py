@@ -164,6 +164,19 @@ def test_acceptance_map_starts_as_identity_and_learns_an_overconfident_draft():
     assert bool((table[1:] >= table[:-1]).all())  # monotone in q
 
 
+def test_acceptance_map_reads_a_few_valued_draft_at_its_record():
+    """A lookup's q takes few values (1, 1/2, 1/10 here). The logistic fit of such data is steep, so the
+    prior of the empty cells just below q = 1 is about 1; pooled with the q = 1 cell in the monotone
+    pass as 4 pseudo-tests each, they lifted its record of 32 hits in 40 to 0.895. The map must read
+    that cell at its record, shrunk only by its own cell's prior (w = 4 pseudo-tests of at most 1)."""
+    amap = AcceptanceMap()
+    q = np.r_[np.ones(40), np.full(20, 0.5), np.full(20, 0.1)]
+    hit = np.r_[np.arange(40) < 32, np.arange(20) < 4, np.arange(20) < 1]  # 80%, 20%, 5%
+    amap.update(q, np.ones(q.size, dtype=np.int64), hit)
+    got = float(amap(torch.tensor([1.0]), torch.ones(1, dtype=torch.long))[0])
+    assert 0.79 <= got <= (32 + 4) / (40 + 4) + 1e-3, got
+
+
 def test_acceptance_map_counts_only_nodes_whose_parent_was_accepted():
     tree = DraftTree(7)
     a, b = tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.tensor([0.9, 0.05])).tolist()

@@ -18,6 +18,9 @@ MAX_NEW = 128
 
 
 def make(prompt: list[int], **options) -> NgramDrafter:
+    """A drafter over ``prompt``; the hand-made cases below read raw match shares (``prior=0``) unless
+    they pass ``prior``."""
+    options.setdefault("prior", 0.0)
     d = NgramDrafter(NgramConfig(**options), target=None)
     d.prefill(PrefillContext(input_ids=torch.tensor(prompt)))
     return d
@@ -111,10 +114,13 @@ def test_path_tokens_are_used_and_never_indexed():
     assert d3.index == make([2, 4, 1, 3, 1, 4, 5, 1]).index and d3.seq == [2, 4, 1, 3, 1, 4, 5, 1]
 
 
-def test_index_matches_a_brute_force_scan():
+@pytest.mark.parametrize("prior", [0.0, NgramConfig().prior, 1.5])
+def test_index_matches_a_brute_force_scan(prior):
+    """The index against a scan of the whole context, q by the documented formula count / (matches +
+    prior / n²): the raw shares (prior 0), the default and another prior."""
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(0, 6, (60,), generator=g).tolist()
-    d = make(seq[:20])
+    d = make(seq[:20], prior=prior)
     for i in range(20, 45, 5):
         d.commit(Commit(tokens=seq[i : i + 5]))
     assert d.seq == seq[:45]
@@ -132,9 +138,23 @@ def test_index_matches_a_brute_force_scan():
                     counts[t][0] += 1
                     counts[t][1] = pos
                 best = sorted(counts.items(), key=lambda te: (-te[1][0], -te[1][1]))[:8]
-                want = [(t, c / len(follow)) for t, (c, _) in best]
+                want = [(t, c / (len(follow) + prior / n**2)) for t, (c, _) in best]
                 break
         assert d.lookup(ext, 8) == want
+
+
+def test_a_longer_match_is_more_confident():
+    """One earlier occurrence each: the follower of a 3-token match outranks the follower of a 1-token
+    match (with the raw share both were q = 1), and a second occurrence raises q."""
+    d = make([5, 6, 7, 1, 2, 3, 4, 9, 8, 3], prior=4.0)  # context ends in 3: 1-token match, follower 4
+    (((tok1, q1),),) = proposals(d, DraftTree(3), [0], 1)
+    d3 = make([1, 2, 3, 4, 9, 1, 2, 3], prior=4.0)  # ends in 1 2 3: 3-token match, follower 4
+    (((tok3, q3),),) = proposals(d3, DraftTree(3), [0], 1)
+    assert (tok1, tok3) == (4, 4)
+    assert q1 == pytest.approx(1 / (1 + 4.0), abs=1e-6) and q3 == pytest.approx(1 / (1 + 4.0 / 9), abs=1e-6)
+    twice = make([1, 2, 3, 4, 1, 2, 3, 4, 9, 1, 2, 3], prior=4.0)
+    (((_, q3b),),) = proposals(twice, DraftTree(3), [0], 1)
+    assert q3b == pytest.approx(2 / (2 + 4.0 / 9), abs=1e-6) and q3b > q3 > q1
 
 
 def test_options_are_validated():

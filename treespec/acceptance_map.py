@@ -11,8 +11,8 @@ map learns, from every verified tree, how often the target accepts what the draf
        identity (a = 1, c = 0) by a weak prior, so it starts as the raw q;
     2. the same per depth group, pulled towards the fit of step 1;
     3. per cell, Beta counts around it:  r_gb = (h_gb + w · m_g(q_b)) / (n_gb + w)
-    f(q, depth) = isotonic (non-decreasing in q) fit of r over the buckets of the group, read linearly
-                  between bucket centres (f(0) = 0)
+    f(q, depth) = isotonic (non-decreasing in q) fit of r over the buckets of the group, each cell
+                  weighted by its tests n_gb (+ ε), read linearly between bucket centres (f(0) = 0)
     calibrated p̂(v) = Π_{u on root→v} f(q(u), depth(u))
 
 Why this shape: two parameters learn fast — a draft that is under-confident everywhere (a raw draft
@@ -23,7 +23,10 @@ under-confident in another). Counts are exact and cheap (one add per node); the 
 p̂ still prefers the draft's more confident children. A temperature fit (``treespec calibrate``) is a
 one-parameter version of step 1 done offline; the map starts from whatever q the drafter reports.
 Depth groups (1, 2, 3+) let deeper nodes, whose draft context holds more drafted tokens, be
-calibrated apart. The fit is redone after 32 new nodes or 5% more evidence, whichever is more.
+calibrated apart. The monotone pass weighs cells by their evidence, not by their prior's pseudo-tests:
+a draft whose q takes few values (an n-gram lookup: 1, 1/2, 1/3) fits a steep logistic, whose prior
+puts the empty cells just below q = 1 at ≈ 1; weighted as 4 tests each, eight of them pooled with the
+q = 1 cell lifted its 80% record to 90%, and a lookup chain of 13 promised twice what it returned. The fit is redone after 32 new nodes or 5% more evidence, whichever is more.
 
 Only the parent-accepted nodes count: a node whose parent was rejected was never tested.
 """
@@ -38,6 +41,9 @@ from treespec.isotonic import isotonic
 BUCKETS = 20
 DEPTH_GROUPS = 3  # depth 1, 2, >= 3
 PRIOR_WEIGHT = 4.0  # w: pseudo-tests of a cell's prior (the logistic fit)
+EMPTY_WEIGHT = (
+    1e-3  # a cell's weight in the monotone pass beyond its tests: its prior decides only where no cell has tests
+)
 PLATT_PRIOR = 2.0  # pseudo-weight pulling a logistic fit towards its centre (the identity, or the shared fit)
 REFIT_MIN, REFIT_SHARE = 32, 0.05  # refit after 32 new nodes or 5% more evidence, whichever is more
 LUT = 1024  # f is read from a table of LUT + 2 points per depth group (one index per node)
@@ -66,7 +72,7 @@ class AcceptanceMap:
             self._theta[g + 1] = a, c = _platt(x, hits[g], tests[g], shared, self._theta[g + 1])
             prior = _sigmoid(a * x + c)  # [B] m_g(q_b)
             rates = (hits[g] + PRIOR_WEIGHT * prior) / (tests[g] + PRIOR_WEIGHT)
-            rows.append(isotonic(rates.tolist(), (tests[g] + PRIOR_WEIGHT).tolist()))
+            rows.append(isotonic(rates.tolist(), (tests[g] + EMPTY_WEIGHT).tolist()))
         table = np.array(rows)  # [G, B]
         # f at the centres of the 1/LUT cells of q (read by truncation: one index op per node), and at
         # q = 1 once more, so that a q a rounding above 1 still has a cell
