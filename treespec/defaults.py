@@ -21,9 +21,9 @@ MAIN = MAIN_TARGET  # "smollm2": `treespec run` / `treespec profile` without --t
 TARGET = DEFAULT_TARGET  # "treespec-py": the small pair (bench, tree show)
 DRAFTER = "eagle"  # the target's shipped EAGLE head
 #: the main job's drafter when decoding greedily: its shipped head composed with prompt lookup, each part
-#: calibrated on its own (plugins/part_calibration.py); on SmolLM2 1.10x the head alone on MT-Bench, 1.12x
-#: on 50 Spec-Bench prompts (docs/smollm2.md). Sampling keeps the head alone: there the composition's gain did not
-#: hold from run to run (bench/smollm2-composed-calibrated-mtbench-t0.7)
+#: calibrated on its own (plugins/part_calibration.py); on SmolLM2 1.09x the head alone on MT-Bench and
+#: on 50 Spec-Bench prompts (docs/smollm2.md). Sampling keeps the head alone: there the two tie
+#: (bench/smollm2-ngram-prior-t0.7, bench/smollm2-specbench-t0.7)
 MAIN_DRAFTER = f"{DRAFTER}+ngram"
 DRAFT_MODEL = DEFAULT_DRAFT  # "treespec-py-draft"
 #: instruct models whose prompts are user messages by default (`treespec run --no-chat` to turn it off)
