@@ -2,9 +2,10 @@
 that part's proposals.
 
 The parts of a composition mean different things by q. An EAGLE head's q is a softmax; an n-gram
-lookup's is a match count (with ``prior=0`` its share of the matches, so one earlier occurrence gives
-q = 1 whether or not the text repeats). Merged into one tree, a single map from q to acceptance (the builder's, ``acceptance_map``)
-sees both kinds of q = 1 in one bucket and can calibrate neither: measured on SmolLM2 with its head
+lookup's is a match count (with ``prior=0`` its share of the matches, so one earlier occurrence
+gives q = 1 whether or not the text repeats). Merged into one tree, a single map from q to
+acceptance (the builder's, ``acceptance_map``) sees both kinds of q = 1 in one bucket and can
+calibrate neither (that was with the raw share): measured on SmolLM2 with its head
 and prompt lookup, the planner's E(A) was 0.71–0.83× what was accepted on 1–2-node trees and 1.78×
 on trees of 6 or more nodes. So each part gets its own map, and the merge compares calibrated
 values:

@@ -167,7 +167,7 @@ def test_acceptance_map_starts_as_identity_and_learns_an_overconfident_draft():
 def test_acceptance_map_reads_a_few_valued_draft_at_its_record():
     """A lookup's q takes few values (1, 1/2, 1/10 here). The logistic fit of such data is steep, so the
     prior of the empty cells just below q = 1 is about 1; pooled with the q = 1 cell in the monotone
-    pass as 4 pseudo-tests each, they lifted its record of 32 hits in 40 to 0.895. The map must read
+    pass as 4 pseudo-tests each, they lifted its record of 32 hits in 40 to 0.83. The map must read
     that cell at its record, shrunk only by its own cell's prior (w = 4 pseudo-tests of at most 1)."""
     amap = AcceptanceMap()
     q = np.r_[np.ones(40), np.full(20, 0.5), np.full(20, 0.1)]

@@ -26,7 +26,8 @@ Depth groups (1, 2, 3+) let deeper nodes, whose draft context holds more drafted
 calibrated apart. The monotone pass weighs cells by their evidence, not by their prior's pseudo-tests:
 a draft whose q takes few values (an n-gram lookup: 1, 1/2, 1/3) fits a steep logistic, whose prior
 puts the empty cells just below q = 1 at ≈ 1; weighted as 4 tests each, eight of them pooled with the
-q = 1 cell lifted its 80% record to 90%, and a lookup chain of 13 promised twice what it returned. The fit is redone after 32 new nodes or 5% more evidence, whichever is more.
+q = 1 cell lifted its 80% record to 90%, and a lookup chain of 13 promised twice what it returned.
+The fit is redone after 32 new nodes or 5% more evidence, whichever is more.
 
 Only the parent-accepted nodes count: a node whose parent was rejected was never tested.
 """
@@ -41,9 +42,7 @@ from treespec.isotonic import isotonic
 BUCKETS = 20
 DEPTH_GROUPS = 3  # depth 1, 2, >= 3
 PRIOR_WEIGHT = 4.0  # w: pseudo-tests of a cell's prior (the logistic fit)
-EMPTY_WEIGHT = (
-    1e-3  # a cell's weight in the monotone pass beyond its tests: its prior decides only where no cell has tests
-)
+EMPTY_WEIGHT = 1e-3  # a cell's weight in the monotone pass beyond its tests (its prior decides empty runs)
 PLATT_PRIOR = 2.0  # pseudo-weight pulling a logistic fit towards its centre (the identity, or the shared fit)
 REFIT_MIN, REFIT_SHARE = 32, 0.05  # refit after 32 new nodes or 5% more evidence, whichever is more
 LUT = 1024  # f is read from a table of LUT + 2 points per depth group (one index per node)
