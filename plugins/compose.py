@@ -158,7 +158,7 @@ class ComposedDrafter(Drafter):
         listing = ", ".join(f"{i}={n}" for i, n in enumerate(names, 1))
         if unknown:
             raise ConfigError(
-                f"{owner}: {unknown[0]!r} is not an option of the composition (parts, merge, weights, calibrate); "
+                f"{owner}: {unknown[0]!r} is not an option of the composition ({', '.join(ComposeConfig.model_fields)}); "
                 f"for a part write PART.{unknown[0]}=VALUE, PART being a part's name or position ({listing})"
             )
         label = owner.removeprefix("drafter ")
