@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import treespec
 from conftest import STORIES260K
 from treespec.kv import cache_keyword
-from treespec.lean import LeanCausalLM, lean_reason
+from treespec.lean import LeanCausalLM, lean_reason, lean_target
 
 VOCAB = 96
 
@@ -61,8 +61,8 @@ def _random(kind: str):
     return model
 
 
-def _compare(model, prefix_len: int = 37) -> None:
-    lean = LeanCausalLM(model)
+def _compare(model, prefix_len: int = 37, fuse: bool = True) -> None:
+    lean = LeanCausalLM(model, fuse=fuse)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
     blocked = torch.finfo(torch.float64).min
@@ -94,21 +94,30 @@ def _compare(model, prefix_len: int = 37) -> None:
     with torch.inference_mode():
         for x, p, m in steps:
             want = model(
-                input_ids=x, position_ids=p, attention_mask=m, **{cache_keyword(model): caches[0]}, use_cache=True
-            ).logits
-            got = lean(input_ids=x, position_ids=p, attention_mask=m, cache=caches[1]).logits
-            assert got.shape == want.shape
-            assert torch.allclose(got, want, rtol=0, atol=1e-10), (got - want).abs().max()
+                input_ids=x,
+                position_ids=p,
+                attention_mask=m,
+                **{cache_keyword(model): caches[0]},
+                use_cache=True,
+                output_hidden_states=True,
+            )
+            got = lean(input_ids=x, position_ids=p, attention_mask=m, cache=caches[1], output_hidden_states=True)
+            assert got.logits.shape == want.logits.shape
+            assert torch.allclose(got.logits, want.logits, rtol=0, atol=1e-10), (got.logits - want.logits).abs().max()
+            assert len(got.hidden_states) == len(want.hidden_states) == model.config.num_hidden_layers + 1
+            for a, b in zip(got.hidden_states, want.hidden_states):  # each layer's input, then the final norm's
+                assert torch.allclose(a, b, rtol=0, atol=1e-10)
     for a, b in zip(caches[0].layers, caches[1].layers):
         assert torch.allclose(a.keys, b.keys, rtol=0, atol=1e-10)
         assert torch.allclose(a.values, b.values, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "the-model's-own-weights"])
 @pytest.mark.parametrize("kind", ["llama-gqa", "llama-mha-tied", "llama-bias", "llama3-rope", "qwen2", "mistral"])
-def test_lean_equals_the_hugging_face_forward(kind):
+def test_lean_equals_the_hugging_face_forward(kind, fuse):
     model = _random(kind)
     assert lean_reason(model) is None
-    _compare(model)
+    _compare(model, fuse=fuse)
 
 
 def test_lean_equals_the_hugging_face_forward_on_stories260k():
@@ -132,3 +141,73 @@ def test_lean_can_be_switched_off(target64):
     off = treespec.Decoder(target64, drafter="self", drafter_options={"layers": 2, "lean": False}, builder="chain")
     assert isinstance(on.drafter.forward, LeanCausalLM)
     assert off.drafter.forward is off.drafter.model
+
+
+def test_altered_models_keep_their_own_forward():
+    """A projection that is not a plain Linear (LoRA, quantised wrappers) or a module with hooks or a
+    forward of its own computes something the lean forward would not: such a model keeps its forward."""
+    model = _random("llama-gqa")
+
+    class Scaled(torch.nn.Linear):  # what a LoRA or quantised wrapper looks like from outside
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    layer = model.model.layers[1].self_attn
+    plain = layer.v_proj
+    layer.v_proj = Scaled(plain.in_features, plain.out_features, bias=False).to(torch.float64)
+    assert "v_proj is a Scaled" in lean_reason(model)
+    assert lean_target(model) is None
+    layer.v_proj = plain
+    assert lean_reason(model) is None
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda module, args, out: out * 0)
+    assert "model.layers.0.mlp has hooks" in lean_reason(model)
+    handle.remove()
+    model.model.norm.forward = lambda x: x  # a user's patch
+    assert "model.norm has hooks or a forward of its own" in lean_reason(model)
+
+
+def test_the_target_verifies_with_the_lean_forward_unless_switched_off(monkeypatch):
+    """A TargetModel's tree forward runs lean on a Llama (the model's own weights, no copies) and gives
+    what the model's own forward gives: logits and hidden states (the last, and layer inputs)."""
+    from treespec.tree import DraftTree
+
+    model = AutoModelForCausalLM.from_pretrained(STORIES260K, dtype=torch.float64).eval()
+    lean_on = treespec.TargetModel(model)
+    assert isinstance(lean_on.lean, LeanCausalLM)
+    weights = {p.data_ptr() for p in model.parameters()}
+    assert all(w.data_ptr() in weights for layer in lean_on.lean.layers for w in (*layer.w_qkv, *layer.w_gate_up))
+    monkeypatch.setenv("TREESPEC_LEAN_TARGET", "off")
+    lean_off = treespec.TargetModel(model)
+    assert lean_off.lean is None
+    prompt = torch.randint(3, 500, (60,), generator=torch.Generator().manual_seed(2))
+    tree, layers = DraftTree(int(prompt[-1])), model.config.num_hidden_layers
+    for parents, tokens in (([0, 0], [7, 9]), ([1, 2, 2], [11, 13, 15]), ([4], [17])):  # 7 nodes, depth 3
+        tree.add_children(torch.tensor(parents), torch.tensor(tokens), torch.full((len(parents),), 0.5))
+    outs = []
+    for target in (lean_on, lean_off):
+        target.prefill(prompt[:-1])
+        for want, i in ((True, 1), ((0, 1, layers), 1), (False, 0)):  # each commits the root: the next sits one on
+            outs.append(target.forward_tree(tree.tensors(target.past_len, torch.float64), want)[i])
+            target.commit(torch.tensor([0]))
+    for got, want in zip(outs[:3], outs[3:]):
+        assert torch.allclose(got, want, rtol=0, atol=1e-10)
+
+
+def test_a_target_whose_forward_differs_from_the_formula_keeps_it():
+    """A Llama by its config whose own forward computes something else (here: a subclass that scales
+    the logits) fails the probe, so trees are verified by the model's own forward."""
+    from transformers import LlamaForCausalLM
+
+    class Scaled(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 1.5
+            return out
+
+    plain = _random("llama-gqa")
+    scaled = Scaled(plain.config).to(torch.float64).eval()
+    scaled.load_state_dict(plain.state_dict())
+    assert lean_reason(scaled) is None  # nothing in its config or modules tells
+    assert isinstance(lean_target(plain), LeanCausalLM)
+    assert lean_target(scaled) is None
+    assert treespec.TargetModel(scaled).lean is None

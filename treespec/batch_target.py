@@ -37,7 +37,6 @@ from treespec.inference import inference
 from treespec.kv import (
     concat_caches,
     crop_cache,
-    grouped_sdpa,
     move_cache_rows,
     rows_mask,
     rows_prefill_visible,
@@ -81,8 +80,11 @@ class BatchTarget:
     def dtype(self) -> torch.dtype:
         return self.target.dtype
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor, want_hidden: Any) -> Any:
-        """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V]).
+    def _forward(
+        self, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor, want_hidden: Any, lean: bool = False
+    ) -> Any:
+        """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V]); ``lean``:
+        the target's lean forward where it has one (tree forwards).
         Sliding windows are applied here as for one row: cache column j holds position j (a hole is
         masked by ``visible`` anyway), the T new columns hold ``pos``."""
         windows, kv_pos = self.target.windows, None
@@ -91,16 +93,14 @@ class BatchTarget:
             kv_pos = torch.cat([torch.arange(s).expand(ids.shape[0], -1), pos], dim=1)
         mask = rows_mask(visible.to(self.device), self.dtype, windows, pos, kv_pos)  # [B, 1, T, S+T]
         try:
-            with grouped_sdpa(self.target.grouped_sdpa), self.target.row_matmul.applied():
-                return self.model(
-                    input_ids=ids.to(self.device),
-                    position_ids=pos.to(self.device),
-                    attention_mask=mask,
-                    use_cache=True,
-                    return_dict=True,
-                    output_hidden_states=bool(want_hidden),
-                    **{self.target.cache_keyword: self.cache},
-                )
+            return self.target.run(
+                self.cache,
+                lean,
+                input_ids=ids.to(self.device),
+                position_ids=pos.to(self.device),
+                attention_mask=mask,
+                output_hidden_states=bool(want_hidden),
+            )
         except Exception as exc:
             if self.cache is not None and self.cache.get_seq_length() > self.width:
                 crop_cache(self.cache, self.width)
@@ -152,7 +152,7 @@ class BatchTarget:
             ids[r, :size] = tt.input_ids
             pos[r, :size] = tt.position_ids
         visible = rows_tree_visible(self.lens, s, [tt.ancestors for tt in trees])  # [B, N, S+N]
-        out = self._forward(ids, pos, visible, want_hidden)
+        out = self._forward(ids, pos, visible, want_hidden, lean=True)
         self._tree = n
         hidden = TargetModel.hidden_of(out, want_hidden)  # [B, N, ·] or None
         return out.logits, [hidden[r, :size] if hidden is not None else None for r, size in enumerate(sizes)]

@@ -1,15 +1,18 @@
-"""A lean forward for Llama-family drafts: the same weights and math, without the framework's overhead.
+"""A lean forward for Llama-family models: the same weights and math, without the framework's overhead.
 
 A Hugging Face forward costs ~1 ms + ~0.5 ms per layer of Python on a CPU (measured: docs/drafters.md),
 which is more than a 2-layer draft's arithmetic. A drafter calls its model once per tree level, so
 that overhead, not the FLOPs, decides whether drafting pays. ``LeanCausalLM`` runs the same model in
-a dozen tensor ops per layer: fused QKV and gate/up matmuls, the model's own rotary embedding module
-(so every RoPE variant it supports is honoured), SDPA with grouped KV heads, and a ``DynamicCache``
-so ``crop_cache``/``keep_rows`` work unchanged. It shares (views of) the model's weights, except for
-the two fused matrices, which are concatenated copies (≈ the size of the model's attention and MLP).
+a dozen tensor ops per layer: the projections (for drafts fused: QKV and gate/up as concatenated
+copies), the model's own rotary embedding module (so every RoPE variant it supports is honoured),
+SDPA with grouped KV heads, and a ``DynamicCache`` so ``crop_cache``/``keep_rows`` work unchanged.
 
-Drafts only: the target always runs its own forward, so lossless output never depends on this file.
-``lean_reason(model)`` says why a model cannot use it (then the drafter keeps the model's forward).
+Targets verify trees with it too (``lean_target``: SmolLM2's 30 layers spend ~13 ms of a 63 ms
+forward in that Python here; docs/design.md, "The lean target forward"), unfused: the model's own
+weight tensors, no copy. Its logits are the model's own to the bit on the models tested, and a
+target uses it only where it is sure to compute the same thing: a known layer formula
+(``lean_reason``), plain modules without hooks (``altered_reason``), and a probe against the
+model's own forward (``agrees``). ``TREESPEC_LEAN_TARGET=off`` keeps the model's forward.
 
 Per layer, with x: [B, T, H] and a float mask [B, 1, T, S] (0 = attend, finfo.min = blocked):
 
@@ -19,11 +22,14 @@ Per layer, with x: [B, T, H] and a float mask [B, 1, T, S] (0 = attend, finfo.mi
 
 from __future__ import annotations
 
+import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 from treespec.inference import inference
 from treespec.row_matmul import linear
@@ -59,45 +65,88 @@ def lean_reason(model: Any) -> str | None:
             return "attention has q/k norms"
         if getattr(attn, "scaling", attn.head_dim**-0.5) != attn.head_dim**-0.5:
             return "attention scaling is not head_dim ** -0.5"
+    return altered_reason(model)
+
+
+def altered_reason(model: Any) -> str | None:
+    """None if every module the lean forward reads by its weights computes only what its class says:
+    plain ``nn.Linear`` projections (not LoRA, quantised or offloaded wrappers) and no hooks or forwards
+    of their own on any module (accelerate, peft, a user's patch); else what is altered."""
+    inner = model.model
+    for layer in inner.layers:
+        a, m = layer.self_attn, layer.mlp
+        for name, proj in (("q", a.q_proj), ("k", a.k_proj), ("v", a.v_proj), ("o", a.o_proj)):
+            if type(proj) is not torch.nn.Linear:
+                return f"its {name}_proj is a {type(proj).__name__}, not a plain Linear"
+        for proj in (m.gate_proj, m.up_proj, m.down_proj):
+            if type(proj) is not torch.nn.Linear:
+                return f"its MLP projections are {type(proj).__name__}, not plain Linear"
+    for name, module in model.named_modules():
+        hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+        if any(not _recorder(hook) for hook in hooks) or "forward" in vars(module):
+            return f"module {name or 'the model'} has hooks or a forward of its own"
     return None
+
+
+def _recorder(hook: Any) -> bool:
+    """Transformers' own output-capturing hooks (installed by a forward with ``output_hidden_states``)
+    only record; the lean forward returns hidden states itself."""
+    return getattr(hook, "__module__", "") == "transformers.utils.output_capturing"
 
 
 @dataclass
 class _Layer:
     g_in: torch.Tensor | None  # [H]; None: the layer has no input norm
-    w_qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
-    b_qkv: torch.Tensor | None  # [(Hq + 2 Hkv) D]
+    w_qkv: tuple[torch.Tensor, ...]  # fused: ([(Hq + 2 Hkv) D, H],); else (W_q, W_k, W_v), the model's own
+    b_qkv: tuple[torch.Tensor | None, ...]  # their biases (None: none)
     w_o: torch.Tensor  # [H, Hq D]
     b_o: torch.Tensor | None
     g_post: torch.Tensor  # [H]
-    w_gate_up: torch.Tensor  # [2 I, H]
+    w_gate_up: tuple[torch.Tensor, ...]  # fused: ([2 I, H],); else (W_gate, W_up)
     w_down: torch.Tensor  # [H, I]
 
 
 @dataclass
 class LeanOutput:
     logits: torch.Tensor  # [B, T, V]
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # L + 1 of [B, T, H], as Hugging Face's
 
 
-def lean_layers(layers: Any) -> list[_Layer]:
-    """The weights of Hugging Face Llama-family decoder layers, with QKV and gate/up fused."""
+def lean_layers(layers: Any, fuse: bool = True) -> list[_Layer]:
+    """The weights of Hugging Face Llama-family decoder layers: with QKV and gate/up fused (copies: a
+    draft's few matrices, one product each), or ``fuse=False`` the model's own tensors (no copy: a
+    target's weights are most of its memory; measured as fast on SmolLM2, docs/design.md)."""
     out = []
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
-        biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+        qkv, gate_up = (a.q_proj, a.k_proj, a.v_proj), (m.gate_proj, m.up_proj)
+        biases = [p.bias for p in qkv]
+        if fuse:
+            w_qkv = (torch.cat([p.weight for p in qkv]).detach(),)
+            b_qkv = (torch.cat(biases).detach() if all(b is not None for b in biases) else None,)
+            w_gate_up = (torch.cat([p.weight for p in gate_up]).detach(),)
+        else:
+            w_qkv, b_qkv, w_gate_up = tuple(p.weight for p in qkv), tuple(biases), tuple(p.weight for p in gate_up)
         out.append(
             _Layer(
                 g_in=getattr(layer.input_layernorm, "weight", None),  # None: no input norm (EAGLE's layer 0)
-                w_qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
-                b_qkv=torch.cat(biases).detach() if all(b is not None for b in biases) else None,
+                w_qkv=w_qkv,
+                b_qkv=b_qkv,
                 w_o=a.o_proj.weight,
                 b_o=a.o_proj.bias,
                 g_post=layer.post_attention_layernorm.weight,
-                w_gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(),
+                w_gate_up=w_gate_up,
                 w_down=m.down_proj.weight,
             )
         )
     return out
+
+
+def project(x: torch.Tensor, weights: tuple[torch.Tensor, ...], biases: tuple, sizes: list[int]) -> list[torch.Tensor]:
+    """x through one fused matrix, split into ``sizes``, or through each matrix in turn."""
+    if len(weights) == 1:
+        return list(linear(x, weights[0], biases[0] if biases else None).split(sizes, dim=-1))
+    return [linear(x, w, b) for w, b in zip(weights, biases or (None,) * len(weights))]
 
 
 #: RoPE types whose frequencies change with the sequence length: their tables cannot be cached
@@ -147,22 +196,24 @@ def run_layers(
     mask: torch.Tensor | None,  # [B, 1, T, S] float; None: every row sees every cached row and itself
     cache: Any,  # a DynamicCache: layer i appends to slot i
     shape: tuple[int, int, int, float],  # (q heads, kv heads, head dim, RMSNorm eps)
+    inputs: list[torch.Tensor] | None = None,  # if given: each layer's input x is appended to it
 ) -> torch.Tensor:  # [B, T, H]
     b, t, _ = x.shape
     nq, nkv, d, eps = shape
     cos, sin = position_embeddings[0][:, None], position_embeddings[1][:, None]  # [B, 1, T, D]
     mask = mask.to(x.dtype) if mask is not None else None
     for i, L in enumerate(layers):
+        if inputs is not None:
+            inputs.append(x)
         n = x if L.g_in is None else rms_norm(x, L.g_in, eps)  # EAGLE's layer 0 reads fc's output as is
-        qkv = linear(n, L.w_qkv, L.b_qkv)  # [B, T, (Hq + 2 Hkv) D]
-        q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
+        q, k, v = project(n, L.w_qkv, L.b_qkv, [nq * d, nkv * d, nkv * d])  # [B, T, Hq D], [B, T, Hkv D] x2
         q = apply_rope(q.view(b, t, nq, d).transpose(1, 2), cos, sin)  # [B, Hq, T, D]
         k = apply_rope(k.view(b, t, nkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
         v = v.view(b, t, nkv, d).transpose(1, 2)  # [B, Hkv, T, D]
         k, v = cache.update(k, v, i)  # [B, Hkv, S, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nq != nkv)  # [B, Hq, T, D]
         x = x + linear(o.transpose(1, 2).reshape(b, t, nq * d), L.w_o, L.b_o)  # [B, T, H]
-        gate, up = linear(rms_norm(x, L.g_post, eps), L.w_gate_up).chunk(2, dim=-1)  # [B, T, I] each
+        gate, up = project(rms_norm(x, L.g_post, eps), L.w_gate_up, (), [L.w_down.shape[1]] * 2)  # [B, T, I] each
         x = x + linear(F.silu(gate) * up, L.w_down)  # [B, T, H]
     return x
 
@@ -173,11 +224,51 @@ def layer_shape(layers: Any, eps: float) -> tuple[int, int, int, float]:
     return attn.q_proj.out_features // d, attn.k_proj.out_features // d, d, float(eps)
 
 
+def lean_target(model: Any) -> LeanCausalLM | None:
+    """The lean forward a target verifies trees with, or None: ``TREESPEC_LEAN_TARGET=off``, a model it
+    cannot run (``lean_reason``), one placed across devices, or one on which it does not give the
+    model's own logits (``agrees``: checked once per model). Unfused, so it costs no memory: it reads
+    the model's own weights and computes their products as the model's forward does (the logits are
+    the same to the bit on the default pair and SmolLM2; tests/test_lean.py)."""
+    if os.environ.get("TREESPEC_LEAN_TARGET", "auto").strip().lower() == "off":
+        return None
+    placed = getattr(model, "hf_device_map", None) or {}
+    if len({str(d) for d in placed.values()}) > 1 or lean_reason(model) is not None:
+        return None
+    lean = LeanCausalLM(model, fuse=False)
+    if model not in _AGREES:
+        _AGREES[model] = agrees(model, lean)
+    return lean if _AGREES[model] else None
+
+
+#: models whose lean forward was checked against their own (``agrees``), and the answer
+_AGREES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+@inference
+def agrees(model: Any, lean: LeanCausalLM, tokens: int = 6) -> bool:
+    """Whether ``lean`` gives ``model``'s own logits on a short causal probe (the same argmax, and values
+    equal up to summation order): a guard against a model whose forward computes something the
+    formula above does not (a config option it does not know), which would otherwise decide tokens."""
+    device = next(model.parameters()).device
+    ids = (torch.arange(tokens, device=device) * 7919 % model.config.vocab_size)[None]  # [1, T]
+    pos = torch.arange(tokens, device=device)[None]  # [1, T]
+    blocked = torch.finfo(lean.embed.dtype).min
+    mask = torch.triu(torch.full((tokens, tokens), blocked, device=device, dtype=lean.embed.dtype), 1)  # [T, T]
+    want = model(input_ids=ids, position_ids=pos, use_cache=False).logits.float()  # [1, T, V]
+    got = lean(input_ids=ids, position_ids=pos, attention_mask=mask[None, None], cache=DynamicCache()).logits.float()
+    scale = float(want.abs().max())
+    close = float((got - want).abs().max()) <= 1e-3 * scale + 1e-5
+    return close and bool(torch.equal(got.argmax(-1), want.argmax(-1)))
+
+
 class LeanCausalLM:
     """Call it like the Hugging Face model it wraps: ``lean(input_ids=, position_ids=, attention_mask=,
-    cache=)`` → ``.logits``. The mask must be the 4D float mask (no padding masks)."""
+    cache=, output_hidden_states=)`` → ``.logits`` (and ``.hidden_states`` as Hugging Face gives them:
+    the input of each decoder layer, then the final norm's output). The mask is the 4D float mask, or
+    None when every row sees the whole cache and itself (one new token)."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, fuse: bool = True):
         reason = lean_reason(model)
         if reason is not None:
             raise ValueError(f"no lean forward for this model: {reason}")
@@ -187,7 +278,7 @@ class LeanCausalLM:
         self.rotary = RopeTable(inner.rotary_emb)
         self.g_final = inner.norm.weight  # [H]
         self.lm_head = model.get_output_embeddings().weight  # [V, H]
-        self.layers = lean_layers(inner.layers)
+        self.layers = lean_layers(inner.layers, fuse)
         self.shape = layer_shape(inner.layers, cfg.rms_norm_eps)
 
     @inference
@@ -195,11 +286,14 @@ class LeanCausalLM:
         self,
         input_ids: torch.Tensor,  # [B, T]
         position_ids: torch.Tensor,  # [B, T]
-        attention_mask: torch.Tensor,  # [B, 1, T, S]
+        attention_mask: torch.Tensor | None,  # [B, 1, T, S]
         cache: Any,
         use_cache: bool = True,
+        output_hidden_states: Any = False,
     ) -> LeanOutput:
         x = F.embedding(input_ids, self.embed)  # [B, T, H]
-        x = run_layers(x, self.layers, self.rotary(x, position_ids), attention_mask, cache, self.shape)
-        logits = linear(rms_norm(x, self.g_final, self.shape[3]), self.lm_head)  # [B, T, V]
-        return LeanOutput(logits=logits)
+        inputs: list[torch.Tensor] | None = [] if output_hidden_states else None
+        x = run_layers(x, self.layers, self.rotary(x, position_ids), attention_mask, cache, self.shape, inputs)
+        x = rms_norm(x, self.g_final, self.shape[3])  # [B, T, H]
+        hidden = (*inputs, x) if inputs is not None else None  # L + 1 of [B, T, H]
+        return LeanOutput(logits=linear(x, self.lm_head), hidden_states=hidden)  # logits [B, T, V]

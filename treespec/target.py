@@ -33,6 +33,7 @@ from treespec.kv import (
     max_positions,
     tree_refusal,
 )
+from treespec.lean import lean_target
 from treespec.row_matmul import RowMatmul
 from treespec.slack_cache import slack_cache
 from treespec.tree import TreeTensors
@@ -57,6 +58,7 @@ class TargetModel:
         self.decoding_thread: int | None = None
         self.past_len = 0
         self._tree_len: int | None = None
+        self.forwards = 0  # forwards run through ``run`` (the model's or the lean one), ever
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
         reason = tree_refusal(model.config) or code_refusal(model)
@@ -97,6 +99,7 @@ class TargetModel:
             self.row_matmul = RowMatmul(self.model)  # few-row products on a CPU (treespec.row_matmul)
             self._placement = (first.device, first.dtype)
         self._device, self._dtype = first.device, first.dtype
+        self.lean = lean_target(self.model)  # tree forwards without Hugging Face's per-module overhead
         self.grouped_sdpa = grouped_sdpa_helps(
             self.model
         )  # masked forwards pass grouped KV heads as they are (kv.grouped_sdpa)
@@ -213,6 +216,7 @@ class TargetModel:
                 kv_pos = torch.cat([torch.arange(past), tt.position_ids.cpu()])  # [P+N] position of every key
                 mask = self.windows.apply(mask, tt.position_ids, kv_pos)
         out = self._forward(
+            lean=True,
             input_ids=tt.input_ids.to(self.device)[None],  # [1, N]
             position_ids=tt.position_ids.to(self.device)[None],  # [1, N]
             attention_mask=mask,
@@ -259,15 +263,21 @@ class TargetModel:
         self._tree_len = None
 
     # ------------------------------------------------------------------ internals
-    def _forward(self, **kwargs: Any) -> Any:
+    def run(self, cache: Any, lean: bool = False, **kwargs: Any) -> Any:
+        """The model's forward over ``cache``, few-row products applied; with ``lean``, the lean forward
+        where the model has one (``treespec.lean.lean_target``: tree forwards, not prefills)."""
+        self.forwards += 1
+        with self.row_matmul.applied():
+            if lean and self.lean is not None:
+                return self.lean(cache=cache, **kwargs)
+            with grouped_sdpa(self.grouped_sdpa and kwargs.get("attention_mask") is not None):
+                return self.model(**{self.cache_keyword: cache}, use_cache=True, return_dict=True, **kwargs)
+
+    def _forward(self, lean: bool = False, **kwargs: Any) -> Any:
         before = self.past_len
         self._tree_len = None
         try:
-            with (
-                grouped_sdpa(self.grouped_sdpa and kwargs.get("attention_mask") is not None),
-                self.row_matmul.applied(),
-            ):
-                out = self.model(**{self.cache_keyword: self.cache}, use_cache=True, return_dict=True, **kwargs)
+            out = self.run(self.cache, lean, **kwargs)
         except Exception as exc:
             if self.cache is not None and self.cache.get_seq_length() > before:
                 crop_cache(self.cache, before)  # a failed forward may have appended to the cache
