@@ -338,8 +338,9 @@ class AutoPlanner:
 
 
 def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
-    """What a cost profile was measured for: target, drafter and its options, device, dtype, threads, and
-    which few-row products the target's forward uses (``treespec.row_matmul``: they change T(n))."""
+    """What a cost profile was measured for: target, drafter and its options, device, dtype, threads,
+    which few-row products the target's forward uses (``treespec.row_matmul``) and whether trees are
+    verified by the lean forward (``treespec.lean.lean_target``): both change T(n)."""
     options = {k: v for k, v in dict(getattr(drafter, "config", {}) or {}).items() if v is not None}
     rows = getattr(target, "row_matmul", None)
     kind = type(drafter)
@@ -353,4 +354,5 @@ def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         **({"row_matmul": "".join("1" if v else "0" for v in rows.verdict())} if rows is not None else {}),
+        **({"forward": "lean"} if getattr(target, "lean", None) is not None else {}),  # treespec.lean_target
     }

@@ -264,23 +264,30 @@ class RowMatmul:
 
     # ------------------------------------------------------------------ the switch
     @contextlib.contextmanager
-    def applied(self) -> Iterator[None]:
-        """Inside: this model's plain linear layers follow the verdict for this thread count."""
+    def applied(self, modules: bool = True) -> Iterator[None]:
+        """Inside: this model's plain linear layers follow the verdict for this thread count (``modules``
+        False: only ``linear`` does, for a forward that calls it on the weights, ``treespec.lean``)."""
         if not self.layers:
             yield
             return
         verdict = self.verdict()
-        with self.installed(verdict if any(verdict) else None):
+        with self.installed(verdict if any(verdict) else None, modules):
             yield
 
     @contextlib.contextmanager
-    def installed(self, verdict: tuple[bool, ...] | None) -> Iterator[None]:
+    def installed(self, verdict: tuple[bool, ...] | None, modules: bool = True) -> Iterator[None]:
         """Inside: the layers follow ``verdict`` (per size in SIZES; None: torch's own product), whatever
         was measured (``examples/row_matmul.py`` compares the two this way)."""
         if verdict is None:
             yield
             return
         token = _VERDICT.set(verdict)
+        if not modules:
+            try:
+                yield
+            finally:
+                _VERDICT.reset(token)
+            return
         if not self.depth:
             for module, forward in zip(self.layers, self.forwards):
                 vars(module)["forward"] = forward

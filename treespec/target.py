@@ -267,11 +267,11 @@ class TargetModel:
         """The model's forward over ``cache``, few-row products applied; with ``lean``, the lean forward
         where the model has one (``treespec.lean.lean_target``: tree forwards, not prefills)."""
         self.forwards += 1
-        with self.row_matmul.applied():
-            if lean and self.lean is not None:
+        if lean and self.lean is not None:
+            with self.row_matmul.applied(modules=False):  # lean calls row_matmul.linear itself
                 return self.lean(cache=cache, **kwargs)
-            with grouped_sdpa(self.grouped_sdpa and kwargs.get("attention_mask") is not None):
-                return self.model(**{self.cache_keyword: cache}, use_cache=True, return_dict=True, **kwargs)
+        with self.row_matmul.applied(), grouped_sdpa(self.grouped_sdpa and kwargs.get("attention_mask") is not None):
+            return self.model(**{self.cache_keyword: cache}, use_cache=True, return_dict=True, **kwargs)
 
     def _forward(self, lean: bool = False, **kwargs: Any) -> Any:
         before = self.past_len
