@@ -305,8 +305,10 @@ class AutoPlanner:
 
     # ------------------------------------------------------------------ feedback
     def start(self) -> None:
-        """A new generate (nothing to reset: prices and curves carry over between prompts)."""
+        """A new generate: prices, curves and the calibration carry over between prompts; a judge that
+        turned speculation off probes on the first step (``ProbeSchedule.restart``)."""
         self.fresh = True  # the next step's first round also feeds the new prompt to the drafter
+        self.judge.probes.restart()
 
     def observe(self, stats: StepStats) -> None:
         """Refine the cost curves with the step's measured times, update λ, then judge speculation.

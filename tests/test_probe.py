@@ -39,3 +39,26 @@ def test_nothing_to_wait_for_until_a_loss():
     assert p.due() and p.gap == p.start
     assert ProbeSchedule.for_batch().start > p.start  # a batch's probe also pays every row's catch-up
     assert ProbeSchedule.for_row().most == GAP_MAX
+
+
+def test_a_new_sequence_probes_at_once_and_starts_the_gap_over():
+    p = ProbeSchedule(start=4, reset_after=10, most=256)
+    for _ in range(5):
+        p.lost()  # a draft that lost five times on one prompt: the next wait is 128 steps
+    assert p.wait == 64 and p.gap == 128
+    p.restart()
+    assert plain_steps_until_probe(p) == 0  # the next prompt's first plain step probes
+    p.lost()
+    assert plain_steps_until_probe(p) == 4  # and a loss there waits from the start again
+
+
+def test_the_row_planner_restarts_its_probes_at_each_generate():
+    from treespec.plugins.cost_aware import AutoPlanner
+
+    planner = AutoPlanner(cap=32, max_depth=8, calibration=None, refine=False, profile="none")
+    planner.judge.off = True
+    for _ in range(4):
+        planner.judge.probes.lost()
+    assert not planner.judge.due()  # off, waiting
+    planner.start()
+    assert planner.judge.due()  # a new generate: the probe is due on its first step
