@@ -162,6 +162,12 @@ def test_altered_models_keep_their_own_forward():
     handle = model.model.layers[0].mlp.register_forward_hook(lambda module, args, out: out * 0)
     assert "model.layers.0.mlp has hooks" in lean_reason(model)
     handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: out)
+    try:
+        assert "a global forward hook" in lean_reason(model)
+    finally:
+        handle.remove()
+    assert lean_reason(model) is None
     model.model.norm.forward = lambda x: x  # a user's patch
     assert "model.norm has hooks or a forward of its own" in lean_reason(model)
 

@@ -81,6 +81,11 @@ def altered_reason(model: Any) -> str | None:
         for proj in (m.gate_proj, m.up_proj, m.down_proj):
             if type(proj) is not torch.nn.Linear:
                 return f"its MLP projections are {type(proj).__name__}, not plain Linear"
+    every = torch.nn.modules.module  # hooks registered for every module (register_module_forward_hook)
+    if any(
+        not _recorder(h) for h in (*every._global_forward_hooks.values(), *every._global_forward_pre_hooks.values())
+    ):
+        return "a global forward hook is registered for every module"
     for name, module in model.named_modules():
         hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
         if any(not _recorder(hook) for hook in hooks) or "forward" in vars(module):
