@@ -141,6 +141,30 @@ def test_the_batched_forward_equals_each_rows_own_tree_forward(arch):
         assert batch.lens.tolist() == [s.past_len for s in singles]
 
 
+def test_a_batch_prefill_asks_the_model_for_no_prompt_logits():
+    """Rows' prompts are cached, never scored (each last token is its first tree's root): the batched
+    prefill asks the model for one position's logits, not [B, S, V], and the cache it leaves verifies
+    trees as before (the logits equal a single row's)."""
+    model = make_model("llama", "sdpa")
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs.get("logits_to_keep")), with_kwargs=True
+    )
+    try:
+        batch = BatchTarget(TargetModel(model))
+        prompts = [[5, 9, 13, 2, 7], [3, 8, 1]]
+        batch.prefill(prompts)
+    finally:
+        hook.remove()
+    assert seen == [1]
+    single = TargetModel(model)
+    single.prefill(torch.tensor(prompts[0][:-1]))
+    tree = random_tree(random.Random(0), prompts[0][-1], n_layers=2)
+    logits, _ = batch.forward_trees([tree.tensors(n, dtype=torch.float64) for n in batch.row_lens()])
+    want, _ = single.forward_tree(tree.tensors(single.past_len, dtype=torch.float64))
+    assert torch.allclose(logits[0, : len(tree)], want, atol=1e-9)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_one_row_on_the_targets_own_cache_then_rows_join(arch):
     """A batch of one row runs on the TargetModel's own cache (its fast path); when rows join, that

@@ -81,10 +81,19 @@ class BatchTarget:
         return self.target.dtype
 
     def _forward(
-        self, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor, want_hidden: Any, lean: bool = False
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        visible: torch.Tensor,
+        want_hidden: Any,
+        lean: bool = False,
+        prefill: bool = False,
     ) -> Any:
         """ids, pos [B, T]; visible [B, T, S+T] bool → the model's output (logits [B, T, V]); ``lean``:
-        the target's lean forward where it has one (tree forwards).
+        the target's lean forward where it has one (tree forwards); ``prefill``: no logits are read
+        (each prompt's last token is its first tree's root), so the model computes them for one
+        position only where it can (a SmolLM2 prefill of 4 × 300 tokens would otherwise run 1,200 rows
+        through its 49,152 × 576 output layer).
         Sliding windows are applied here as for one row: cache column j holds position j (a hole is
         masked by ``visible`` anyway), the T new columns hold ``pos``."""
         windows, kv_pos = self.target.windows, None
@@ -92,10 +101,12 @@ class BatchTarget:
             s = visible.shape[-1] - ids.shape[1]
             kv_pos = torch.cat([torch.arange(s).expand(ids.shape[0], -1), pos], dim=1)
         mask = rows_mask(visible.to(self.device), self.dtype, windows, pos, kv_pos)  # [B, 1, T, S+T]
+        extra = {"logits_to_keep": 1} if prefill and self.target.has_logits_to_keep else {}
         try:
             return self.target.run(
                 self.cache,
                 lean,
+                **extra,
                 input_ids=ids.to(self.device),
                 position_ids=pos.to(self.device),
                 attention_mask=mask,
@@ -131,7 +142,7 @@ class BatchTarget:
         for b, p in enumerate(prompts):
             ids[b, : lens[b]] = torch.tensor(p[:-1])
         visible = rows_prefill_visible(lens, s)  # [B, S, S]
-        out = self._forward(ids, torch.arange(s)[None].expand(len(prompts), -1), visible, want_hidden)
+        out = self._forward(ids, torch.arange(s)[None].expand(len(prompts), -1), visible, want_hidden, prefill=True)
         hidden = TargetModel.hidden_of(out, want_hidden)  # [B, S, ·] or None
         return [hidden[b, : lens[b]] if hidden is not None else None for b in range(len(prompts))]
 

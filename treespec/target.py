@@ -60,7 +60,7 @@ class TargetModel:
         self._tree_len: int | None = None
         self.forwards = 0  # forwards run through ``run`` (the model's or the lean one), ever
         params = inspect.signature(model.forward).parameters
-        self._has_logits_to_keep = "logits_to_keep" in params
+        self.has_logits_to_keep = "logits_to_keep" in params  # a prefill asks for its last row's logits only
         reason = tree_refusal(model.config) or code_refusal(model)
         if reason is not None:
             raise ConfigError(
@@ -186,7 +186,7 @@ class TargetModel:
             return self.no_hidden(want_hidden)
         ids = input_ids.to(self.device)[None]  # [1, L]
         kwargs: dict[str, Any] = {}
-        if self._has_logits_to_keep:
+        if self.has_logits_to_keep:
             kwargs["logits_to_keep"] = 1  # the root's logits come from the first tree forward
         out = self._forward(
             input_ids=ids,
