@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from treespec.inference import inference
+from treespec.kv import attention_windows, causal_mask
 from treespec.row_matmul import linear
 
 #: Model types whose decoder layer is exactly the formula above (q/k/v biases allowed: Qwen2).
@@ -52,8 +53,6 @@ def lean_reason(model: Any) -> str | None:
         return "the MLP has biases"
     if any(p.device.type == "meta" for p in model.parameters()):
         return "its weights are offloaded by a device map (the model's own forward loads them)"
-    from treespec.kv import attention_windows
-
     if attention_windows(cfg).by_type is not None:
         return "its layers mix sliding-window and full attention (one mask per layer type)"
     inner = getattr(model, "model", None)
@@ -258,8 +257,7 @@ def agrees(model: Any, lean: LeanCausalLM, tokens: int = 6) -> bool:
     device = next(model.parameters()).device
     ids = (torch.arange(tokens, device=device) * 7919 % model.config.vocab_size)[None]  # [1, T]
     pos = torch.arange(tokens, device=device)[None]  # [1, T]
-    blocked = torch.finfo(lean.embed.dtype).min
-    mask = torch.triu(torch.full((tokens, tokens), blocked, device=device, dtype=lean.embed.dtype), 1)  # [T, T]
+    mask = causal_mask(0, tokens, lean.embed.dtype).to(device)  # [T, T]
     want = model(input_ids=ids, position_ids=pos, use_cache=False).logits.float()  # [1, T, V]
     got = lean(input_ids=ids, position_ids=pos, attention_mask=mask[None, None], cache=DynamicCache()).logits.float()
     scale = float(want.abs().max())

@@ -282,21 +282,17 @@ class RowMatmul:
             yield
             return
         token = _VERDICT.set(verdict)
-        if not modules:
-            try:
-                yield
-            finally:
-                _VERDICT.reset(token)
-            return
-        if not self.depth:
-            for module, forward in zip(self.layers, self.forwards):
-                vars(module)["forward"] = forward
-        self.depth += 1
+        if modules:
+            if not self.depth:
+                for module, forward in zip(self.layers, self.forwards):
+                    vars(module)["forward"] = forward
+            self.depth += 1
         try:
             yield
         finally:
-            self.depth -= 1
-            if not self.depth:
-                for module in self.layers:
-                    vars(module).pop("forward", None)
+            if modules:
+                self.depth -= 1
+                if not self.depth:
+                    for module in self.layers:
+                        vars(module).pop("forward", None)
             _VERDICT.reset(token)
