@@ -25,7 +25,8 @@ bookkeeping of n drafted nodes) and calibrated p̂ (``treespec.acceptance_map``)
 **Off** (the judge of ``plugins/probe.py``, shared with batches). After 12 speculative steps, if
 their rate (a moving average of about 20 steps, the 4 trial steps left out) is below 97% of what plain
 decoding would have done in the same steps — each step's time without its drafting, × T(0)/T(n): one
-clock for both, so a machine whose speed swings never decides on its own — the builder verifies the
+clock for both, so a machine whose speed swings never decides on its own — by more than the steps'
+noise (``probe.StepRatios``), the builder verifies the
 root alone (the drafter is not called, and catches up in one forward when drafting resumes). Every
 ``gap`` steps a probe drafts and verifies a tree (at least the draft's best child), and speculation
 resumes if the probe's own plan expects its step, drafting included (as the curves predict it), to

@@ -8,7 +8,12 @@ clock. Plain walls measured at another time are never compared: this VM's speed 
 prompt to the next, and a plain rate from a fast minute turned speculation off in a slow one. After
 ``MIN_STEPS_OFF`` speculative steps (the first ``TRIAL_STEPS`` after turning on left out: their
 drafter catches up on what it skipped), speculation whose moving-average rate is below ``TIE`` × the
-same steps' plain rate is a loss; within it, a tie, and speculation stays on.
+same steps' plain rate is a loss; within it, a tie, and speculation stays on. A loss must also be more
+than the steps' noise (``StepRatios``): a draft accepted on 45% of steps gains 0 or 1 tokens, so eight
+steps of it can look like a loss that twenty do not show; turning off on such a stretch costs the whole
+win until the next probe, so speculation goes off only when the mean of its steps' speed-ups is below
+``TIE`` by more than ``Z_NOISE`` standard errors (a clear loss, whose steps all lose, still goes off at
+once).
 
 **Probes.** A loss turns speculation off for ``gap`` plain steps, then one probe step drafts again and
 the caller says whether its plan expects to beat a plain step (``probed``); every loss in a row
@@ -34,6 +39,7 @@ MIN_STEPS_OFF = 12  # speculative steps measured before speculation may be judge
 TRIAL_STEPS = 4  # speculative steps after (re)turning on that the judgement leaves out
 TIE = 0.97  # speculation is a loss only below this share of the same steps' plain-decoding rate
 JUDGE_EMA = 0.05  # the judgement's averages: running means, then moving averages of about 20 steps
+Z_NOISE = 1.0  # a loss is judged real when the steps' mean speed-up is this many standard errors below TIE
 
 
 class RateAverage:
@@ -52,6 +58,28 @@ class RateAverage:
     @property
     def rate(self) -> float | None:
         return self.tokens / self.seconds if self.count and self.seconds > 0 else None
+
+
+class StepRatios:
+    """Moving mean and variance of each step's speed-up over plain decoding (its tokens × the plain
+    step's seconds / its own seconds), weighted as ``RateAverage`` weighs steps: how sure a loss is."""
+
+    def __init__(self, alpha: float = JUDGE_EMA):
+        self.alpha, self.mean, self.var, self.count = alpha, 0.0, 0.0, 0
+
+    def add(self, ratio: float) -> None:
+        a = max(self.alpha, 1.0 / (self.count + 1))
+        delta = ratio - self.mean
+        self.mean += a * delta
+        self.var = (1.0 - a) * (self.var + a * delta * delta)  # West's weighted variance update
+        self.count += 1
+
+    def surely_below(self, level: float) -> bool:
+        """The mean is below ``level`` by more than ``Z_NOISE`` standard errors (the moving average holds
+        about (2 − α) / α steps' worth of evidence once it has seen that many)."""
+        n = min(self.count, (2.0 - self.alpha) / self.alpha)
+        spread = Z_NOISE * (self.var / n) ** 0.5 if n > 1 else float("inf")
+        return self.mean + spread < level
 
 
 def as_plain(t_step: np.ndarray | None, n: int, seconds: float) -> float:
@@ -116,6 +144,7 @@ class Judge:
         self.steps = 0  # speculative steps since speculation was (re)turned on
         self.spec = RateAverage()  # those steps: tokens / seconds
         self.plain = RateAverage()  # the same steps as plain decoding: one token / their priced seconds
+        self.ratios = StepRatios()  # the same steps' own speed-ups: is a loss more than noise?
 
     @classmethod
     def for_row(cls) -> Judge:
@@ -138,9 +167,11 @@ class Judge:
         if self.steps > TRIAL_STEPS:  # the trial steps (forced trees, a catch-up) are not the policy
             self.spec.add(tokens, seconds)
             self.plain.add(1.0, plain_seconds)
+            if seconds > 0:
+                self.ratios.add(tokens * plain_seconds / seconds)
         if self.steps < MIN_STEPS_OFF or self.spec.rate is None:
             return
-        if self.spec.rate < TIE * (self.plain.rate or 0.0):
+        if self.spec.rate < TIE * (self.plain.rate or 0.0) and self.ratios.surely_below(TIE):
             self.off = True  # loses: off until a probe says otherwise
             self.probes.lost()
 
@@ -153,6 +184,6 @@ class Judge:
         turns speculation back on with fresh averages; otherwise the next probe waits longer."""
         if wanted:
             self.off, self.steps = False, 0
-            self.spec, self.plain = RateAverage(), RateAverage()
+            self.spec, self.plain, self.ratios = RateAverage(), RateAverage(), StepRatios()
         else:
             self.probes.lost()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from treespec.plugins.probe import GAP_MAX, ProbeSchedule
+import itertools
+
+from treespec.plugins.probe import GAP_MAX, MIN_STEPS_OFF, Judge, ProbeSchedule
 
 
 def plain_steps_until_probe(p: ProbeSchedule) -> int:
@@ -62,3 +64,34 @@ def test_the_row_planner_restarts_its_probes_at_each_generate():
     assert not planner.judge.due()  # off, waiting
     planner.start()
     assert planner.judge.due()  # a new generate: the probe is due on its first step
+
+
+def judged_off(tokens: list[float], steps: int, seconds: float = 0.0375, plain: float = 0.030) -> int | None:
+    """Feed a row's judge ``steps`` speculative steps gaining ``tokens`` (cycled; each step ``seconds``
+    long, a plain step ``plain``): the step at which it turned speculation off, or None."""
+    judge = Judge.for_row()
+    for step, t in zip(range(1, steps + 1), itertools.cycle(tokens)):
+        judge.speculated(t, seconds, plain)
+        if judge.off:
+            return step
+    return None
+
+
+def test_an_unlucky_start_of_a_winning_draft_keeps_speculation_on_where_a_steady_loss_does_not():
+    """SmolLM2's default draft on README command 1's prompt: a step verifying 2 nodes takes 1.25 plain
+    steps and gains 1 or 2 tokens, its first token accepted on 40% of steps (1.12× plain's rate).
+    Its first judged steps accept 1 of 8 (0.9× plain's rate: a loss by the point estimate, but within
+    the noise of eight 0-or-1 outcomes): speculation stays on, and the draft's win shows as it goes.
+    Steps gaining 1.125 tokens each, the same 0.9×, lose for sure and turn it off at the first
+    judgement."""
+    start = [1.0] * 4 + [2.0] + [1.0] * 7  # 4 trial steps (not judged), then 1 of 8 accepted
+    winning = [2.0, 1.0, 2.0, 1.0, 1.0]
+    assert judged_off(start + winning * 10, len(start) + 50) is None
+    assert judged_off([1.125], MIN_STEPS_OFF + 8) == MIN_STEPS_OFF
+
+
+def test_a_noisy_clear_loss_still_turns_speculation_off():
+    """A draft accepted on 10% of steps, each step 1.25 plain steps long (0.88 of plain's rate): its noise
+    delays the verdict by a few steps, not for good."""
+    step = judged_off([2.0] + [1.0] * 9, 60)
+    assert step is not None and step <= 30
