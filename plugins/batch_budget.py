@@ -52,7 +52,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from treespec.plugins.drafted import Drafted
 from treespec.plugins.probe import Judge
 from treespec.tree import DraftTree
 
@@ -69,16 +68,15 @@ SWITCH = 0.03  # another depth must promise this much more than the current one
 @dataclass(frozen=True)
 class Shape:
     nodes: int  # N: nodes each row verifies (0: the root alone, plain decoding)
-    rounds: int  # D: draft rounds (tree levels drafted)
-    width: int  # W: candidates kept per layer (and expanded next); 1 in a batch's chains
+    rounds: int  # D: draft rounds (the chain's depth)
 
 
-PLAIN = Shape(0, 0, 0)
-FIRST = Shape(4, 4, 1)  # before any tree was drafted
+PLAIN = Shape(0, 0)
+FIRST = Shape(4, 4)  # before any tree was drafted
 
 
 def chain(depth: int) -> Shape:
-    return Shape(depth, depth, 1)
+    return Shape(depth, depth)
 
 
 class BatchPlan:
@@ -235,10 +233,11 @@ def _moved(old: np.ndarray, step: np.ndarray) -> np.ndarray:
 def grow_row(
     planner: AutoPlanner, drafter: Drafter, root: int, shape: Shape, max_depth: int, began: float
 ) -> DraftTree:
-    """A batch row's step in the shape the batch chose: ``shape.rounds`` layers, each the ``shape.width``
-    best candidates by p̂, all of them expanded next; then the top ``shape.nodes`` by p̂ verified (every
-    row fills the shape: the batch pays for the largest tree anyway). A plain shape (N = 0): the root
-    alone, for every row. ``planner`` is the row's ``AutoPlanner`` (its calibration and decisions)."""
+    """A batch row's step in the shape the batch chose: a chain of ``shape.rounds`` nodes, the draft's
+    best child at each depth, all verified (every row fills the shape: the batch pays for the largest
+    tree anyway). A plain shape (N = 0): the root alone, for every row. ``planner`` is the row's
+    ``AutoPlanner`` (its calibration and decisions). The chain's calibrated p̂ (its node's calibrated
+    acceptance times its parent's p̂) goes to the plan; a node the calibration gives 0 ends it."""
     planner.probing = False
     # after plain steps the drafter's first round also feeds what it skipped (a one-off catch-up): the
     # step's wall is not what the shape costs
@@ -255,32 +254,28 @@ def grow_row(
             own=time.perf_counter() - began,
         )
         return DraftTree(root, capacity=1)
-    width, rounds = shape.width, min(max_depth, planner.max_depth, shape.rounds)
-    tree, drafted = DraftTree(root), Drafted(width * rounds)
-    drafting = 0.0  # seconds in the drafter (the rest is this row's planning)
-    frontier = np.zeros(1, dtype=np.int64)  # [M] tree ids of the nodes to expand
+    rounds, calibration = min(max_depth, planner.max_depth, shape.rounds), planner.calibration
+    tree, node = DraftTree(root), torch.zeros(1, dtype=torch.long)  # [1] the chain's last node
+    phat = np.zeros(rounds)  # [D] calibrated p̂ of the chain's nodes
+    drafting, size, above = 0.0, 0, 1.0  # seconds in the drafter; nodes drafted; their last p̂
     for depth in range(1, rounds + 1):
         start = time.perf_counter()
-        # a layer keeps the `width` best candidates, all among their parents' `width` best children
-        prop = drafter.expand(tree, torch.from_numpy(frontier), width)  # tokens, q: [M, width]
+        prop = drafter.expand(tree, node, 1)  # tokens, q: [1, 1] the draft's best child
         drafting += time.perf_counter() - start
-        cand = drafted.candidates(frontier, prop.q.numpy(), depth, planner.calibration)  # [M*width]
-        order = np.argsort(-cand, kind="stable")[:width]  # the layer: the `width` best
-        order = order[cand[order] > 0]  # q = 0 padding never enters
-        if order.size == 0:
+        q = prop.q.numpy()[0]  # [1]
+        f = float(calibration.lookup(q, depth)[0]) if calibration is not None and q[0] > 0 else float(q[0])
+        if f <= 0:  # padding (q = 0), or a child the calibration says is never taken
             break
-        frontier = drafted.add(tree, frontier, prop, order, depth, cand[order])
-    phat, _ = drafted.nodes  # [D] a chain's nodes, one a depth, in tree order
-    planner.plan.report(phat.copy(), catching_up, planner, fresh)
-    n = min(shape.nodes, drafted.size)
-    expected = float(np.sort(phat)[::-1][:n].sum())
-    chosen = drafted.top(tree, n)
+        node = tree.add_children(node, prop.tokens[:, 0], prop.q[:, 0])
+        above = phat[size] = above * f
+        size += 1
+    planner.plan.report(phat[:size].copy(), catching_up, planner, fresh)
     planner.decide(
-        n=n,
-        depth=chosen.depth,
-        off=n == 0,
+        n=size,
+        depth=size,
+        off=size == 0,
         predicted=planner.plan.predicted,
-        expected=expected,
+        expected=float(phat[:size].sum()),
         own=time.perf_counter() - began - drafting,
     )
-    return chosen
+    return tree
