@@ -5,7 +5,7 @@
 Three rows per prompt, back to back in an order that alternates from prompt to prompt: treespec's
 default configuration for the target with trees verified by the lean forward, the same with the model's
 own forward (``TREESPEC_LEAN_TARGET=off``), and Hugging Face's ``generate(do_sample=False)``. Every
-treespec row is checked token for token against ``generate``. Prints a Markdown table: tokens/s, τ,
+treespec row is checked token for token against ``generate``. Prints a Markdown table (``ab_rows.compare``): tokens/s, τ,
 and each row over the others with 95% intervals paired by prompt (``treespec.bench.paired``).
 """
 
@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
+from ab_rows import compare
 
 import treespec
 from treespec import defaults
-from treespec.bench import paired
 from treespec.bench.datasets import as_chat, format_turns, load_prompts
-
-ROWS = ("lean", "model's forward", "HF greedy")
 
 
 def main() -> None:
@@ -41,42 +38,19 @@ def main() -> None:
     items = load_prompts(args.dataset, limit=args.limit)
     items = [as_chat(it, args.dataset) if args.chat else it for it in items]
     dec.generate(format_turns(target.tokenizer, items[0], []), max_new_tokens=8)  # warm: verdicts, costs
-    pairs: dict[str, list[tuple[int, float]]] = {row: [] for row in ROWS}
-    steps: dict[str, int] = {row: 0 for row in ROWS[:2]}
-    mismatches = 0
-    for k, item in enumerate(items):
-        ids = format_turns(target.tokenizer, item, [])
-        got: dict[str, list[int]] = {}
-        for row in ROWS if k % 2 == 0 else ROWS[::-1]:
-            t = time.perf_counter()
-            if row == "HF greedy":
-                with torch.inference_mode():
-                    out = target.model.generate(
-                        torch.tensor([ids]), max_new_tokens=args.max_new_tokens, do_sample=False
-                    )
-                got[row] = out[0, len(ids) :].tolist()
-            else:
-                os.environ["TREESPEC_LEAN_TARGET"] = "auto" if row == "lean" else "off"
-                result = dec.generate(ids, max_new_tokens=args.max_new_tokens)
-                got[row], steps[row] = result.token_ids, steps[row] + len(result.stats.steps)
-            pairs[row].append((len(got[row]), time.perf_counter() - t))
-        same = all(got[row] == got["HF greedy"][: len(got[row])] for row in ROWS[:2])
-        mismatches += not same
-        print(f"prompt {k}: {len(got['HF greedy'])} tokens, {'lossless' if same else 'MISMATCH'}", flush=True)
+
+    def forward(setting: str):  # the same Decoder, trees verified by the lean forward or the model's own
+        def run(ids: list[int]):
+            os.environ["TREESPEC_LEAN_TARGET"] = setting
+            return dec.generate(ids, max_new_tokens=args.max_new_tokens)
+
+        return run
+
     print(
-        f"\n{args.target}, {drafter} under opt-tree nodes=auto, {len(items)} {args.dataset} prompts, "
-        f"{args.max_new_tokens} new tokens, {args.threads} threads; rows differing from generate: {mismatches}\n"
+        f"{args.target}, {drafter} under opt-tree nodes=auto, {len(items)} {args.dataset} prompts, "
+        f"{args.max_new_tokens} new tokens, {args.threads} threads\n"
     )
-    print("| row | tokens/s | τ | × model's forward | × HF greedy |")
-    print("|---|---|---|---|---|")
-    for row in ROWS:
-        tokens, seconds = map(sum, zip(*pairs[row]))
-        tau = f"{tokens / steps[row]:.2f}" if row in steps else "1"
-        cells = [
-            paired.cell(paired.ratio(pairs[row], pairs[other]), paired.interval(pairs[row], pairs[other]))
-            for other in ROWS[1:]
-        ]
-        print(f"| {row} | {tokens / seconds:.1f} | {tau} | {cells[0]} | {cells[1]} |")
+    compare(target, items, {"lean": forward("auto"), "model's forward": forward("off")}, args.max_new_tokens)
 
 
 if __name__ == "__main__":
