@@ -5,16 +5,42 @@ and one Markdown table with 95% intervals paired by prompt (``treespec.bench.pai
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+import treespec
+from treespec import defaults
 from treespec.bench import paired
-from treespec.bench.datasets import format_turns
+from treespec.bench.datasets import as_chat, format_turns, load_prompts
 
 HF = "HF greedy"
+
+
+def setup(limit: int) -> tuple[argparse.Namespace, Any, str, list[Any]]:
+    """The examples' common options (target, dataset, limit, new tokens, threads, chat), the target loaded,
+    its default drafter's name, and the prompts."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default=defaults.MAIN)
+    ap.add_argument("--dataset", default="mt-bench")
+    ap.add_argument("--limit", type=int, default=limit)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chat", action="store_true", help="completion prompts become chat requests")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target = treespec.TargetModel.load(args.target)
+    items = load_prompts(args.dataset, limit=args.limit)
+    items = [as_chat(it, args.dataset) if args.chat else it for it in items]
+    drafter = defaults.drafter_for(args.target)
+    print(
+        f"{args.target}, {drafter} under opt-tree nodes=auto, {len(items)} {args.dataset} prompts, "
+        f"{args.max_new_tokens} new tokens, {args.threads} threads\n"
+    )
+    return args, target, drafter, items
 
 
 def compare(target: Any, items: list[Any], rows: dict[str, Callable[[list[int]], Any]], max_new_tokens: int) -> None:

@@ -14,31 +14,14 @@ and each row over the others with 95% intervals paired by prompt (``treespec.ben
 
 from __future__ import annotations
 
-import argparse
-
-import torch
-from ab_rows import compare
+from ab_rows import compare, setup
 
 import treespec
-from treespec import defaults
-from treespec.bench.datasets import as_chat, load_prompts
 from treespec.plugins import probe
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--target", default=defaults.MAIN)
-    ap.add_argument("--dataset", default="mt-bench")
-    ap.add_argument("--limit", type=int, default=32)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--chat", action="store_true", help="completion prompts become chat requests")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    target = treespec.TargetModel.load(args.target)
-    drafter = defaults.drafter_for(args.target)
-    items = load_prompts(args.dataset, limit=args.limit)
-    items = [as_chat(it, args.dataset) if args.chat else it for it in items]
+    args, target, drafter, items = setup(limit=32)
 
     def judged(z: float):  # a Decoder of its own (its planner learns on its own), its judge's Z_NOISE
         dec = treespec.Decoder(target, drafter=drafter, builder="opt-tree", builder_options={"nodes": "auto"})
@@ -49,10 +32,6 @@ def main() -> None:
 
         return run
 
-    print(
-        f"{args.target}, {drafter} under opt-tree nodes=auto, {len(items)} {args.dataset} prompts, "
-        f"{args.max_new_tokens} new tokens, {args.threads} threads\n"
-    )
     compare(target, items, {"noise test": judged(probe.Z_NOISE), "point estimate": judged(0.0)}, args.max_new_tokens)
 
 
