@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from transformers import DynamicCache
 
 from treespec.inference import inference
 from treespec.kv import attention_windows, causal_mask
-from treespec.row_matmul import linear
+from treespec.row_matmul import linear, product
 
 #: Model types whose decoder layer is exactly the formula above (q/k/v biases allowed: Qwen2).
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -146,11 +147,14 @@ def lean_layers(layers: Any, fuse: bool = True) -> list[_Layer]:
     return out
 
 
-def project(x: torch.Tensor, weights: tuple[torch.Tensor, ...], biases: tuple, sizes: list[int]) -> list[torch.Tensor]:
-    """x through one fused matrix, split into ``sizes``, or through each matrix in turn."""
+def project(
+    x: torch.Tensor, weights: tuple[torch.Tensor, ...], biases: tuple, sizes: list[int], mm: Callable = linear
+) -> list[torch.Tensor]:
+    """x through one fused matrix, split into ``sizes``, or through each matrix in turn (``mm``: the
+    product, ``row_matmul.product`` resolved for x's rows)."""
     if len(weights) == 1:
-        return list(linear(x, weights[0], biases[0] if biases else None).split(sizes, dim=-1))
-    return [linear(x, w, b) for w, b in zip(weights, biases or (None,) * len(weights))]
+        return list(mm(x, weights[0], biases[0] if biases else None).split(sizes, dim=-1))
+    return [mm(x, w, b) for w, b in zip(weights, biases or (None,) * len(weights))]
 
 
 #: RoPE types whose frequencies change with the sequence length: their tables cannot be cached
@@ -182,7 +186,10 @@ class RopeTable:
 
 
 def rms_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm: in float32, back to the input's dtype, then the gain."""
+    """Llama's RMSNorm: in float32, back to the input's dtype, then the gain (in float32: torch's fused
+    op, the same arithmetic in one call, equal to the bit; tests/test_lean.py)."""
+    if x.dtype == torch.float32 and g.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], g, eps)
     var = x.float().pow(2).mean(-1, keepdim=True)
     return g * (x.float() * torch.rsqrt(var + eps)).to(x.dtype)
 
@@ -206,19 +213,20 @@ def run_layers(
     nq, nkv, d, eps = shape
     cos, sin = position_embeddings[0][:, None], position_embeddings[1][:, None]  # [B, 1, T, D]
     mask = mask.to(x.dtype) if mask is not None else None
+    mm = product(x)  # every product of this forward reads b·t rows: W·Xᵀ or torch's, chosen once
     for i, L in enumerate(layers):
         if inputs is not None:
             inputs.append(x)
         n = x if L.g_in is None else rms_norm(x, L.g_in, eps)  # EAGLE's layer 0 reads fc's output as is
-        q, k, v = project(n, L.w_qkv, L.b_qkv, [nq * d, nkv * d, nkv * d])  # [B, T, Hq D], [B, T, Hkv D] x2
+        q, k, v = project(n, L.w_qkv, L.b_qkv, [nq * d, nkv * d, nkv * d], mm)  # [B, T, Hq D], [B, T, Hkv D] x2
         q = apply_rope(q.view(b, t, nq, d).transpose(1, 2), cos, sin)  # [B, Hq, T, D]
         k = apply_rope(k.view(b, t, nkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
         v = v.view(b, t, nkv, d).transpose(1, 2)  # [B, Hkv, T, D]
         k, v = cache.update(k, v, i)  # [B, Hkv, S, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nq != nkv)  # [B, Hq, T, D]
-        x = x + linear(o.transpose(1, 2).reshape(b, t, nq * d), L.w_o, L.b_o)  # [B, T, H]
-        gate, up = project(rms_norm(x, L.g_post, eps), L.w_gate_up, (), [L.w_down.shape[1]] * 2)  # [B, T, I] each
-        x = x + linear(F.silu(gate) * up, L.w_down)  # [B, T, H]
+        x = x + mm(o.transpose(1, 2).reshape(b, t, nq * d), L.w_o, L.b_o)  # [B, T, H]
+        gate, up = project(rms_norm(x, L.g_post, eps), L.w_gate_up, (), [L.w_down.shape[1]] * 2, mm)  # [B, T, I] each
+        x = x + mm(F.silu(gate) * up, L.w_down)  # [B, T, H]
     return x
 
 

@@ -42,7 +42,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -84,7 +84,7 @@ def plausible(ms: dict[str, list[float]]) -> bool:
     return True
 
 
-def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` computed as (W·Xᵀ)ᵀ. Up to PAD_UP_TO rows, X is padded to a power
     of two (one row to two: a matrix product, one read of W, instead of the matrix-vector path): BLAS
     is measured much slower at some odd column counts (13 rows: 141 ms a forward, padded to 16: 109)."""
@@ -105,19 +105,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear`` for treespec's own few-row code (drafts: ``treespec.lean``, EAGLE's output layer):
     W·Xᵀ where the verdict in force (this forward's, else the process's latest for this thread count)
     says it is faster, on a CPU."""
-    verdict = _VERDICT.get() or _LATEST.get(torch.get_num_threads())
-    return _dispatch(verdict, x, weight, bias) if weight.device.type == "cpu" else F.linear(x, weight, bias)
+    return product(x)(x, weight, bias)
 
 
-def _dispatch(
-    verdict: tuple[bool, ...] | None, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
+def product(x: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """The product ``linear`` computes inputs of x's row count with, on x's device: ``linear_rows`` or
+    ``F.linear``. A forward whose products all read x's rows resolves it once (``treespec.lean``: ~230
+    products a SmolLM2 forward, each paying the lookup otherwise)."""
+    if x.device.type != "cpu":
+        return F.linear
+    return _dispatch(_VERDICT.get() or _LATEST.get(torch.get_num_threads()), x)
+
+
+def _dispatch(verdict: tuple[bool, ...] | None, x: torch.Tensor) -> Callable[..., torch.Tensor]:
     """W·Xᵀ if ``verdict`` says so for x's row count, else torch's own product."""
     if verdict is not None and x.dim() >= 1 and x.shape[-1]:
         i = _index(x.numel() // x.shape[-1])
         if i >= 0 and verdict[i]:
-            return linear_rows(x, weight, bias)
-    return F.linear(x, weight, bias)
+            return linear_rows
+    return F.linear
 
 
 def _index(rows: int) -> int:
@@ -129,7 +135,7 @@ def _index(rows: int) -> int:
 
 def _forward_of(module: torch.nn.Linear):
     def forward(x: torch.Tensor) -> torch.Tensor:  # this forward's verdict only: other threads get torch's
-        return _dispatch(_VERDICT.get(), x, module.weight, module.bias)
+        return _dispatch(_VERDICT.get(), x)(x, module.weight, module.bias)
 
     return forward
 
