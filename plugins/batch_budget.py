@@ -142,7 +142,7 @@ class BatchPlan:
         if probe:  # the probe's verdict, from the chains it just reported
             self.judge.probed(self._wanted(planner))
         elif self.current != PLAIN and not self.catch_up and full:  # judged against plain decoding
-            self.judge.speculated(float(np.mean(self.step_tokens)), self.step_wall, self.step_plain)
+            self.judge.speculated(sum(self.step_tokens) / len(self.step_tokens), self.step_wall, self.step_plain)
         self.catch_up = False
         if not self.judge.off:
             self._choose(planner)
@@ -156,10 +156,11 @@ class BatchPlan:
         """p̄_d moves towards this step's mean p̂ at depth d over the rows whose chains reached it (a row
         near its end drafts fewer rounds: it says nothing of the deeper ones)."""
         depth = max(c.size for c in chains)
-        grid = np.full((len(chains), depth), np.nan)  # [R, D]
-        for r, c in enumerate(chains):
-            grid[r, : c.size] = c
-        self.gains = _moved(self.gains, np.nanmean(grid, axis=0))  # [D] each column has a row (the longest)
+        total, rows = np.zeros(depth), np.zeros(depth)  # [D] Σ p̂ over the rows that reached d, and how many
+        for c in chains:
+            total[: c.size] += c
+            rows[: c.size] += 1
+        self.gains = _moved(self.gains, total / rows)  # [D] each depth has a row (the longest)
 
     def slowest(self) -> np.ndarray:
         """[D] min over the rows of Ē_r,D for D = 1 … the depth every row has drafted since its prompt

@@ -60,6 +60,7 @@ class AcceptanceMap:
         self.tests = np.zeros((DEPTH_GROUPS, BUCKETS))  # [G, B] tested nodes
         self.observed = 0  # nodes seen
         self.unfitted = 0  # nodes seen since the last fit
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (q, depths, accepted) not yet counted
         self.table = self._fit()  # [G, B]
 
     def _fit(self) -> torch.Tensor:
@@ -95,9 +96,24 @@ class AcceptanceMap:
     def update(self, q: np.ndarray, depths: np.ndarray, accepted: np.ndarray) -> None:
         """Count outcomes of tested nodes: confidences ``q`` [N], ``depths`` [N], ``accepted`` [N] bool, for
         nodes whose parent was accepted (numpy arrays, or tensors on the CPU)."""
-        q, depths, accepted = np.asarray(q, dtype=np.float64), np.asarray(depths), np.asarray(accepted)
+        # copies: they wait for the next fit, and a caller's tensor may change meanwhile
+        q, depths, accepted = np.array(q, dtype=np.float64), np.array(depths), np.array(accepted)
         if q.size == 0:
             return
+        self._pending.append((q, depths, accepted))  # counted at the next fit: one bincount for many steps
+        self.observed += int(q.size)
+        self.unfitted += int(q.size)
+        if self.unfitted >= max(REFIT_MIN, REFIT_SHARE * self.observed):  # refit as often as new evidence matters
+            self._count()
+            self.table = self._fit()
+            self.unfitted = 0
+
+    def _count(self) -> None:
+        """Add the pending outcomes to ``hits`` and ``tests`` (the fit's only input)."""
+        if not self._pending:
+            return
+        q, depths, accepted = (np.concatenate(parts) for parts in zip(*self._pending))  # [N] each
+        self._pending = []
         buckets = np.minimum((np.clip(q, 0, 1) * BUCKETS).astype(np.int64), BUCKETS - 1)  # [N]
         groups = np.clip(depths.astype(np.int64) - 1, 0, DEPTH_GROUPS - 1)  # [N]
         flat = groups * BUCKETS + buckets  # [N]
@@ -106,11 +122,6 @@ class AcceptanceMap:
         self.hits += np.bincount(flat, weights=accepted.astype(np.float64), minlength=cells).reshape(
             DEPTH_GROUPS, BUCKETS
         )
-        self.observed += int(q.size)
-        self.unfitted += int(q.size)
-        if self.unfitted >= max(REFIT_MIN, REFIT_SHARE * self.observed):  # refit as often as new evidence matters
-            self.table = self._fit()
-            self.unfitted = 0
 
     def learn(self, tree: object, path: torch.Tensor) -> None:
         """Learn from one verified tree: ``path`` [m+1] = the accepted node ids, root first."""
