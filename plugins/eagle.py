@@ -67,7 +67,9 @@ class EagleDrafter(Drafter):
         self.embed_ids = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
         self._head = self.lm_head if offloaded else (lambda x: linear(x, self.lm_head.weight, self.lm_head.bias))
         self.vocab = vocab
-        self.ids = self._draft_ids(config, head, vocab)  # [N] target ids of a reduced draft vocabulary, or None
+        self.ids = self._draft_ids(
+            config, head, vocab, self.meta
+        )  # [N] target ids of a reduced draft vocabulary, or None
         if self.ids is not None:
             self.ids = self.ids.to(self.device)
             bias = self.lm_head.bias[self.ids].detach() if getattr(self.lm_head, "bias", None) is not None else None
@@ -81,22 +83,32 @@ class EagleDrafter(Drafter):
         self._new_sequence()
 
     @staticmethod
-    def _draft_ids(config: EagleConfig, head: str, vocab: int) -> torch.Tensor | None:
-        """The head's draft vocabulary (``draft_vocab.py``), cut to ``config.vocab``; None: all V tokens."""
+    def _draft_ids(config: EagleConfig, head: str, vocab: int, meta: dict) -> torch.Tensor | None:
+        """The head's draft vocabulary (``draft_vocab.py``), cut to ``config.vocab``, else to the cut its
+        metadata names (``"vocab"`` in config.json's ``treespec`` section: the size measured fastest for
+        it), else whole; None: all V tokens."""
         from treespec.plugins import draft_vocab
         from treespec.plugins.eagle_head import read_config
 
         ids = draft_vocab.load(read_config(head)[1], vocab, head)
-        if config.vocab is None or ids is None and config.vocab >= vocab:
+        want = config.vocab
+        if want is None and ids is not None and meta.get("vocab") is not None:
+            want = meta["vocab"]
+            if isinstance(want, bool) or not isinstance(want, int) or want < 0:
+                raise ConfigError(
+                    f"EAGLE head {head!r}: its config.json's treespec.vocab is {want!r}, not a token count; "
+                    "fix it, or give the drafter vocab=N"
+                )
+        if want is None or ids is None and want >= vocab:
             return ids
-        if config.vocab == 0 or config.vocab >= vocab:
+        if want == 0 or want >= vocab:
             return None
         if ids is None:
             raise ConfigError(
-                f"drafter 'eagle': vocab={config.vocab} needs a head trained with --draft-vocab "
+                f"drafter 'eagle': vocab={want} needs a head trained with --draft-vocab "
                 f"(its folder holds {draft_vocab.FILE}); drop vocab= to draft over all {vocab} tokens"
             )
-        return ids[: config.vocab]
+        return ids[:want]
 
     def _new_sequence(self) -> None:
         """Per-sequence state (``prefill``; the per-step part: ``clear_tree``)."""

@@ -138,6 +138,7 @@ def test_the_shipped_smollm2_head_is_complete_and_fits_its_target():
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
     ids = draft_vocab.load(folder, 49152, "smollm2-eagle")
     assert ids is not None and ids.numel() == 8192
+    assert meta["vocab"] == 4096  # the cut drafting uses unless vocab= says otherwise (docs/smollm2.md)
     base = json.loads((folder / "training-base.json").read_text())  # stage 1: instruct-mix, a new head
     assert base["settings"]["draft_vocab"] == 8192 and base["settings"]["data"] == "instruct-mix"
     tuned = json.loads((folder / "training.json").read_text())  # stage 2: SmolLM2's own chat requests
@@ -171,3 +172,23 @@ def test_fine_tuning_refuses_settings_the_init_head_cannot_take(tmp_path, overri
     s = EAGLE_TEST_SETTINGS(tmp_path / "x", init=str(small_vocab_head()), offset=500, limit=20, **overrides)
     with pytest.raises(ConfigError, match=message):
         train(s, log=lambda _: None)
+
+
+def test_a_head_names_its_default_cut_and_vocab_overrides_it(target64, tmp_path):
+    """``treespec.vocab`` in a head's config.json is the draft vocabulary used when the drafter is given
+    no ``vocab=``: the first N of its ranked ids; ``vocab=`` still picks any other cut, 0 every token."""
+    import shutil
+
+    head = tmp_path / "head"
+    shutil.copytree(small_vocab_head(), head)
+    cfg = json.loads((head / "config.json").read_text())
+    cfg.setdefault("treespec", {})["vocab"] = 32
+    (head / "config.json").write_text(json.dumps(cfg))
+    ranked = draft_vocab.load(head, 512, "head")
+    assert EagleDrafter(EagleConfig(head=str(head)), target64).ids.tolist() == ranked[:32].tolist()
+    assert EagleDrafter(EagleConfig(head=str(head), vocab=100), target64).ids.tolist() == ranked[:100].tolist()
+    assert EagleDrafter(EagleConfig(head=str(head), vocab=0), target64).ids is None
+    cfg["treespec"]["vocab"] = "many"
+    (head / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="treespec.vocab is 'many'"):
+        EagleDrafter(EagleConfig(head=str(head)), target64)
