@@ -20,20 +20,28 @@ from treespec.bench.datasets import as_chat, format_turns, load_prompts
 HF = "HF greedy"
 
 
-def setup(limit: int) -> tuple[argparse.Namespace, Any, str, list[Any]]:
-    """The examples' common options (target, dataset, limit, new tokens, threads, chat), the target loaded,
+def setup(
+    limit: int, extra: Callable[[argparse.ArgumentParser], None] | None = None
+) -> tuple[argparse.Namespace, Any, str, list[Any]]:
+    """The examples' common options (target, dataset, which prompts, new tokens, threads, chat), the target loaded,
     its default drafter's name, and the prompts."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default=defaults.MAIN)
     ap.add_argument("--dataset", default="mt-bench")
     ap.add_argument("--limit", type=int, default=limit)
+    ap.add_argument("--start", type=int, default=0, help="the first prompt taken")
+    ap.add_argument(
+        "--every", type=int, default=1, help="take every N-th prompt from --start (5: all MT-Bench categories)"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--chat", action="store_true", help="completion prompts become chat requests")
+    if extra is not None:  # an example's own options
+        extra(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = treespec.TargetModel.load(args.target)
-    items = load_prompts(args.dataset, limit=args.limit)
+    items = load_prompts(args.dataset, limit=None)[args.start :: args.every][: args.limit]
     items = [as_chat(it, args.dataset) if args.chat else it for it in items]
     drafter = defaults.drafter_for(args.target)
     print(

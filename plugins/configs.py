@@ -249,7 +249,7 @@ class EagleConfig(PluginConfig):
         ge=0,
         description="draft over the head's N most frequent tokens only (its draft_vocab.safetensors, from "
         "`treespec train eagle --draft-vocab`): a cheaper output layer [default: the cut its config.json names "
-        "(treespec.vocab: smollm2-eagle's 4096), else its whole draft vocabulary if it has one, else every token; "
+        "(treespec.vocab, e.g. smollm2-eagle's 4096), else its whole draft vocabulary if it has one, else every token; "
         "0: every token]",
     )
 

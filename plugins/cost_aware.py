@@ -344,14 +344,10 @@ def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
     """What a cost profile was measured for: target, drafter and its options, device, dtype, threads,
     which few-row products the target's forward uses (``treespec.row_matmul``) and whether trees are
     verified by the lean forward (``treespec.lean.lean_target``): both change T(n)."""
-    options = {k: v for k, v in dict(getattr(drafter, "config", {}) or {}).items() if v is not None}
     rows = getattr(target, "row_matmul", None)
-    kind = type(drafter)
-    if isinstance(drafter, CacheRow):  # a batch row: its drafter's own class (the batch size is keyed apart)
-        kind = next(c for c in kind.__mro__[1:] if not issubclass(c, CacheRow))
     return {
         "target": target.name,
-        "drafter": f"{kind.__name__}({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})",
+        "drafter": drafter_key(drafter),
         "device": str(target.device),
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
@@ -359,3 +355,16 @@ def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
         **({"row_matmul": "".join("1" if v else "0" for v in rows.verdict())} if rows is not None else {}),
         **({"forward": "lean"} if getattr(target, "lean", None) is not None else {}),  # treespec.lean_target
     }
+
+
+def drafter_key(drafter: Drafter) -> str:
+    """A drafter in a profile key: its class and ``cost_options``, and a composition's parts in order
+    (``eagle+ngram`` and ``model+ngram`` cost differently). A batch row is keyed as its drafter's own
+    class (the batch size is keyed apart)."""
+    kind = type(drafter)
+    if isinstance(drafter, CacheRow):
+        kind = next(c for c in kind.__mro__[1:] if not issubclass(c, CacheRow))
+    options = ", ".join(f"{k}={v}" for k, v in sorted(drafter.cost_options().items()))
+    parts = getattr(drafter, "parts", None) or []
+    inner = "; " + " + ".join(drafter_key(p) for p in parts) if parts else ""
+    return f"{kind.__name__}({options}{inner})"

@@ -21,7 +21,7 @@ A level of one node whose ancestors are all the tree items so far (a chain) is f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +82,12 @@ class EagleDrafter(Drafter):
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
         self._new_sequence()
 
+    def cost_options(self) -> dict[str, Any]:
+        """The options, and the draft vocabulary's size when the head has one (its default cut comes from
+        the head's config.json, not from an option, and halves the output layer's cost)."""
+        extra = {"vocab": int(self.ids.numel())} if self.ids is not None else {}
+        return {**super().cost_options(), **extra}
+
     @staticmethod
     def _draft_ids(config: EagleConfig, head: str, vocab: int, meta: dict) -> torch.Tensor | None:
         """The head's draft vocabulary (``draft_vocab.py``), cut to ``config.vocab``, else to the cut its
@@ -91,14 +97,13 @@ class EagleDrafter(Drafter):
         from treespec.plugins.eagle_head import read_config
 
         ids = draft_vocab.load(read_config(head)[1], vocab, head)
-        want = config.vocab
-        if want is None and ids is not None and meta.get("vocab") is not None:
-            want = meta["vocab"]
-            if isinstance(want, bool) or not isinstance(want, int) or want < 0:
-                raise ConfigError(
-                    f"EAGLE head {head!r}: its config.json's treespec.vocab is {want!r}, not a token count; "
-                    "fix it, or give the drafter vocab=N"
-                )
+        named = meta.get("vocab")
+        if named is not None and (isinstance(named, bool) or not isinstance(named, int) or named < 0):
+            raise ConfigError(
+                f"EAGLE head {head!r}: its config.json's treespec.vocab is {named!r}, not a token count; "
+                "fix it, or give the drafter vocab=N"
+            )
+        want = config.vocab if config.vocab is not None or ids is None else named
         if want is None or ids is None and want >= vocab:
             return ids
         if want == 0 or want >= vocab:

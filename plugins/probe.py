@@ -42,6 +42,12 @@ JUDGE_EMA = 0.05  # the judgement's averages: running means, then moving average
 Z_NOISE = 1.0  # a loss is judged real when the steps' mean speed-up is this many standard errors below TIE
 
 
+def weight(alpha: float, count: int) -> float:
+    """The next step's weight in a moving average that has seen ``count`` steps: a running mean until
+    it has 1/alpha of them, then alpha."""
+    return max(alpha, 1.0 / (count + 1))
+
+
 class RateAverage:
     """A ratio of exponential moving averages (tokens / seconds): a rate that one slow step cannot swing."""
 
@@ -50,7 +56,7 @@ class RateAverage:
         self.count = 0
 
     def add(self, tokens: float, seconds: float) -> None:
-        a = max(self.alpha, 1.0 / (self.count + 1))  # a running mean until it has 1/alpha steps
+        a = weight(self.alpha, self.count)
         self.tokens += a * (tokens - self.tokens)
         self.seconds += a * (seconds - self.seconds)
         self.count += 1
@@ -62,13 +68,14 @@ class RateAverage:
 
 class StepRatios:
     """Moving mean and variance of each step's speed-up over plain decoding (its tokens × the plain
-    step's seconds / its own seconds), weighted as ``RateAverage`` weighs steps: how sure a loss is."""
+    step's seconds / its own seconds), weighted as ``RateAverage`` weighs steps (``weight``): how sure
+    a loss is."""
 
     def __init__(self, alpha: float = JUDGE_EMA):
         self.alpha, self.mean, self.var, self.count = alpha, 0.0, 0.0, 0
 
     def add(self, ratio: float) -> None:
-        a = max(self.alpha, 1.0 / (self.count + 1))
+        a = weight(self.alpha, self.count)
         delta = ratio - self.mean
         self.mean += a * delta
         self.var = (1.0 - a) * (self.var + a * delta * delta)  # West's weighted variance update

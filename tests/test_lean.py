@@ -217,3 +217,19 @@ def test_a_target_whose_forward_differs_from_the_formula_keeps_it():
     assert isinstance(lean_target(plain), LeanCausalLM)
     assert lean_target(scaled) is None
     assert treespec.TargetModel(scaled).lean is None
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 3, 576), (4, 5, 64), (1, 200, 576)])
+def test_rms_norm_in_float32_is_the_models_own_to_the_bit(shape):
+    """The lean RMSNorm takes torch's ``rms_norm`` for float32 on a CPU (the tests above run float64,
+    which keeps the formula): it must give transformers' LlamaRMSNorm exactly."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from treespec.lean import rms_norm
+
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = 3 * torch.randn(*shape, generator=gen)
+    norm = LlamaRMSNorm(shape[-1], eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(shape[-1], generator=gen))
+        assert torch.equal(rms_norm(x, norm.weight, 1e-5), norm(x))

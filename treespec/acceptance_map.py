@@ -56,8 +56,8 @@ class AcceptanceMap:
     def __init__(self) -> None:
         self._mids = (np.arange(BUCKETS) + 0.5) / BUCKETS  # [B] bucket centres
         self._theta = [IDENTITY] * (DEPTH_GROUPS + 1)  # the logistic fits (shared, then per group): warm starts
-        self.hits = np.zeros((DEPTH_GROUPS, BUCKETS))  # [G, B] accepted nodes
-        self.tests = np.zeros((DEPTH_GROUPS, BUCKETS))  # [G, B] tested nodes
+        self.hits = np.zeros((DEPTH_GROUPS, BUCKETS))  # [G, B] accepted nodes, as of the last fit
+        self.tests = np.zeros((DEPTH_GROUPS, BUCKETS))  # [G, B] tested nodes, as of the last fit
         self.observed = 0  # nodes seen
         self.unfitted = 0  # nodes seen since the last fit
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (q, depths, accepted) not yet counted
@@ -94,8 +94,9 @@ class AcceptanceMap:
         return table[(q * LUT).astype(np.int64)]  # q in [0, 1]: a probability, so the cell exists
 
     def update(self, q: np.ndarray, depths: np.ndarray, accepted: np.ndarray) -> None:
-        """Count outcomes of tested nodes: confidences ``q`` [N], ``depths`` [N], ``accepted`` [N] bool, for
-        nodes whose parent was accepted (numpy arrays, or tensors on the CPU)."""
+        """Record outcomes of tested nodes: confidences ``q`` [N], ``depths`` [N], ``accepted`` [N] bool, for
+        nodes whose parent was accepted (numpy arrays, or tensors on the CPU). They are counted into
+        ``hits`` / ``tests`` at the next refit, the counts' only reader."""
         # copies: they wait for the next fit, and a caller's tensor may change meanwhile
         q, depths, accepted = np.array(q, dtype=np.float64), np.array(depths), np.array(accepted)
         if q.size == 0:

@@ -101,7 +101,7 @@ class BatchTarget:
             s = visible.shape[-1] - ids.shape[1]
             kv_pos = torch.cat([torch.arange(s).expand(ids.shape[0], -1), pos], dim=1)
         mask = rows_mask(visible.to(self.device), self.dtype, windows, pos, kv_pos)  # [B, 1, T, S+T]
-        extra = {"logits_to_keep": 1} if prefill and self.target.has_logits_to_keep else {}
+        extra = self.target.last_logits_only() if prefill else {}
         try:
             return self.target.run(
                 self.cache,

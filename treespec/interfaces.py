@@ -124,6 +124,12 @@ class Drafter(ABC):
 
         return cls(build_config(cls.Config, options, owner), target)
 
+    def cost_options(self) -> dict[str, Any]:
+        """The options a cost profile of this drafter is keyed by (``treespec profile``, ``nodes=auto``'s
+        quick measurement): every option set. Override to add what the options leave implicit but the
+        cost depends on (EAGLE: the draft vocabulary its head names by default)."""
+        return {k: v for k, v in dict(getattr(self, "config", {}) or {}).items() if v is not None}
+
     def fork(self) -> Drafter:
         """A drafter for another sequence decoded alongside this one (a batch row), sharing this one's
         weights but none of its per-sequence state. The default is a shallow copy, which is right when

@@ -186,9 +186,11 @@ class RopeTable:
 
 
 def rms_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm: in float32, back to the input's dtype, then the gain (in float32: torch's fused
-    op, the same arithmetic in one call, equal to the bit; tests/test_lean.py)."""
-    if x.dtype == torch.float32 and g.dtype == torch.float32:
+    """Llama's RMSNorm: in float32, back to the input's dtype, then the gain. Float32 on a CPU: torch's
+    ``rms_norm``, which there runs these same operations in one call (equal to the bit,
+    tests/test_lean.py); elsewhere its fused kernels sum in another order, and other dtypes apply the
+    gain before the cast back, so those keep the formula."""
+    if x.device.type == "cpu" and x.dtype == g.dtype == torch.float32:
         return F.rms_norm(x, x.shape[-1:], g, eps)
     var = x.float().pow(2).mean(-1, keepdim=True)
     return g * (x.float() * torch.rsqrt(var + eps)).to(x.dtype)

@@ -185,19 +185,21 @@ class TargetModel:
         if n == 0:
             return self.no_hidden(want_hidden)
         ids = input_ids.to(self.device)[None]  # [1, L]
-        kwargs: dict[str, Any] = {}
-        if self.has_logits_to_keep:
-            kwargs["logits_to_keep"] = 1  # the root's logits come from the first tree forward
         out = self._forward(
             input_ids=ids,
             position_ids=torch.arange(n, device=self.device)[None],  # [1, L]
             attention_mask=None,  # plain causal
             output_hidden_states=want_hidden,
-            **kwargs,
+            **self.last_logits_only(),  # the root's logits come from the first tree forward
         )
         self.past_len = n
         hidden = self.hidden_of(out, want_hidden)  # [1, L, H] or [1, L, k·H]
         return hidden[0] if hidden is not None else None
+
+    def last_logits_only(self) -> dict[str, int]:
+        """Keyword arguments for a forward whose logits are read at its last position at most (a
+        prefill): ``logits_to_keep=1`` where the model takes it, so its output layer runs for one row."""
+        return {"logits_to_keep": 1} if self.has_logits_to_keep else {}
 
     @inference
     def forward_tree(
