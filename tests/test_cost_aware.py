@@ -272,7 +272,7 @@ def test_expansion_is_priced_by_the_curve_where_the_tree_is_not_by_its_slope():
     cheap; priced where the tree is, a depth-2 node (p̂ 0.64) does not pay for its 10 ms at 100 tokens/s,
     so the planner drafts no layer that its cut throws away."""
     planner = planner_with(verify_per_node=0.0, expand_seconds=1e-5)
-    curve = {0: 0.010, 1: 0.0105, 2: 0.0205, 4: 0.0405}
+    curve = {0: 0.010, 1: 0.0105, 2: 0.0205, 3: 0.0305, 4: 0.0405}
     planner.cost.verify = Curve(list(VERIFY_GRID))
     for n in VERIFY_GRID:
         planner.cost.verify.observe(n, curve.get(n, 0.0405 + 1e-4 * (n - 4)))

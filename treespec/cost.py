@@ -33,7 +33,7 @@ from treespec.errors import TreespecWarning
 from treespec.isotonic import isotonic
 
 #: verification sizes (drafted nodes, root excluded) a profile measures and a curve keeps
-VERIFY_GRID = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+VERIFY_GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # every size to 4: T(n) can step there
 #: expand sizes (nodes expanded in one call)
 EXPAND_GRID = (1, 2, 4, 8, 16, 32, 64)
 

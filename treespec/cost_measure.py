@@ -16,7 +16,7 @@ whole step), which for a batch is the batch's rate shared out: a node pays only 
 Each point is the median of ``repeats`` measurements after one warm-up. ``treespec profile`` runs
 the whole grid and saves the ``CostModel`` as JSON under ``treespec.cost.profile_path(key)``, where
 ``opt-tree nodes=auto`` finds it for the same key; without a saved profile, the auto builder runs
-``quick`` (a few sizes, one measurement each: a fraction of a second) when it is attached.
+``quick`` (a few sizes, mostly medians of 3: about a second) when it is attached.
 """
 
 from __future__ import annotations
@@ -34,8 +34,12 @@ from treespec.cost import EXPAND_GRID, VERIFY_GRID, CostModel
 from treespec.interfaces import DraftRows, Expansion
 from treespec.tree import DraftTree
 
-QUICK_VERIFY = (0, 1, 4, 16, 48)  # what ``quick`` measures: enough for the curves' shape
+#: what ``quick`` measures: every size up to 4 nodes, where few-row products make T(n) a staircase
+#: (SmolLM2 on an Intel Xeon here: 31, 32, 34, 49, 50 ms at n = 0 … 4; read between n = 1 and 4,
+#: T(2) came out 36–39 ms and a run's planner could settle on one-node trees), then the curve's shape
+QUICK_VERIFY = (0, 1, 2, 3, 4, 8, 16, 48)
 QUICK_EXPAND = (1, 4, 16)
+QUICK_REPEATS, QUICK_FEW = 3, 8  # medians of 3 up to QUICK_FEW nodes (and every expansion), above: once
 
 Progress = Callable[[str, int, int], None]
 
@@ -66,14 +70,16 @@ def measure(
     verify_sizes: tuple[int, ...] = VERIFY_GRID,
     expand_sizes: tuple[int, ...] = EXPAND_GRID,
     batch: int = 1,
+    once_above: int | None = None,
 ) -> CostModel:
     """The cost model of ``target`` + ``drafter`` measured on ``prompt`` (see the module docstring), for
-    one sequence (``batch`` 1: the drafter itself) or one row of ``batch`` rows (``drafter.rows``). It
+    one sequence (``batch`` 1: the drafter itself) or one row of ``batch`` rows (``drafter.rows``);
+    verifications of more than ``once_above`` nodes are measured once (the dear ones). It
     decodes on the target, so it holds the target like a decode does (``TargetModel.exclusive``): a
     Decoder built while another thread decodes on the same target waits instead of breaking it."""
     import threading
 
-    args = (target, drafter, prompt, key, repeats, progress, verify_sizes, expand_sizes, batch)
+    args = (target, drafter, prompt, key, repeats, progress, verify_sizes, expand_sizes, batch, once_above)
     if getattr(target, "decoding_thread", None) == threading.get_ident():  # inside this thread's own decode
         return _measure(*args)
     with target.exclusive():
@@ -90,6 +96,7 @@ def _measure(
     verify_sizes: tuple[int, ...],
     expand_sizes: tuple[int, ...],
     batch: int,
+    once_above: int | None,
 ) -> CostModel:
     model = CostModel(key=key)
     gen = torch.Generator().manual_seed(0)
@@ -110,7 +117,8 @@ def _measure(
 
     start()
     for n in sizes:
-        forward, rest = _median(lambda n=n: _verify_once(bt, rows, prompt[-1], n, target.vocab_size, gen), repeats)
+        times = 1 if once_above is not None and n > once_above else repeats
+        forward, rest = _median(lambda n=n: _verify_once(bt, rows, prompt[-1], n, target.vocab_size, gen), times)
         model.verify.observe(n, forward)
         model.bookkeeping.observe(n, rest)
         tick(f"verify n={n}")
@@ -190,8 +198,9 @@ _QUICK: dict[tuple[int, str], CostModel] = {}  # (id of the target, profile key)
 
 
 def quick(target: Any, drafter: Any, key: dict[str, Any], batch: int = 1) -> CostModel:
-    """A rough cost model in a fraction of a second: a few sizes, one measurement each, on a prompt of
-    128 tokens (or a quarter of the context), for a run that has no saved profile; for a row of a batch
+    """A rough cost model in about a second (SmolLM2 here: 1.7 s; the small pair: a fraction of one): the
+    sizes of QUICK_VERIFY and QUICK_EXPAND, medians of QUICK_REPEATS up to QUICK_FEW nodes, on a prompt
+    of 128 tokens (or a quarter of the context), for a run that has no saved profile; for a row of a batch
     of ``batch`` rows, every row doing the same. Measured once per target, key and
     batch size in a process (a batch's rows, and later Decoders, start from a copy of it)."""
     import copy
@@ -203,6 +212,14 @@ def quick(target: Any, drafter: Any, key: dict[str, Any], batch: int = 1) -> Cos
         length = max(4, min(128, (target.max_positions or 512) // 4))
         prompt = [(7 + 31 * i) % max(vocab - 3, 1) + 3 for i in range(length)]  # arbitrary tokens: only the time counts
         _QUICK[memo] = measure(
-            target, drafter, prompt, key, repeats=1, verify_sizes=QUICK_VERIFY, expand_sizes=QUICK_EXPAND, batch=batch
+            target,
+            drafter,
+            prompt,
+            key,
+            repeats=QUICK_REPEATS,
+            verify_sizes=QUICK_VERIFY,
+            expand_sizes=QUICK_EXPAND,
+            batch=batch,
+            once_above=QUICK_FEW,
         )
     return copy.deepcopy(_QUICK[memo])
