@@ -41,7 +41,7 @@ def setup(
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = treespec.TargetModel.load(args.target)
-    items = load_prompts(args.dataset, limit=None)[args.start :: args.every][: args.limit]
+    items = load_prompts(args.dataset, limit=None)[args.start :: args.every][: args.limit or None]
     items = [as_chat(it, args.dataset) if args.chat else it for it in items]
     drafter = defaults.drafter_for(args.target)
     print(

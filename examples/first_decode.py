@@ -3,8 +3,8 @@
     python examples/first_decode.py --target smollm2 [--quick-sizes 0,1,4,16,48 --quick-repeats 1]
 
 Run it several times: each run is a new process, so ``opt-tree nodes=auto`` starts from its own quick
-measurement (``treespec.cost_measure.quick``, taken when the Decoder is created; no saved profile is
-read if none was saved with ``treespec profile``). It decodes four MT-Bench first turns (one in every
+measurement (``treespec.cost_measure.quick``, taken when the Decoder is created; a profile saved with
+``treespec profile`` is not read: profiles are looked up in an empty temporary directory). It decodes four MT-Bench first turns (one in every
 twenty, 128 new tokens) with the target's default configuration and prints the tokens per second, τ,
 the share of steps by tree size (4: four nodes or more), and T(0) … T(4) (verification plus
 bookkeeping, ms) as measured and as the decodes left them. ``--quick-sizes`` / ``--quick-repeats`` replace the measured sizes
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -37,6 +39,7 @@ def main() -> None:
         cost_measure.QUICK_VERIFY = tuple(int(n) for n in args.quick_sizes.split(","))
     if args.quick_repeats:
         cost_measure.QUICK_REPEATS = args.quick_repeats
+    os.environ["TREESPEC_PROFILE_DIR"] = tempfile.mkdtemp()  # no saved profile: the quick measurement is what runs
     target = treespec.TargetModel.load(args.target)
     dec = treespec.Decoder(
         target, drafter=defaults.drafter_for(args.target), builder="opt-tree", builder_options={"nodes": "auto"}

@@ -97,7 +97,7 @@ class EagleDrafter(Drafter):
         from treespec.plugins.eagle_head import read_config
 
         ids = draft_vocab.load(read_config(head)[1], vocab, head)
-        named = meta.get("vocab")
+        named = meta.get("vocab") if config.vocab is None else None  # vocab= overrides it, broken or not
         if named is not None and (isinstance(named, bool) or not isinstance(named, int) or named < 0):
             raise ConfigError(
                 f"EAGLE head {head!r}: its config.json's treespec.vocab is {named!r}, not a token count; "

@@ -539,3 +539,22 @@ def test_profile_command_measures_and_runs_find_it(tmp_path, monkeypatch, prompt
     for bad_args, flag in ((["--repeats", "0"], "--repeats"), (["--batch-size", "0"], "--batch-size must be > 0")):
         bad = CliRunner().invoke(app, ["profile", *args, *bad_args])
         assert bad.exit_code == 2 and flag in bad.stderr
+
+
+def test_profile_keys_tell_compositions_apart(target64):
+    """A composition's key names its parts in order: before, every ``ComposedDrafter`` with the same
+    merge options shared one key (and one quick measurement in a process), whatever it composed."""
+    from conftest import eagle_head_dir
+    from treespec.plugins.cost_aware import drafter_key
+
+    def key(spec: str) -> str:
+        dec = treespec.Decoder(
+            target64, drafter=spec, drafter_options={"eagle.head": str(eagle_head_dir())}, builder="chain"
+        )
+        return drafter_key(dec.drafter)
+
+    eagle_first, ngram_first = key("eagle+ngram"), key("ngram+eagle")
+    assert eagle_first != ngram_first and eagle_first == key("eagle+ngram")
+    assert (
+        eagle_first.startswith("ComposedDrafter(") and "EagleDrafter(" in eagle_first and "NgramDrafter(" in eagle_first
+    )

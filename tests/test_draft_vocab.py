@@ -192,3 +192,13 @@ def test_a_head_names_its_default_cut_and_vocab_overrides_it(target64, tmp_path)
     (head / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="treespec.vocab is 'many'"):
         EagleDrafter(EagleConfig(head=str(head)), target64)
+
+
+def test_the_draft_vocabulary_is_part_of_the_cost_profile_key(target64):
+    """A cut changes what a draft call costs, so profiles measured over one are not read for another,
+    including the cut a head names by default (no option says it)."""
+    from treespec.plugins.cost_aware import drafter_key
+
+    out = small_vocab_head()
+    whole, cut = (EagleDrafter(EagleConfig(head=str(out), vocab=v), target64) for v in (None, 64))
+    assert f"vocab={N}" in drafter_key(whole) and "vocab=64" in drafter_key(cut)

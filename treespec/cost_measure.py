@@ -16,7 +16,7 @@ whole step), which for a batch is the batch's rate shared out: a node pays only 
 Each point is the median of ``repeats`` measurements after one warm-up. ``treespec profile`` runs
 the whole grid and saves the ``CostModel`` as JSON under ``treespec.cost.profile_path(key)``, where
 ``opt-tree nodes=auto`` finds it for the same key; without a saved profile, the auto builder runs
-``quick`` (a few sizes, mostly medians of 3: about a second) when it is attached.
+``quick`` (a few sizes, mostly medians of 3: 2.1 s for SmolLM2 here) when it is attached.
 """
 
 from __future__ import annotations
@@ -100,7 +100,12 @@ def _measure(
 ) -> CostModel:
     model = CostModel(key=key)
     gen = torch.Generator().manual_seed(0)
-    room = (target.max_positions or 1 << 30) - len(prompt) - 16 * (repeats + 1)
+
+    def runs(n: int) -> int:  # timed verifications of n nodes (after one warm-up)
+        return 1 if once_above is not None and n > once_above else repeats
+
+    # every verification commits one token, every first expansion up to four: what stays for a tree
+    room = (target.max_positions or 1 << 30) - len(prompt) - sum(1 + runs(n) for n in verify_sizes) - 4 * (repeats + 1)
     sizes = [n for n in verify_sizes if n < target.max_tree_nodes and n < room]
     total, done = len(sizes) + 1 + len(expand_sizes), 0
     bt = BatchTarget(target)
@@ -117,8 +122,7 @@ def _measure(
 
     start()
     for n in sizes:
-        times = 1 if once_above is not None and n > once_above else repeats
-        forward, rest = _median(lambda n=n: _verify_once(bt, rows, prompt[-1], n, target.vocab_size, gen), times)
+        forward, rest = _median(lambda n=n: _verify_once(bt, rows, prompt[-1], n, target.vocab_size, gen), runs(n))
         model.verify.observe(n, forward)
         model.bookkeeping.observe(n, rest)
         tick(f"verify n={n}")
@@ -198,7 +202,7 @@ _QUICK: dict[tuple[int, str], CostModel] = {}  # (id of the target, profile key)
 
 
 def quick(target: Any, drafter: Any, key: dict[str, Any], batch: int = 1) -> CostModel:
-    """A rough cost model in about a second (SmolLM2 here: 1.7 s; the small pair: a fraction of one): the
+    """A rough cost model in seconds at most (SmolLM2 here: 2.1 s; the small pair: 0.25 s): the
     sizes of QUICK_VERIFY and QUICK_EXPAND, medians of QUICK_REPEATS up to QUICK_FEW nodes, on a prompt
     of 128 tokens (or a quarter of the context), for a run that has no saved profile; for a row of a batch
     of ``batch`` rows, every row doing the same. Measured once per target, key and
