@@ -106,11 +106,11 @@ class AutoPlanner:
     def attach(self, target: TargetModel, drafter: Drafter, batch: int = 1) -> None:
         """Cap trees at what the target verifies; start from a saved profile when there is one, else
         from a quick measurement of a few sizes (``treespec.cost_measure.quick``: 0.25 s for the
-        small pair, 2.1 s for SmolLM2 here, once per Decoder). ``profile=none``: start empty and learn online only. A row of a
-        batch of ``batch`` > 1 prices its nodes by the batched step: a profile measured for that
-        batch size (``quick(..., batch)``: every row verifying n nodes, expanding m), refined online
-        from the batch's step times; trees shrink as the step fills the machine, down to plain
-        decoding (docs/design.md, "Batches")."""
+        small pair, 2.1 s for SmolLM2 here, once per Decoder). ``profile=none``: start empty and learn
+        online only. A row of a batch of ``batch`` > 1 prices its nodes by the batched step: a profile
+        measured for that batch size (``quick(..., batch)``: every row verifying n nodes, expanding m),
+        refined online from the batch's step times; trees shrink as the step fills the machine, down to
+        plain decoding (docs/design.md, "Batches")."""
         self.cap = min(self.cap, target.max_tree_nodes)
         if self.profile == "none":
             return

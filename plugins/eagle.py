@@ -67,9 +67,8 @@ class EagleDrafter(Drafter):
         self.embed_ids = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
         self._head = self.lm_head if offloaded else (lambda x: linear(x, self.lm_head.weight, self.lm_head.bias))
         self.vocab = vocab
-        self.ids = self._draft_ids(
-            config, head, vocab, self.meta
-        )  # [N] target ids of a reduced draft vocabulary, or None
+        # [N] target ids of a reduced draft vocabulary, or None
+        self.ids = self._draft_ids(config, head, vocab, self.meta)
         if self.ids is not None:
             self.ids = self.ids.to(self.device)
             bias = self.lm_head.bias[self.ids].detach() if getattr(self.lm_head, "bias", None) is not None else None
@@ -97,13 +96,15 @@ class EagleDrafter(Drafter):
         from treespec.plugins.eagle_head import read_config
 
         ids = draft_vocab.load(read_config(head)[1], vocab, head)
-        named = meta.get("vocab") if config.vocab is None else None  # vocab= overrides it, broken or not
-        if named is not None and (isinstance(named, bool) or not isinstance(named, int) or named < 0):
-            raise ConfigError(
-                f"EAGLE head {head!r}: its config.json's treespec.vocab is {named!r}, not a token count; "
-                "fix it, or give the drafter vocab=N"
-            )
-        want = config.vocab if config.vocab is not None or ids is None else named
+        want = config.vocab
+        if want is None:  # the cut the head names (vocab= overrides it, broken or not)
+            named = meta.get("vocab")
+            if named is not None and (isinstance(named, bool) or not isinstance(named, int) or named < 0):
+                raise ConfigError(
+                    f"EAGLE head {head!r}: its config.json's treespec.vocab is {named!r}, not a token count; "
+                    "fix it, or give the drafter vocab=N"
+                )
+            want = named if ids is not None else None
         if want is None or ids is None and want >= vocab:
             return ids
         if want == 0 or want >= vocab:
