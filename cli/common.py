@@ -209,6 +209,10 @@ def stdout_failed(exc: OSError) -> None:
     fail(f"cannot write the output to stdout ({exc.strerror or exc}): free some space or redirect it elsewhere", code=1)
 
 
+#: environment switches that change the products a run computes with, recorded in its command when set
+RECORDED_ENV = ("TREESPEC_ROW_MATMUL", "TREESPEC_PACKED_MB", "TREESPEC_LEAN_TARGET")
+
+
 def command_line(ctx: Any, resolved: dict[str, Any] | None = None) -> list[str]:
     """The command that reproduces this invocation, every effective setting spelled out: each option
     of the command, in declaration order, with its value (``resolved`` replaces values the command
@@ -216,8 +220,9 @@ def command_line(ctx: Any, resolved: dict[str, Any] | None = None) -> list[str]:
     resolved = resolved or {}
     from treespec.threads import enabled
 
-    # the environment switch that changes what a run measures comes first, as a shell would take it
+    # the environment switches that change what a run measures come first, as a shell would take them
     argv = [] if enabled() or not os.path.exists("/proc/stat") else ["TREESPEC_FOLLOW_LOAD=0"]
+    argv += [f"{name}={os.environ[name].strip()}" for name in RECORDED_ENV if os.environ.get(name, "").strip()]
     argv += ["treespec", *_command_path(ctx)]
     for param in ctx.command.params:
         if getattr(param, "param_type_name", "") != "option" or param.name is None:

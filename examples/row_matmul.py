@@ -10,7 +10,12 @@ medians as a Markdown table, and the largest difference between the two forwards
     python examples/row_matmul.py --target smollm2 --compare lean --rows 1,2,4,8,16
 
 compares instead the model's own forward with the lean one a target verifies trees with
-(``treespec.lean.lean_target``), both with the products the machine's verdict picks.
+(``treespec.lean.lean_target``), both with the products the machine's verdict picks, and
+
+    python examples/row_matmul.py --target smollm2 --compare packed --rows 1,2,3,4,5,8,16
+
+torch's product with MKL's packed one (``treespec.packed_matmul``; the weights packed for the padded
+row count, made on each size's warm-up forward).
 """
 
 from __future__ import annotations
@@ -34,19 +39,21 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,4,5,8,12,13,16,32")
     ap.add_argument("--past", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=21)
-    ap.add_argument("--compare", choices=("rows", "lean"), default="rows")
+    ap.add_argument("--compare", choices=("rows", "packed", "lean"), default="rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = TargetModel.load(args.target)
     model = target.model
     rows = RowMatmul(model)
-    on = (True,) * len(SIZES)
+    on = (args.compare,) * len(SIZES)  # W·Xᵀ or the packed product at every size
     cache = DynamicCache(config=model.config)
     ids = (torch.arange(args.past)[None] * 31 + 7) % target.vocab_size  # [1, P] arbitrary tokens
     with torch.inference_mode():
         model(input_ids=ids, **{target.cache_keyword: cache}, use_cache=True)
-    names = ("stock", "rows") if args.compare == "rows" else ("model", "lean")
-    heads = ("torch's product", "W·Xᵀ") if args.compare == "rows" else ("the model's forward", "lean forward")
+    names = ("model", "lean") if args.compare == "lean" else ("stock", args.compare)
+    heads = {"rows": ("torch's product", "W·Xᵀ"), "packed": ("torch's product", "packed")}.get(
+        args.compare, ("the model's forward", "lean forward")
+    )
     lean = LeanCausalLM(model, fuse=False) if args.compare == "lean" else None
     print(f"{args.target}, {args.threads} thread(s), {args.past} cached tokens, medians of {args.repeats}\n")
     print(f"| rows | {heads[0]} (ms) | {heads[1]} (ms) | ratio | max abs. logit difference |")
@@ -60,7 +67,7 @@ def main() -> None:
         logits = {}
         for rep in range(args.repeats + 1):
             for name in names:
-                products = rows.installed(on if name == "rows" else None) if lean is None else rows.applied()
+                products = rows.installed(on if name == args.compare else None) if lean is None else rows.applied()
                 with torch.inference_mode(), products:
                     began = time.perf_counter()
                     if name == "lean":

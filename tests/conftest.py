@@ -72,6 +72,23 @@ def tinystories_prompts(n: int, cut_words: int = 25) -> list[str]:
     return out
 
 
+def assert_drafted_decodes_are_greedy(target, reference, prompts: int = 4, max_new_tokens: int = 48) -> None:
+    """stories260K's first 3 layers drafting 12-node opt-tree trees for ``target``: every real prompt's
+    output equals ``reference`` (the target's own ``generate(do_sample=False)``)."""
+    import treespec
+
+    dec = treespec.Decoder(
+        target,
+        drafter=str(STORIES260K),
+        drafter_options={"layers": 3},
+        builder="opt-tree",
+        builder_options={"nodes": 12},
+    )
+    for text in tinystories_prompts(prompts):
+        ids = target.tokenizer(text).input_ids
+        assert dec.generate(ids, max_new_tokens=max_new_tokens).token_ids == reference(ids, max_new_tokens)
+
+
 @functools.cache
 def eagle_head_dir() -> Path:
     """An EAGLE head for stories260K trained here once per session (≈ 10 s; trained heads are not

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from treespec.bench import datasets
 from treespec.bench.baselines import default_baselines
 from treespec.bench.runner import Bench, Config, Sample, parse_spec
 from treespec.cli.app import app
+from treespec.cli.common import RECORDED_ENV
 
 PROMPTS = SHARED / "prompts"
 
@@ -266,7 +268,11 @@ def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     assert res.exit_code == 0, res.output
     assert "hf-greedy" in res.stdout and "lossless" in res.stdout
     result = json.loads((out / "results.json").read_text())
-    assert result["command"].startswith("treespec bench --dataset tinystories")
+    # the environment switches the tests run under come first (conftest: TREESPEC_ROW_MATMUL=on), then the command
+    env = "".join(f"{n}={os.environ[n].strip()} " for n in RECORDED_ENV if os.environ.get(n, "").strip())
+    assert env.startswith("TREESPEC_ROW_MATMUL=") and result["command"].startswith(
+        env + "treespec bench --dataset tinystories"
+    )
     assert {"python", "torch", "transformers", "cpu", "threads"} <= set(result["environment"])
     labels = [r["config"] for r in result["rows"]]
     assert labels[0] == "hf-greedy" and any(lbl.startswith("hf-lookup") for lbl in labels)
@@ -297,8 +303,6 @@ def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     text = md.read_text()
     assert result["command"] in text and "| chain k=3 \\| stories260K layers=4 |" in text and "Targets:" in text
     assert "Planning rows" in text and "tokens_vs_budget.png" in text
-    import os
-
     assert (
         f"--out {os.path.relpath(md)}`" in text and "--out docs/benchmarks.md" not in text
     )  # the hint names its own --out

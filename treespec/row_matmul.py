@@ -15,27 +15,34 @@ with 2 threads; with 1 thread better at 1–4 rows, worse at 8–16. So the choi
 machine, the thread count and the row count, and is measured, never assumed.
 
 How. ``RowMatmul(model)`` finds the model's plain ``nn.Linear`` layers whose weights live on a CPU.
-``verdict()`` times whole forwards of the model (no cache, arbitrary tokens) at R = 1, 2, 4, ... 64
-rows, stock and W·Xᵀ interleaved, and keeps W·Xᵀ for a size where its median is at least 3% faster;
-a forward of r rows follows the verdict of the size it is padded to (up to 16 rows: the next power of
-two), else of the largest measured size ≤ r (up to 2·64 − 1 rows; above, stock). Verdicts are per
-thread count, kept for the process and saved beside the cost profiles (``treespec.cost.profile_dir``),
-keyed by the model's shape, dtype (fp32/fp64 only), threads, torch and CPU. A measurement taken on a
-disturbed machine is neither used nor saved (``plausible``: no size more than JUMP× slower than a larger
-one; measured again up to ATTEMPTS times, else torch's product for the process), and a saved verdict
-whose timings fail that check is measured again: one busy minute must not decide for every later run.
-``applied()`` brackets one of treespec's own forwards: it installs a forward on each such layer that
-reads the verdict from a context variable, so the switch holds only inside that forward on that
-thread (the user's model is as it was outside it, and between forwards nothing is installed).
+``verdict()`` times whole forwards of the model (no cache, arbitrary tokens) at R = 1, 2, 3, 4, 8, ...
+64 rows with each product — torch's (``stock``), W·Xᵀ (``rows``), and where torch has MKL's packed
+product, float32 weights and the memory for a copy of them, the weights packed for R rows
+(``packed``, ``treespec.packed_matmul``) — interleaved, and keeps the fastest where its median is at
+least 3% faster than stock's. A forward of r rows follows the verdict of the smallest size ≥ r (up to 16
+rows; W·Xᵀ pads X to a power of two there, the packed product to that size), else of the largest
+measured size ≤ r (up to 2·64 − 1 rows, the packed product excepted; above, stock). Each size kept
+packed costs one more copy of the weights: at most ``packed_matmul.copies`` (3 by default).
+Verdicts are per thread count, kept for the process and saved beside the cost profiles
+(``treespec.cost.profile_dir``), keyed by the model's shape, dtype (fp32/fp64 only), threads, torch
+and CPU. A measurement taken on a disturbed machine is neither used nor saved (``plausible``: no size
+more than JUMP× slower than a larger one; measured again up to ATTEMPTS times, else torch's product
+for the process), and a saved verdict whose timings fail that check is measured again: one busy
+minute must not decide for every later run. ``applied()`` brackets one of treespec's own forwards: it
+installs a forward on each such layer that reads the verdict from a context variable, so the switch
+holds only inside that forward on that thread (the user's model is as it was outside it, and between
+forwards nothing is installed).
 
 Same arithmetic, another summation order: logits differ in the last bits, as they already do between
 a one-row and a many-row forward; every decoding test compares tokens with the target's own
 ``generate``. ``TREESPEC_ROW_MATMUL=off`` keeps torch's own product everywhere, ``on`` uses W·Xᵀ at
-every measured size without measuring, ``auto`` (the default) measures.
+every measured size without measuring, ``auto`` (the default) measures; ``TREESPEC_PACKED_MB`` caps the
+packed copies (0: none).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import contextvars
 import hashlib
@@ -48,11 +55,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from treespec import packed_matmul
 from treespec.devices import cpu_name
 from treespec.kv import max_positions
 
-SIZES = (1, 2, 4, 8, 16, 32, 64)  # rows measured; a forward of r rows follows size 2^floor(log2 r)
+SIZES = (1, 2, 3, 4, 8, 16, 32, 64)  # rows measured; r rows follow the smallest size ≥ r up to PAD_UP_TO
 PAD_UP_TO = 16  # up to this many rows, W·Xᵀ pads X to a power of two (above: measured slower padded)
+#: the products: torch's, W·Xᵀ (``linear_rows``), MKL's packed one (``treespec.packed_matmul``)
+CHOICES = ("stock", "rows", "packed")
 MARGIN = 0.97  # W·Xᵀ is kept only where its median is at most this fraction of stock's
 REPEATS = 3  # timed forwards per size and variant (after one warm-up each)
 #: a forward of fewer rows measured this many times slower than one of more rows: the machine was
@@ -61,11 +71,11 @@ JUMP = 2.0
 ATTEMPTS = 3  # measurements tried before giving up on a disturbed machine (then: stock, nothing saved)
 MODES = ("auto", "on", "off")
 
-#: the verdict of the forward running in this context: per size index, W·Xᵀ or not (None: stock)
-_VERDICT: contextvars.ContextVar[tuple[bool, ...] | None] = contextvars.ContextVar("treespec_rows", default=None)
+#: the verdict of the forward running in this context: per size index, one of CHOICES (None: stock)
+_VERDICT: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("treespec_rows", default=None)
 #: the last verdict measured or loaded in this process, per thread count: what treespec's own draft code
 #: follows (``linear``) outside a target's forward
-_LATEST: dict[int, tuple[bool, ...]] = {}
+_LATEST: dict[int, tuple[str, ...]] = {}
 
 
 def mode() -> str:
@@ -117,20 +127,28 @@ def product(x: torch.Tensor) -> Callable[..., torch.Tensor]:
     return _dispatch(_VERDICT.get() or _LATEST.get(torch.get_num_threads()), x)
 
 
-def _dispatch(verdict: tuple[bool, ...] | None, x: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """W·Xᵀ if ``verdict`` says so for x's row count, else torch's own product."""
+def _dispatch(verdict: tuple[str, ...] | None, x: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """The product ``verdict`` names for x's row count: W·Xᵀ, the packed product (at most its size's
+    rows), else torch's own."""
     if verdict is not None and x.dim() >= 1 and x.shape[-1]:
-        i = _index(x.numel() // x.shape[-1])
-        if i >= 0 and verdict[i]:
-            return linear_rows
+        rows = x.numel() // x.shape[-1]
+        i = _index(rows)
+        if i >= 0:
+            if verdict[i] == "rows":
+                return linear_rows
+            if verdict[i] == "packed" and rows <= SIZES[i]:
+                return packed_matmul.product(SIZES[i])
     return F.linear
 
 
 def _index(rows: int) -> int:
-    """The position in SIZES of the verdict a forward of ``rows`` rows follows: the size it is padded to
+    """The position in SIZES of the verdict a forward of ``rows`` rows follows: the smallest size ≥ rows
     (up to PAD_UP_TO rows), else the largest size ≤ rows; -1 above twice the last size (stock)."""
-    i = (rows - 1).bit_length() if rows <= PAD_UP_TO else rows.bit_length() - 1
-    return i if 0 <= i < len(SIZES) else -1
+    if rows < 1 or rows > 2 * SIZES[-1] - 1:
+        return -1
+    if rows <= PAD_UP_TO:
+        return bisect.bisect_left(SIZES, rows)
+    return bisect.bisect_right(SIZES, rows) - 1
 
 
 def _forward_of(module: torch.nn.Linear):
@@ -155,31 +173,41 @@ class RowMatmul:
             and "forward" not in vars(m)  # a forward of its own (accelerate's hooks): left alone
         ]
         self.forwards = [_forward_of(m) for m in self.layers]
-        self.verdicts: dict[int, tuple[bool, ...]] = {}  # threads → per size: W·Xᵀ
+        self.verdicts: dict[int, tuple[str, ...]] = {}  # threads → per size: one of CHOICES
         self.timings: dict[int, dict[str, list[float]]] = {}  # threads → what the verdict was read from
         self.depth = 0  # nested applications (a drafter's forward inside the target's): installed once
 
     # ------------------------------------------------------------------ the verdict
-    def verdict(self) -> tuple[bool, ...]:
-        """Per size in SIZES, whether W·Xᵀ is used at this thread count (measured once, then saved)."""
+    def verdict(self) -> tuple[str, ...]:
+        """Per size in SIZES, the product used at this thread count (measured once, then saved)."""
         threads = torch.get_num_threads()
         found = self.verdicts.get(threads)
         if found is not None:
             return found
         kind = mode()
         if kind == "off" or not self.layers:
-            found = (False,) * len(SIZES)
+            found = ("stock",) * len(SIZES)
         elif kind == "on":
-            found = (True,) * len(SIZES)
+            found = ("rows",) * len(SIZES)
         else:
             found = self._load(threads)
             if found is None:
                 try:
                     found = self._measure(threads)
                 except Exception:  # a model that cannot run bare token ids (it needs other inputs): stock
-                    found = (False,) * len(SIZES)
+                    found = ("stock",) * len(SIZES)
         self.verdicts[threads] = _LATEST[threads] = found
         return found
+
+    def copies(self) -> int:
+        """How many sizes may keep a packed copy of the weights (``packed_matmul.copies``; 0 without MKL's
+        packed product or float32 weights)."""
+        weights = [m.weight for m in self.layers if packed_matmul.usable(m.weight)]
+        if not weights or len(weights) < len(self.layers) or not packed_matmul.available():
+            return 0
+        return packed_matmul.copies(
+            sum(w.numel() * w.element_size() for w in {w.data_ptr(): w for w in weights}.values())
+        )
 
     def key(self, threads: int) -> dict[str, Any]:
         """What a verdict was measured for."""
@@ -195,6 +223,7 @@ class RowMatmul:
             "threads": threads,
             "torch": torch.__version__,
             "cpu": cpu_name(),
+            "packed": self.copies() > 0,  # measured with the packed product offered or not
         }
 
     def _path(self, key: dict[str, Any]):
@@ -203,20 +232,34 @@ class RowMatmul:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         return profile_dir() / f"row-matmul-{digest}.json"
 
-    def _load(self, threads: int) -> tuple[bool, ...] | None:
+    def _load(self, threads: int) -> tuple[str, ...] | None:
         key = self.key(threads)
         try:
             saved = json.loads(self._path(key).read_text())
-            rows = saved["rows"]
-            usable = saved.get("key") == key and len(rows) == len(SIZES) and all(isinstance(v, bool) for v in rows)
-            if usable and plausible(saved.get("ms", {})):  # a disturbed measurement is measured again
-                self.timings[threads] = saved.get("ms", {})
-                return tuple(rows)
+            rows, ms = saved["rows"], saved.get("ms", {})
+            usable = saved.get("key") == key and len(rows) == len(SIZES) and all(v in CHOICES for v in rows)
+            if usable and plausible(ms):  # a disturbed measurement is measured again
+                self.timings[threads] = ms
+                return self._fit(tuple(rows), ms)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # nothing saved, or a damaged file: measured again
         return None
 
-    def _measure(self, threads: int) -> tuple[bool, ...]:
+    def _fit(self, verdict: tuple[str, ...], ms: dict[str, list[float]]) -> tuple[str, ...]:
+        """``verdict`` with no more packed sizes than ``copies()`` allows now (the smallest kept: a
+        single sequence's trees); a size given up takes W·Xᵀ if its timings say so, else stock."""
+        allowed = self.copies()
+        out = list(verdict)
+        for i, choice in enumerate(verdict):
+            if choice == "packed":
+                if allowed > 0:
+                    allowed -= 1
+                    continue
+                stock, rows = ms.get("stock", [0.0] * len(SIZES))[i], ms.get("rows", [0.0] * len(SIZES))[i]
+                out[i] = "rows" if 0 < rows <= MARGIN * stock else "stock"
+        return tuple(out)
+
+    def _measure(self, threads: int) -> tuple[str, ...]:
         """The verdict of the first undisturbed measurement (``plausible``), saved; if the machine stays
         disturbed for ``ATTEMPTS`` measurements, torch's own product everywhere, for this process only."""
         for _ in range(ATTEMPTS):
@@ -225,9 +268,9 @@ class RowMatmul:
             if plausible(ms):
                 self._save(threads, verdict, ms)
                 return verdict
-        return (False,) * len(SIZES)
+        return ("stock",) * len(SIZES)
 
-    def _save(self, threads: int, verdict: tuple[bool, ...], ms: dict[str, list[float]]) -> None:
+    def _save(self, threads: int, verdict: tuple[str, ...], ms: dict[str, list[float]]) -> None:
         key = self.key(threads)
         try:
             path = self._path(key)
@@ -237,36 +280,48 @@ class RowMatmul:
             pass  # a read-only cache: measured again next process
 
     @torch.inference_mode()
-    def _time_sizes(self) -> tuple[tuple[bool, ...], dict[str, list[float]]]:
-        """Time whole forwards (no cache) at each size, stock and W·Xᵀ interleaved; medians decide."""
+    def _time_sizes(self) -> tuple[tuple[str, ...], dict[str, list[float]]]:
+        """Time whole forwards (no cache) at each size, every product interleaved; medians decide. The
+        packed product is tried while copies remain (``copies``); its copies are freed after each size,
+        so that a size the process never computes at costs no memory."""
         emb = self.model.get_input_embeddings()
         vocab = int(getattr(emb, "num_embeddings", 0) or emb.weight.shape[0])
         device = emb.weight.device if emb.weight.device.type != "meta" else torch.device("cpu")
-        ms: dict[str, list[float]] = {"stock": [], "rows": []}
+        copies = self.copies()
+        products = CHOICES if copies else CHOICES[:2]
+        ms: dict[str, list[float]] = {name: [] for name in products}
         limit = max_positions(self.model.config) if hasattr(self.model, "config") else None
-        rows = []
-        for verdict in (None, (True,) * len(SIZES)):  # untimed: first calls (allocator, kernels) inflate size 1
-            with self.installed(verdict):
+        verdict: list[str] = []
+        for name in CHOICES[:2]:  # untimed: first calls (allocator, kernels) inflate size 1
+            with self.installed((name,) * len(SIZES)):
                 self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
         for size in SIZES:
+            tried = [name for name in products if name != "packed" or verdict.count("packed") < copies]
             if limit is not None and size > limit:
-                rows.append(False)
-                continue
+                tried = []
             ids = (torch.arange(size, device=device)[None] * 31 + 7) % max(vocab, 1)  # [1, R] arbitrary tokens
-            times: dict[str, list[float]] = {"stock": [], "rows": []}
-            for rep in range(REPEATS + 1):
-                for name, verdict in (("stock", None), ("rows", (True,) * len(SIZES))):
-                    with self.installed(verdict):
-                        began = time.perf_counter()
-                        self.model(input_ids=ids, use_cache=False)
-                        took = time.perf_counter() - began
-                    if rep:  # the first of each is a warm-up
-                        times[name].append(took)
-            stock, fast = (sorted(times[k])[len(times[k]) // 2] for k in ("stock", "rows"))
-            ms["stock"].append(round(stock * 1e3, 3))
-            ms["rows"].append(round(fast * 1e3, 3))
-            rows.append(fast <= MARGIN * stock)
-        return tuple(rows), ms
+            medians = self._time_one(ids, tried)
+            for name in products:
+                ms[name].append(round(medians.get(name, 0.0) * 1e3, 3))
+            fastest = min((n for n in tried if n != "stock"), key=medians.__getitem__, default="stock")
+            won = tried and medians[fastest] <= MARGIN * medians["stock"]
+            verdict.append(fastest if won else "stock")
+            packed_matmul.drop({size}, [m.weight for m in self.layers])  # made again on first use, if chosen
+        return tuple(verdict), ms
+
+    def _time_one(self, ids: torch.Tensor, products: list[str]) -> dict[str, float]:
+        """Median seconds of a forward of ``ids`` with each of ``products``, interleaved rep by rep (the
+        first rep of each a warm-up: it also packs the weights for this size)."""
+        times: dict[str, list[float]] = {name: [] for name in products}
+        for rep in range(REPEATS + 1):
+            for name in products:
+                with self.installed((name,) * len(SIZES)):
+                    began = time.perf_counter()
+                    self.model(input_ids=ids, use_cache=False)
+                    took = time.perf_counter() - began
+                if rep:
+                    times[name].append(took)
+        return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
     # ------------------------------------------------------------------ the switch
     @contextlib.contextmanager
@@ -277,12 +332,12 @@ class RowMatmul:
             yield
             return
         verdict = self.verdict()
-        with self.installed(verdict if any(verdict) else None, modules):
+        with self.installed(verdict if any(c != "stock" for c in verdict) else None, modules):
             yield
 
     @contextlib.contextmanager
-    def installed(self, verdict: tuple[bool, ...] | None, modules: bool = True) -> Iterator[None]:
-        """Inside: the layers follow ``verdict`` (per size in SIZES; None: torch's own product), whatever
+    def installed(self, verdict: tuple[str, ...] | None, modules: bool = True) -> Iterator[None]:
+        """Inside: the layers follow ``verdict`` (per size in SIZES, one of CHOICES; None: torch's own), whatever
         was measured (``examples/row_matmul.py`` compares the two this way)."""
         if verdict is None:
             yield
