@@ -170,3 +170,19 @@ def test_a_measurement_leaves_no_copies(monkeypatch, tmp_path):
     rm.verdict()
     assert any(t > 0 for t in rm.timings[torch.get_num_threads()]["packed"]), "the packed product was timed"
     assert all(not packed_matmul._PACKED.get(m.weight) for m in rm.layers)
+
+
+@needs_mkl
+def test_sizes_packed_at_another_thread_count_are_shared(monkeypatch):
+    """A verdict for another thread count (treespec follows the machine's load) shares its sizes' copies
+    and counts them against the budget: the model never keeps more copies than ``copies()``."""
+    rm = RowMatmul(_tiny_model())
+    weights = sum(m.weight.numel() * 4 for m in rm.layers)
+    monkeypatch.setenv("TREESPEC_PACKED_MB", str(2.5 * weights / 2**20))
+    n = len(SIZES)
+    other = tuple("packed" if size in (8, 16) else "stock" for size in SIZES)
+    rm.verdicts[99] = other  # 99 threads: any count but this one
+    mine = tuple("packed" if size in (4, 8) else "stock" for size in SIZES)
+    ms = {"stock": [10.0] * n, "rows": [9.0] * n, "packed": [8.0] * n}
+    want = tuple({4: "rows", 8: "packed"}.get(size, "stock") for size in SIZES)  # 4 given up: no copy left
+    assert rm._fit(mine, ms) == want

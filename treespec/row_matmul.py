@@ -246,18 +246,24 @@ class RowMatmul:
         return None
 
     def _fit(self, verdict: tuple[str, ...], ms: dict[str, list[float]]) -> tuple[str, ...]:
-        """``verdict`` with no more packed sizes than ``copies()`` allows now (the smallest kept: a
+        """``verdict`` with no more packed sizes than ``copies()`` allows now, counting the sizes this
+        model's verdicts at other thread counts already pack (shared copies) and keeping the smallest (a
         single sequence's trees); a size given up takes W·Xᵀ if its timings say so, else stock."""
-        allowed = self.copies()
+        shared = self._packed_sizes()
+        allowed = self.copies() - len(shared)
         out = list(verdict)
         for i, choice in enumerate(verdict):
-            if choice == "packed":
+            if choice == "packed" and SIZES[i] not in shared:
                 if allowed > 0:
                     allowed -= 1
                     continue
                 stock, rows = ms.get("stock", [0.0] * len(SIZES))[i], ms.get("rows", [0.0] * len(SIZES))[i]
                 out[i] = "rows" if 0 < rows <= MARGIN * stock else "stock"
         return tuple(out)
+
+    def _packed_sizes(self) -> set[int]:
+        """The sizes this model's verdicts (every thread count) compute with the packed product."""
+        return {SIZES[i] for found in self.verdicts.values() for i, choice in enumerate(found) if choice == "packed"}
 
     def _measure(self, threads: int) -> tuple[str, ...]:
         """The verdict of the first undisturbed measurement (``plausible``), saved; if the machine stays
@@ -287,7 +293,7 @@ class RowMatmul:
         emb = self.model.get_input_embeddings()
         vocab = int(getattr(emb, "num_embeddings", 0) or emb.weight.shape[0])
         device = emb.weight.device if emb.weight.device.type != "meta" else torch.device("cpu")
-        copies = self.copies()
+        copies, shared = self.copies(), self._packed_sizes()  # sizes packed at other thread counts: shared
         products = CHOICES if copies else CHOICES[:2]
         ms: dict[str, list[float]] = {name: [] for name in products}
         limit = max_positions(self.model.config) if hasattr(self.model, "config") else None
@@ -296,7 +302,8 @@ class RowMatmul:
             with self.installed((name,) * len(SIZES)):
                 self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
         for size in SIZES:
-            tried = [name for name in products if name != "packed" or verdict.count("packed") < copies]
+            new = len({SIZES[i] for i, c in enumerate(verdict) if c == "packed"} - shared)
+            tried = [name for name in products if name != "packed" or size in shared or new < copies - len(shared)]
             if limit is not None and size > limit:
                 tried = []
             ids = (torch.arange(size, device=device)[None] * 31 + 7) % max(vocab, 1)  # [1, R] arbitrary tokens
