@@ -33,29 +33,34 @@ def test_packed_product_is_linear(size, data, lead, dims, bias):
     x = torch.randn(*lead, rows, dims[0], generator=g)
     w = torch.randn(dims[1], dims[0], generator=g)
     b = torch.randn(dims[1], generator=g) if bias else None
+    packed_matmul.packed(w, size, force=True)  # the copy now, not after USES_BEFORE_PACKING products
     got = packed_matmul.product(size)(x, w, b)
     assert got.shape == (*lead, rows, dims[1]) and got.is_contiguous()
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
 @needs_mkl
-def test_a_changed_weight_is_packed_again():
+def test_a_changed_weight_is_packed_again(monkeypatch):
     """In place (its version counter) or new storage (``.data =``): never a stale copy."""
+    monkeypatch.setattr(packed_matmul, "USES_BEFORE_PACKING", 1)
     lin = torch.nn.Linear(32, 24, bias=False)
     x = torch.randn(4, 32)
     mm = packed_matmul.product(4)
     with torch.inference_mode():
         first = mm(x, lin.weight)
+    copy = packed_matmul._PACKED[lin.weight][4][2]
     torch.testing.assert_close(first, F.linear(x, lin.weight.detach()), rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         lin.weight.mul_(-2.0)
-    torch.testing.assert_close(mm(x, lin.weight.detach()), -2.0 * first, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mm(x, lin.weight), -2.0 * first, rtol=1e-5, atol=1e-5)
+    assert packed_matmul._PACKED[lin.weight][4][2] is not copy, "packed again after the in-place change"
     lin.weight.data = torch.randn(24, 32)
-    torch.testing.assert_close(mm(x, lin.weight.detach()), F.linear(x, lin.weight.detach()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mm(x, lin.weight), F.linear(x, lin.weight.detach()), rtol=1e-5, atol=1e-5)
 
 
 @needs_mkl
-def test_copies_are_freed_with_their_weight_and_by_drop():
+def test_copies_are_freed_with_their_weight_and_by_drop(monkeypatch):
+    monkeypatch.setattr(packed_matmul, "USES_BEFORE_PACKING", 1)
     w = torch.randn(16, 8)
     packed_matmul.product(8)(torch.randn(3, 8), w)
     assert w in packed_matmul._PACKED and 8 in packed_matmul._PACKED[w]
@@ -154,7 +159,10 @@ def test_decoding_with_the_packed_product_is_the_targets_own_greedy_output(monke
     monkeypatch.setitem(row_matmul._LATEST, threads, ("packed",) * len(SIZES))
     packs = []
     real = packed_matmul.packed
-    monkeypatch.setattr(packed_matmul, "packed", lambda w, size: packs.append(size) or real(w, size))
+    monkeypatch.setattr(packed_matmul, "USES_BEFORE_PACKING", 1)  # every product packed from the start
+    monkeypatch.setattr(
+        packed_matmul, "packed", lambda w, size, force=False: packs.append(size) or real(w, size, force)
+    )
     assert_drafted_decodes_are_greedy(target, GreedyReference(target))  # the target's own generate(do_sample=False)
     assert {1, 2, 3, 4, 8, 16} & set(packs), "the packed product ran"
 
@@ -186,3 +194,15 @@ def test_sizes_packed_at_another_thread_count_are_shared(monkeypatch):
     ms = {"stock": [10.0] * n, "rows": [9.0] * n, "packed": [8.0] * n}
     want = tuple({4: "rows", 8: "packed"}.get(size, "stock") for size in SIZES)  # 4 given up: no copy left
     assert rm._fit(mine, ms) == want
+
+
+@needs_mkl
+def test_a_size_is_packed_once_it_is_used_often(monkeypatch):
+    """Torch's product for a size's first USES_BEFORE_PACKING − 1 products, the packed copy from then on;
+    the same results either way."""
+    monkeypatch.setattr(packed_matmul, "USES_BEFORE_PACKING", 3)
+    w, x = torch.randn(12, 8), torch.randn(3, 8)
+    mm = packed_matmul.product(4)
+    for use in range(1, 5):
+        torch.testing.assert_close(mm(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+        assert (4 in packed_matmul._PACKED.get(w, {})) == (use >= 3), use

@@ -318,8 +318,11 @@ class RowMatmul:
 
     def _time_one(self, ids: torch.Tensor, products: list[str]) -> dict[str, float]:
         """Median seconds of a forward of ``ids`` with each of ``products``, interleaved rep by rep (the
-        first rep of each a warm-up: it also packs the weights for this size)."""
+        first rep of each a warm-up), the weights packed for this size first."""
         times: dict[str, list[float]] = {name: [] for name in products}
+        if "packed" in products:  # made now, not after USES_BEFORE_PACKING forwards
+            for m in self.layers:
+                packed_matmul.packed(m.weight, ids.shape[-1], force=True)  # ids: [1, a size of SIZES]
         for rep in range(REPEATS + 1):
             for name in products:
                 with self.installed((name,) * len(SIZES)):
