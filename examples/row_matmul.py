@@ -15,7 +15,7 @@ compares instead the model's own forward with the lean one a target verifies tre
     python examples/row_matmul.py --target smollm2 --compare packed --rows 1,2,3,4,5,8,16
 
 torch's product with MKL's packed one (``treespec.packed_matmul``; the weights packed for the padded
-row count, made on each size's warm-up forward).
+row count on each size's warm-up forward, not after a run's ``USES_BEFORE_PACKING`` uses).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 import torch
 from transformers import DynamicCache
 
+from treespec import packed_matmul
 from treespec.kv import crop_cache
 from treespec.lean import LeanCausalLM
 from treespec.row_matmul import SIZES, RowMatmul
@@ -46,6 +47,7 @@ def main() -> None:
     model = target.model
     rows = RowMatmul(model)
     on = (args.compare,) * len(SIZES)  # W·Xᵀ or the packed product at every size
+    packed_matmul.USES_BEFORE_PACKING = 1  # the packed product from each size's warm-up on, not a run's 16th use
     cache = DynamicCache(config=model.config)
     ids = (torch.arange(args.past)[None] * 31 + 7) % target.vocab_size  # [1, P] arbitrary tokens
     with torch.inference_mode():

@@ -272,8 +272,8 @@ class RowMatmul:
             verdict, ms = self._time_sizes()
             self.timings[threads] = ms
             if plausible(ms):
-                self._save(threads, verdict, ms)
-                return verdict
+                self._save(threads, verdict, ms)  # as measured: the budget is applied where it is read
+                return self._fit(verdict, ms)
         return ("stock",) * len(SIZES)
 
     def _save(self, threads: int, verdict: tuple[str, ...], ms: dict[str, list[float]]) -> None:
@@ -287,14 +287,14 @@ class RowMatmul:
 
     @torch.inference_mode()
     def _time_sizes(self) -> tuple[tuple[str, ...], dict[str, list[float]]]:
-        """Time whole forwards (no cache) at each size, every product interleaved; medians decide. The
-        packed product is tried while copies remain (``copies``); its copies are freed after each size,
-        so that a size the process never computes at costs no memory."""
+        """Time whole forwards (no cache) at each size, every product interleaved; medians decide (the
+        packed product wherever copies are allowed at all; ``_fit`` then keeps the verdict within the
+        budget). A size's packed copies are freed after it: one exists at a time, and a chosen size is
+        packed again once a run uses it often (``packed_matmul.USES_BEFORE_PACKING``)."""
         emb = self.model.get_input_embeddings()
         vocab = int(getattr(emb, "num_embeddings", 0) or emb.weight.shape[0])
         device = emb.weight.device if emb.weight.device.type != "meta" else torch.device("cpu")
-        copies, shared = self.copies(), self._packed_sizes()  # sizes packed at other thread counts: shared
-        products = CHOICES if copies else CHOICES[:2]
+        products = CHOICES if self.copies() else CHOICES[:2]
         ms: dict[str, list[float]] = {name: [] for name in products}
         limit = max_positions(self.model.config) if hasattr(self.model, "config") else None
         verdict: list[str] = []
@@ -302,10 +302,7 @@ class RowMatmul:
             with self.installed((name,) * len(SIZES)):
                 self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
         for size in SIZES:
-            new = len({SIZES[i] for i, c in enumerate(verdict) if c == "packed"} - shared)
-            tried = [name for name in products if name != "packed" or size in shared or new < copies - len(shared)]
-            if limit is not None and size > limit:
-                tried = []
+            tried = [] if limit is not None and size > limit else list(products)
             ids = (torch.arange(size, device=device)[None] * 31 + 7) % max(vocab, 1)  # [1, R] arbitrary tokens
             medians = self._time_one(ids, tried)
             for name in products:
@@ -313,7 +310,7 @@ class RowMatmul:
             fastest = min((n for n in tried if n != "stock"), key=medians.__getitem__, default="stock")
             won = tried and medians[fastest] <= MARGIN * medians["stock"]
             verdict.append(fastest if won else "stock")
-            packed_matmul.drop({size}, [m.weight for m in self.layers])  # made again on first use, if chosen
+            packed_matmul.drop({size}, [m.weight for m in self.layers])
         return tuple(verdict), ms
 
     def _time_one(self, ids: torch.Tensor, products: list[str]) -> dict[str, float]:
