@@ -15,7 +15,8 @@ compares instead the model's own forward with the lean one a target verifies tre
     python examples/row_matmul.py --target smollm2 --compare packed --rows 1,2,3,4,5,8,16
 
 torch's product with MKL's packed one (``treespec.packed_matmul``; the weights packed for the padded
-row count on each size's warm-up forward, not after a run's ``USES_BEFORE_PACKING`` uses).
+row count on each size's warm-up forward, not after a run's ``USES_BEFORE_PACKING`` uses);
+``--compare native`` the product compiled on this machine (``treespec.native_matmul``).
 """
 
 from __future__ import annotations
@@ -40,20 +41,21 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,4,5,8,12,13,16,32")
     ap.add_argument("--past", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=21)
-    ap.add_argument("--compare", choices=("rows", "packed", "lean"), default="rows")
+    ap.add_argument("--compare", choices=("rows", "packed", "native", "lean"), default="rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = TargetModel.load(args.target)
     model = target.model
     rows = RowMatmul(model)
-    on = (args.compare,) * len(SIZES)  # W·Xᵀ or the packed product at every size
+    on = (args.compare,) * len(SIZES)  # W·Xᵀ, the packed or the compiled product at every size
     packed_matmul.USES_BEFORE_PACKING = 1  # the packed product from each size's warm-up on, not a run's 16th use
     cache = DynamicCache(config=model.config)
     ids = (torch.arange(args.past)[None] * 31 + 7) % target.vocab_size  # [1, P] arbitrary tokens
     with torch.inference_mode():
         model(input_ids=ids, **{target.cache_keyword: cache}, use_cache=True)
     names = ("model", "lean") if args.compare == "lean" else ("stock", args.compare)
-    heads = {"rows": ("torch's product", "W·Xᵀ"), "packed": ("torch's product", "packed")}.get(
+    heads = {"rows": ("torch's product", "W·Xᵀ"), "packed": ("torch's product", "packed")}
+    heads = {**heads, "native": ("torch's product", "compiled here")}.get(
         args.compare, ("the model's forward", "lean forward")
     )
     lean = LeanCausalLM(model, fuse=False) if args.compare == "lean" else None

@@ -351,7 +351,7 @@ def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        **({"row_matmul": "".join(v[0] for v in rows.verdict())} if rows is not None else {}),  # s/r/p a size
+        **({"row_matmul": "".join(v[0] for v in rows.verdict())} if rows is not None else {}),  # s/r/p/n a size
         **({"forward": "lean"} if getattr(target, "lean", None) is not None else {}),  # treespec.lean_target
     }
 

@@ -12,8 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The models here are tiny: one thread per process is fastest, and two test processes (or a test and
 # its `treespec` subprocess) with two OpenMP threads each on two cores slow every matmul ~100x.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# treespec.row_matmul: every test exercises the few-row products (tests of `auto` and `off` set their own)
-os.environ.setdefault("TREESPEC_ROW_MATMUL", "on")
+# treespec.row_matmul: every test exercises a few-row product, the one compiled here (W·Xᵀ where no
+# compiler exists); tests of `auto`, `on` (W·Xᵀ) and `off` set their own
+os.environ.setdefault("TREESPEC_ROW_MATMUL", "native")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TREESPEC_SHARED", REPO.parent / "shared"))

@@ -268,7 +268,7 @@ def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
     assert res.exit_code == 0, res.output
     assert "hf-greedy" in res.stdout and "lossless" in res.stdout
     result = json.loads((out / "results.json").read_text())
-    # the environment switches the tests run under come first (conftest: TREESPEC_ROW_MATMUL=on), then the command
+    # the environment switches the tests run under come first (conftest: TREESPEC_ROW_MATMUL=native), then the command
     env = "".join(f"{n}={os.environ[n].strip()} " for n in RECORDED_ENV if os.environ.get(n, "").strip())
     assert env.startswith("TREESPEC_ROW_MATMUL=") and result["command"].startswith(
         env + "treespec bench --dataset tinystories"

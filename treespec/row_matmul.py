@@ -16,9 +16,11 @@ machine, the thread count and the row count, and is measured, never assumed.
 
 How. ``RowMatmul(model)`` finds the model's plain ``nn.Linear`` layers whose weights live on a CPU.
 ``verdict()`` times whole forwards of the model (no cache, arbitrary tokens) at R = 1, 2, 3, 4, 8, ...
-64 rows with each product — torch's (``stock``), W·Xᵀ (``rows``), and where torch has MKL's packed
+64 rows with each product — torch's (``stock``), W·Xᵀ (``rows``), where torch has MKL's packed
 product, float32 weights and the memory for a copy of them, the weights packed for R rows
-(``packed``, ``treespec.packed_matmul``) — interleaved, and keeps the fastest where its median is at
+(``packed``, ``treespec.packed_matmul``), and where a C compiler built it, the product compiled on
+this machine (``native``, ``treespec.native_matmul``: a whole SmolLM2 forward of 4 rows 56.5 → 42.9 ms) —
+interleaved, and keeps the fastest where its median is at
 least 3% faster than stock's. A forward of r rows follows the verdict of the smallest size ≥ r (up to 16
 rows; W·Xᵀ pads X to a power of two there, the packed product to that size), else of the largest
 measured size ≤ r (up to 2·64 − 1 rows, the packed product excepted; above, stock). Each size kept
@@ -36,7 +38,8 @@ forwards nothing is installed).
 Same arithmetic, another summation order: logits differ in the last bits, as they already do between
 a one-row and a many-row forward; every decoding test compares tokens with the target's own
 ``generate``. ``TREESPEC_ROW_MATMUL=off`` keeps torch's own product everywhere, ``on`` uses W·Xᵀ at
-every measured size without measuring, ``auto`` (the default) measures; ``TREESPEC_PACKED_MB`` caps the
+every measured size without measuring, ``native`` the compiled product (``treespec.native_matmul``),
+``auto`` (the default) measures; ``TREESPEC_PACKED_MB`` caps the
 packed copies (0: none).
 """
 
@@ -55,21 +58,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from treespec import packed_matmul
+from treespec import native_matmul, packed_matmul
 from treespec.devices import cpu_name
 from treespec.kv import max_positions
 
 SIZES = (1, 2, 3, 4, 8, 16, 32, 64)  # rows measured; r rows follow the smallest size ≥ r up to PAD_UP_TO
 PAD_UP_TO = 16  # up to this many rows, W·Xᵀ pads X to a power of two (above: measured slower padded)
-#: the products: torch's, W·Xᵀ (``linear_rows``), MKL's packed one (``treespec.packed_matmul``)
-CHOICES = ("stock", "rows", "packed")
+#: the products: torch's, W·Xᵀ (``linear_rows``), MKL's packed one (``treespec.packed_matmul``), the one
+#: compiled here (``treespec.native_matmul``)
+CHOICES = ("stock", "rows", "packed", "native")
 MARGIN = 0.97  # W·Xᵀ is kept only where its median is at most this fraction of stock's
 REPEATS = 3  # timed forwards per size and variant (after one warm-up each)
 #: a forward of fewer rows measured this many times slower than one of more rows: the machine was
 #: disturbed (BLAS oddities stay under 1.5×; a busy minute gave 535 ms at 8 rows against 23 at 32)
 JUMP = 2.0
 ATTEMPTS = 3  # measurements tried before giving up on a disturbed machine (then: stock, nothing saved)
-MODES = ("auto", "on", "off")
+MODES = ("auto", "on", "native", "off")
 
 #: the verdict of the forward running in this context: per size index, one of CHOICES (None: stock)
 _VERDICT: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("treespec_rows", default=None)
@@ -79,7 +83,7 @@ _LATEST: dict[int, tuple[str, ...]] = {}
 
 
 def mode() -> str:
-    """``TREESPEC_ROW_MATMUL``: auto (measure, the default), on, or off."""
+    """``TREESPEC_ROW_MATMUL``: auto (measure, the default), on (W·Xᵀ), native (compiled here), or off."""
     value = os.environ.get("TREESPEC_ROW_MATMUL", "auto").strip().lower() or "auto"
     return value if value in MODES else "auto"
 
@@ -138,6 +142,8 @@ def _dispatch(verdict: tuple[str, ...] | None, x: torch.Tensor) -> Callable[...,
                 return linear_rows
             if verdict[i] == "packed" and rows <= SIZES[i]:
                 return packed_matmul.product(SIZES[i])
+            if verdict[i] == "native":
+                return native_matmul.linear
     return F.linear
 
 
@@ -189,6 +195,8 @@ class RowMatmul:
             found = ("stock",) * len(SIZES)
         elif kind == "on":
             found = ("rows",) * len(SIZES)
+        elif kind == "native":  # the compiled product everywhere (where it cannot be built: W·Xᵀ)
+            found = ("native" if self.native() else "rows",) * len(SIZES)
         else:
             found = self._load(threads)
             if found is None:
@@ -209,6 +217,13 @@ class RowMatmul:
             sum(w.numel() * w.element_size() for w in {w.data_ptr(): w for w in weights}.values())
         )
 
+    def native(self) -> str | None:
+        """The compiled product's library name if it can compute every layer (``treespec.native_matmul``),
+        else None."""
+        if not self.layers or not all(native_matmul.usable(m.weight) for m in self.layers):
+            return None
+        return native_matmul.library_name()
+
     def key(self, threads: int) -> dict[str, Any]:
         """What a verdict was measured for."""
         cfg = getattr(self.model, "config", None)
@@ -224,6 +239,7 @@ class RowMatmul:
             "torch": torch.__version__,
             "cpu": cpu_name(),
             "packed": self.copies() > 0,  # measured with the packed product offered or not
+            "native": self.native(),  # and the compiled one (its library: source, compiler, flags)
         }
 
     def _path(self, key: dict[str, Any]):
@@ -248,7 +264,8 @@ class RowMatmul:
     def _fit(self, verdict: tuple[str, ...], ms: dict[str, list[float]]) -> tuple[str, ...]:
         """``verdict`` with no more packed sizes than ``copies()`` allows now, counting the sizes this
         model's verdicts at other thread counts already pack (shared copies) and keeping the smallest (a
-        single sequence's trees); a size given up takes W·Xᵀ if its timings say so, else stock."""
+        single sequence's trees); a size given up takes the fastest other product its timings name (at least
+        3% faster than stock), else stock."""
         shared = self._packed_sizes()
         allowed = self.copies() - len(shared)
         out = list(verdict)
@@ -257,8 +274,9 @@ class RowMatmul:
                 if allowed > 0:
                     allowed -= 1
                     continue
-                stock, rows = ms.get("stock", [0.0] * len(SIZES))[i], ms.get("rows", [0.0] * len(SIZES))[i]
-                out[i] = "rows" if 0 < rows <= MARGIN * stock else "stock"
+                times = {name: ms[name][i] for name in ms if name != "packed" and ms[name][i] > 0}
+                fastest = min(times, key=times.__getitem__, default="stock")
+                out[i] = fastest if "stock" in times and times[fastest] <= MARGIN * times["stock"] else "stock"
         return tuple(out)
 
     def _packed_sizes(self) -> set[int]:
@@ -294,7 +312,8 @@ class RowMatmul:
         emb = self.model.get_input_embeddings()
         vocab = int(getattr(emb, "num_embeddings", 0) or emb.weight.shape[0])
         device = emb.weight.device if emb.weight.device.type != "meta" else torch.device("cpu")
-        products = CHOICES if self.copies() else CHOICES[:2]
+        products = [n for n in CHOICES if n in ("stock", "rows") or (n == "packed" and self.copies())]
+        products += ["native"] if self.native() else []
         ms: dict[str, list[float]] = {name: [] for name in products}
         limit = max_positions(self.model.config) if hasattr(self.model, "config") else None
         verdict: list[str] = []

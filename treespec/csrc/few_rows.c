@@ -1,0 +1,72 @@
+/* Y = X·Wᵀ (+ bias) for a few rows of X, reading W once at memory speed: treespec.native_matmul.
+ *
+ * X: [M, K] row-major, W: [N, K] row-major (a torch Linear's weight), Y: [M, N] row-major, float32.
+ * A tile is R rows of W times up to 4 rows of X: 4·R vector accumulators, each W vector loaded once
+ * and multiplied into every X row (X stays in L1), so the product streams W from memory once for any
+ * M ≤ 4 and re-reads the tile from L1 for each further 4 rows. The next tiles' rows are prefetched
+ * while this one is summed. Vectors are GCC/Clang vector extensions: 16 floats, lowered to whatever
+ * the compiling machine has (AVX-512, AVX2, NEON). Threads: OpenMP over tiles of W rows, as many as
+ * the caller passes (torch's own thread count; torch's libgomp is the one loaded in the process).
+ */
+#include <stddef.h>
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef float v4 __attribute__((vector_size(16), aligned(4)));
+
+#define R 4 /* rows of W per tile */
+#define PREFETCH 1 /* tiles ahead */
+
+static inline float hsum(v16 v) {
+  v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+/* Y[m0 .. m0+mm, n .. n+rr] for constant mm ≤ 4, rr ≤ R (inlined per pair: accumulators in registers) */
+static inline __attribute__((always_inline)) void tile(const float *X, const float *W, float *Y,
+                                                       const float *bias, long n, long m0, int mm, int rr,
+                                                       long N, long K, int prefetch) {
+  v16 acc[4][R];
+  long K16 = K & ~15L;
+  for (int j = 0; j < mm; j++)
+    for (int r = 0; r < rr; r++) acc[j][r] = (v16){0};
+  for (long k = 0; k < K16; k += 16) {
+    v16 w[R];
+    for (int r = 0; r < rr; r++) w[r] = *(const v16 *)(W + (n + r) * K + k);
+    if (prefetch)
+      for (int r = 0; r < rr; r++) __builtin_prefetch(W + (n + PREFETCH * R + r) * K + k);
+    for (int j = 0; j < mm; j++) {
+      v16 x = *(const v16 *)(X + (m0 + j) * K + k);
+      for (int r = 0; r < rr; r++) acc[j][r] += w[r] * x;
+    }
+  }
+  for (int j = 0; j < mm; j++)
+    for (int r = 0; r < rr; r++) {
+      float s = hsum(acc[j][r]);
+      for (long k = K16; k < K; k++) s += W[(n + r) * K + k] * X[(m0 + j) * K + k];
+      Y[(m0 + j) * N + n + r] = s + (bias ? bias[n + r] : 0.0f);
+    }
+}
+
+static inline __attribute__((always_inline)) void rows(const float *X, const float *W, float *Y,
+                                                       const float *bias, long n, int rr, long M, long N,
+                                                       long K) {
+  long m0 = 0;
+  for (; m0 + 4 <= M; m0 += 4) tile(X, W, Y, bias, n, m0, 4, rr, N, K, m0 == 0);
+  switch (M - m0) {
+  case 1: tile(X, W, Y, bias, n, m0, 1, rr, N, K, m0 == 0); break;
+  case 2: tile(X, W, Y, bias, n, m0, 2, rr, N, K, m0 == 0); break;
+  case 3: tile(X, W, Y, bias, n, m0, 3, rr, N, K, m0 == 0); break;
+  }
+}
+
+/* the entry point: every pointer to contiguous float32 memory, bias NULL for none */
+void treespec_few_rows(const float *X, const float *W, float *Y, const float *bias, long M, long N, long K,
+                       int threads) {
+  long tiles = N / R;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (long t = 0; t < tiles; t++) rows(X, W, Y, bias, t * R, R, M, N, K);
+  for (long n = tiles * R; n < N; n++) rows(X, W, Y, bias, n, 1, M, N, K);
+}

@@ -1,0 +1,167 @@
+"""A few-row product compiled on this machine: every weight read once at memory speed, for 1 to ~16 rows.
+
+Why. A decode step's products are X·Wᵀ with a handful of rows in X and every weight of the model in
+W, so they cost what reading W costs, if the kernel reads it once. BLAS kernels are tuned for many
+rows: on this repository's Intel Xeon (2 threads, MKL) SmolLM2-135M's 211 weight matrices (538 MB)
+multiplied by 1, 2, 4, 8, 16 rows took 21.5, 24.2, 38.1, 46.9, 59.1 ms with torch's product, so a
+draft tree of 4 nodes cost 1.8 plain steps before attention. ``csrc/few_rows.c`` keeps up to 4 rows
+of X in registers against 4 rows of W at a time and prefetches the next rows of W: 20.4, 21.0, 23.7,
+28.3, 39.5 ms (``python examples/row_matmul.py --target smollm2 --compare native``).
+
+How. On first use the C file is compiled with the system's C compiler (``$CC``, else ``cc``; flags
+``-O3 -march=native -fopenmp``, then without ``-march=native``, then without OpenMP) into
+``$XDG_CACHE_HOME/treespec/native/``, named by a hash of the source, the compiler's version, the flags
+and the CPU, so a new compiler, CPU or source compiles again and nothing stale is loaded (~0.5 s, once;
+15 kB). It is loaded with ctypes; its threads are OpenMP's, whose runtime torch has already loaded,
+so the two share one pool. No compiler, or a failed compile: ``available()`` is False and the few-row
+products' verdict (``treespec.row_matmul``) never offers it; where it is offered the verdict measures it
+against torch's product at each row count and uses it only where it is faster.
+``TREESPEC_NATIVE=off`` never compiles or loads it.
+
+Same arithmetic, another summation order (16 partial sums per output, then a tree): logits differ from
+torch's in the last bits, as they already do between torch's one-row and many-row products.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SOURCE = Path(__file__).with_name("csrc") / "few_rows.c"
+SYMBOL = "treespec_few_rows"
+#: tried in order until one compiles: the fastest code for this CPU, then portable, then single-threaded
+FLAG_SETS = (
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-fopenmp"),
+    ("-O3", "-march=native"),
+)
+MAX_ROWS = 64  # above this many rows torch's product is always the faster (a prompt's prefill)
+
+_LIB: list[tuple[ctypes._CFuncPtr, str] | None] = []  # [] not tried yet; [None] unavailable; [(function, name)]
+
+
+def enabled() -> bool:
+    """``TREESPEC_NATIVE``: on (the default) or off."""
+    return os.environ.get("TREESPEC_NATIVE", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def library_dir() -> Path:
+    """Where compiled products are kept: ``$XDG_CACHE_HOME/treespec/native`` (else ``~/.cache/...``)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "treespec" / "native"
+
+
+def _compiler() -> str | None:
+    found = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc") or shutil.which("clang")
+    return found
+
+
+def _version(compiler: str) -> str:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _build(compiler: str, flags: tuple[str, ...]) -> Path | None:
+    """The shared library compiled with ``flags`` (from the cache when it is there), or None."""
+    from treespec.devices import cpu_name
+
+    source = SOURCE.read_bytes()
+    stamp = b"\0".join([source, _version(compiler).encode(), " ".join(flags).encode(), cpu_name().encode()])
+    path = library_dir() / f"few_rows-{hashlib.sha256(stamp).hexdigest()[:16]}.so"
+    if path.exists():
+        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            out = Path(tmp) / path.name
+            cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(out)]
+            done = subprocess.run(cmd, capture_output=True, timeout=120)
+            if done.returncode != 0 or not out.exists():
+                return None
+            os.replace(out, path)  # atomic: a concurrent process finds a whole file or none
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path
+
+
+def _load() -> tuple[ctypes._CFuncPtr, str] | None:
+    compiler = _compiler()
+    if not enabled() or compiler is None or not SOURCE.exists():
+        return None
+    for flags in FLAG_SETS:
+        path = _build(compiler, flags)
+        if path is None:
+            continue
+        try:
+            fn = getattr(ctypes.CDLL(str(path)), SYMBOL)
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+        fn.restype = None
+        return fn, path.stem
+    return None
+
+
+def function() -> ctypes._CFuncPtr | None:
+    """The compiled product (compiled and loaded on the first call), or None where it cannot be."""
+    if not _LIB:
+        _LIB.append(_load())
+    return _LIB[0][0] if _LIB[0] else None
+
+
+def library_name() -> str | None:
+    """The loaded library's name (``few_rows-<hash of source, compiler, flags, CPU>``), or None."""
+    return _LIB[0][1] if function() is not None and _LIB[0] else None
+
+
+def available() -> bool:
+    """Whether the compiled product can be used in this process."""
+    return function() is not None
+
+
+def usable(weight: torch.Tensor) -> bool:
+    """A contiguous float32 CPU matrix: what the kernel reads."""
+    return (
+        weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2 and weight.is_contiguous()
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` with the compiled product for float32 CPU inputs of at most MAX_ROWS
+    rows that need no gradient; torch's product otherwise."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    fn = (
+        function()
+        if 0 < rows <= MAX_ROWS
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and usable(weight)
+        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+        and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
+        else None
+    )
+    if fn is None:
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(rows, x.shape[-1]).contiguous()  # [R, I]
+    y = x2.new_empty(rows, weight.shape[0])  # [R, O]
+    fn(
+        x2.data_ptr(),
+        weight.data_ptr(),
+        y.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        rows,
+        weight.shape[0],
+        weight.shape[1],
+        torch.get_num_threads(),
+    )
+    return y.view(*x.shape[:-1], weight.shape[0])  # [..., O]
