@@ -60,8 +60,8 @@ def test_the_product_is_linear(rows, lead, dims, bias, transposed):
 def test_the_compiled_product_runs(monkeypatch):
     """The product above is the compiled one, not torch's fallback: its kernel is called."""
     calls = []
-    fn = native_matmul.function()
-    monkeypatch.setattr(native_matmul, "function", lambda: lambda *a: calls.append(a) or fn(*a))
+    fn, name = native_matmul.function(), native_matmul.library_name()
+    monkeypatch.setattr(native_matmul, "_LIB", [(lambda *a: calls.append(a) or fn(*a), name)])
     x, w = torch.randn(3, 40), torch.randn(9, 40)
     torch.testing.assert_close(native_matmul.linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
     assert len(calls) == 1 and calls[0][4:7] == (3, 9, 40)
@@ -70,7 +70,7 @@ def test_the_compiled_product_runs(monkeypatch):
 @pytest.mark.skipif(COMPILER is None, reason="no C compiler")
 def test_what_it_does_not_compute_is_torchs(monkeypatch):
     """A gradient, another dtype, a non-contiguous weight or more than MAX_ROWS rows: torch's product."""
-    monkeypatch.setattr(native_matmul, "function", lambda: pytest.fail("the kernel must not be called"))
+    monkeypatch.setattr(native_matmul, "_LIB", [(lambda *a: pytest.fail("the kernel must not be called"), "none")])
     w = torch.randn(8, 16, requires_grad=True)
     x = torch.randn(2, 16)
     y = native_matmul.linear(x, w)
@@ -81,6 +81,12 @@ def test_what_it_does_not_compute_is_torchs(monkeypatch):
         (torch.randn(native_matmul.MAX_ROWS + 1, 16), torch.randn(8, 16)),
     ):
         torch.testing.assert_close(native_matmul.linear(x, w), F.linear(x, w))
+    for x, w, b in (
+        (torch.randn(2, 16), torch.randn(8, 15), None),
+        (torch.randn(2, 16), torch.randn(8, 16), torch.randn(7)),
+    ):
+        with pytest.raises(RuntimeError):  # mismatched shapes: torch's own error, never the kernel
+            native_matmul.linear(x, w, b)
 
 
 @pytest.mark.skipif(COMPILER is None, reason="no C compiler")

@@ -43,9 +43,13 @@ FLAG_SETS = (
     ("-O3", "-fopenmp"),
     ("-O3", "-march=native"),
 )
+F32 = torch.float32
 MAX_ROWS = 64  # above this many rows torch's product is always the faster (a prompt's prefill)
 
 _LIB: list[tuple[ctypes._CFuncPtr, str] | None] = []  # [] not tried yet; [None] unavailable; [(function, name)]
+
+
+_threads = torch.get_num_threads
 
 
 def enabled() -> bool:
@@ -138,30 +142,40 @@ def usable(weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` with the compiled product for float32 CPU inputs of at most MAX_ROWS
-    rows that need no gradient; torch's product otherwise."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    fn = (
-        function()
-        if 0 < rows <= MAX_ROWS
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and usable(weight)
-        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
-        and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
-        else None
-    )
-    if fn is None:
+    rows that need no gradient; torch's product otherwise (which also raises on mismatched shapes: the
+    kernel is never handed one). A forward calls this ~200 times: the checks are kept cheap."""
+    k = x.shape[-1] if x.dim() else 0
+    rows = x.numel() // k if k else 0
+    fn = _LIB[0][0] if _LIB and _LIB[0] else function()
+    if (
+        fn is None
+        or not 0 < rows <= MAX_ROWS
+        or x.dtype is not F32
+        or weight.dtype is not F32
+        or not x.is_cpu
+        or not weight.is_cpu
+        or weight.dim() != 2
+        or weight.shape[1] != k
+        or not weight.is_contiguous()
+        or (bias is not None and (bias.dtype is not F32 or bias.shape != weight.shape[:1] or not bias.is_contiguous()))
+        or (
+            torch.is_grad_enabled()
+            and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        )
+    ):
         return F.linear(x, weight, bias)
-    x2 = x.reshape(rows, x.shape[-1]).contiguous()  # [R, I]
-    y = x2.new_empty(rows, weight.shape[0])  # [R, O]
+    if not x.is_contiguous():
+        x = x.contiguous()  # [..., I]: its rows read as [R, I]
+    n = weight.shape[0]
+    y = torch.empty((*x.shape[:-1], n))  # [..., O], written as [R, O]
     fn(
-        x2.data_ptr(),
+        x.data_ptr(),
         weight.data_ptr(),
         y.data_ptr(),
-        None if bias is None else bias.data_ptr(),
+        bias.data_ptr() if bias is not None else None,
         rows,
-        weight.shape[0],
-        weight.shape[1],
-        torch.get_num_threads(),
+        n,
+        k,
+        _threads(),
     )
-    return y.view(*x.shape[:-1], weight.shape[0])  # [..., O]
+    return y
