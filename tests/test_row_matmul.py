@@ -248,3 +248,30 @@ def test_linear_rows_returns_row_major_memory():
         for b in (None, torch.randn(6)):
             y = linear_rows(torch.randn(rows, 4), w, b)
             assert y.is_contiguous() and y.stride(-1) == 1
+
+
+@pytest.mark.parametrize("native_ms, rounds", [(9.8, row_matmul.CLOSE_ROUNDS), (5.0, 1)])
+def test_a_close_call_is_timed_again(monkeypatch, native_ms, rounds):
+    """Products within CLOSE of torch's are timed REPEATS more times, up to CLOSE_ROUNDS rounds; a clear
+    winner is decided after the first round."""
+    import contextlib
+
+    rm = RowMatmul(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    clock, current, calls = [0.0], [None], []
+    cost = {"stock": 10.0, "native": native_ms}
+
+    @contextlib.contextmanager
+    def installed(verdict, modules=True):
+        current[0] = verdict[0]
+        yield
+
+    def forward(**_):
+        calls.append(current[0])
+        clock[0] += cost[current[0]] / 1e3
+
+    monkeypatch.setattr(rm, "installed", installed)
+    monkeypatch.setattr(rm, "model", forward)
+    monkeypatch.setattr(row_matmul.time, "perf_counter", lambda: clock[0])
+    medians = rm._time_one(torch.zeros(1, 2, dtype=torch.long), ["stock", "native"])
+    assert medians == {"stock": pytest.approx(0.010), "native": pytest.approx(native_ms / 1e3)}
+    assert calls.count("native") == calls.count("stock") == 1 + rounds * row_matmul.REPEATS
