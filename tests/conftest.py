@@ -90,6 +90,24 @@ def assert_drafted_decodes_are_greedy(target, reference, prompts: int = 4, max_n
         assert dec.generate(ids, max_new_tokens=max_new_tokens).token_ids == reference(ids, max_new_tokens)
 
 
+def assert_greedy_with_product(monkeypatch, product: str) -> None:
+    """``assert_drafted_decodes_are_greedy`` on float32 stories260K with every forward's linear layers
+    (the target's trees and the draft's) computed by the few-row ``product`` (one of
+    ``row_matmul.CHOICES``) at every size, against the target's own ``generate(do_sample=False)``."""
+    import torch
+
+    import treespec
+    from treespec import row_matmul
+    from treespec.testing import GreedyReference
+
+    target = treespec.TargetModel.load(str(STORIES260K))
+    target.model.generation_config.eos_token_id = STORY_END_IDS
+    threads = torch.get_num_threads()
+    target.row_matmul.verdicts[threads] = (product,) * len(row_matmul.SIZES)
+    monkeypatch.setitem(row_matmul._LATEST, threads, (product,) * len(row_matmul.SIZES))
+    assert_drafted_decodes_are_greedy(target, GreedyReference(target))
+
+
 @functools.cache
 def eagle_head_dir() -> Path:
     """An EAGLE head for stories260K trained here once per session (≈ 10 s; trained heads are not

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treespec import native_matmul, row_matmul
-from treespec.row_matmul import SIZES, RowMatmul
+from treespec.row_matmul import RowMatmul
 
-COMPILER = native_matmul._compiler()
+COMPILER = native_matmul.compiler()
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_compiled_once_then_found(fresh, monkeypatch):
 def test_without_a_working_compiler_it_is_simply_absent(fresh, monkeypatch):
     """A compiler that fails (or none) leaves the product unavailable, no error; linear is torch's."""
     monkeypatch.setenv("CC", shutil.which("false") or "/bin/false")
-    assert native_matmul._compiler() == (shutil.which("false") or "/bin/false")
+    assert native_matmul.compiler() == (shutil.which("false") or "/bin/false")
     assert not native_matmul.available() and native_matmul.library_name() is None
     x, w = torch.randn(2, 16), torch.randn(8, 16)
     torch.testing.assert_close(native_matmul.linear(x, w), F.linear(x, w))
@@ -142,17 +142,10 @@ def test_the_verdict_times_it_and_keys_it(monkeypatch, tmp_path):
 def test_a_decode_with_the_compiled_product_everywhere_is_the_targets_own(monkeypatch):
     """Every linear layer of target and draft computed by the compiled product at every size, on
     float32 stories260K: exactly the target's own ``generate`` on real prompts."""
-    import treespec
-    from conftest import STORIES260K, STORY_END_IDS, assert_drafted_decodes_are_greedy
-    from treespec.testing import GreedyReference
+    from conftest import assert_greedy_with_product
 
-    target = treespec.TargetModel.load(str(STORIES260K))
-    target.model.generation_config.eos_token_id = STORY_END_IDS
-    threads = torch.get_num_threads()
-    target.row_matmul.verdicts[threads] = ("native",) * len(SIZES)
-    monkeypatch.setitem(row_matmul._LATEST, threads, ("native",) * len(SIZES))
     calls = []
     real = native_matmul.linear
     monkeypatch.setattr(native_matmul, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
-    assert_drafted_decodes_are_greedy(target, GreedyReference(target))  # the target's own generate(do_sample=False)
+    assert_greedy_with_product(monkeypatch, "native")
     assert calls, "the compiled product ran"

@@ -148,22 +148,15 @@ def test_a_saved_verdict_keeps_packed_sizes_within_the_budget(monkeypatch):
 def test_decoding_with_the_packed_product_is_the_targets_own_greedy_output(monkeypatch):
     """Every forward (the target's trees, the drafter's) through the packed product at every size, in
     float32 (what it packs): exactly the target's own ``generate`` on real prompts."""
-    import treespec
-    from conftest import STORIES260K, STORY_END_IDS, assert_drafted_decodes_are_greedy
-    from treespec.testing import GreedyReference
+    from conftest import assert_greedy_with_product
 
-    target = treespec.TargetModel.load(str(STORIES260K))
-    target.model.generation_config.eos_token_id = STORY_END_IDS
-    threads = torch.get_num_threads()
-    target.row_matmul.verdicts[threads] = ("packed",) * len(SIZES)
-    monkeypatch.setitem(row_matmul._LATEST, threads, ("packed",) * len(SIZES))
     packs = []
     real = packed_matmul.packed
     monkeypatch.setattr(packed_matmul, "USES_BEFORE_PACKING", 1)  # every product packed from the start
     monkeypatch.setattr(
         packed_matmul, "packed", lambda w, size, force=False: packs.append(size) or real(w, size, force)
     )
-    assert_drafted_decodes_are_greedy(target, GreedyReference(target))  # the target's own generate(do_sample=False)
+    assert_greedy_with_product(monkeypatch, "packed")
     assert {1, 2, 3, 4, 8, 16} & set(packs), "the packed product ran"
 
 

@@ -63,7 +63,8 @@ def library_dir() -> Path:
     return base / "treespec" / "native"
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The C compiler's path: ``$CC``, else ``cc``, ``gcc`` or ``clang`` on the PATH; None if none."""
     found = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc") or shutil.which("clang")
     return found
 
@@ -99,11 +100,11 @@ def _build(compiler: str, flags: tuple[str, ...]) -> Path | None:
 
 
 def _load() -> tuple[ctypes._CFuncPtr, str] | None:
-    compiler = _compiler()
-    if not enabled() or compiler is None or not SOURCE.exists():
+    cc = compiler() if enabled() else None
+    if cc is None or not SOURCE.exists():
         return None
     for flags in FLAG_SETS:
-        path = _build(compiler, flags)
+        path = _build(cc, flags)
         if path is None:
             continue
         try:
