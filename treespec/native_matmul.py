@@ -3,10 +3,10 @@
 Why. A decode step's products are X·Wᵀ with a handful of rows in X and every weight of the model in
 W, so they cost what reading W costs, if the kernel reads it once. BLAS kernels are tuned for many
 rows: on this repository's Intel Xeon (2 threads, MKL) SmolLM2-135M's 211 weight matrices (538 MB)
-multiplied by 1, 2, 4, 8, 16 rows took 21.5, 24.2, 38.1, 46.9, 59.1 ms with torch's product, so a
-draft tree of 4 nodes cost 1.8 plain steps before attention. ``csrc/few_rows.c`` keeps up to 4 rows
-of X in registers against 4 rows of W at a time and prefetches the next rows of W: 20.4, 21.0, 23.7,
-28.3, 39.5 ms (``python examples/row_matmul.py --target smollm2 --compare native``).
+multiplied in a loop by 1, 2, 4, 8, 16 rows took 21.5, 24.2, 38.1, 46.9, 59.1 ms with torch's
+product: 4 rows (a root and 3 drafted nodes) cost 1.8 times one. ``csrc/few_rows.c`` keeps up to 4
+rows of X in registers against 4 rows of W at a time and prefetches the next rows of W: 20.4, 21.0,
+23.7, 28.3, 39.5 ms. Whole forwards: ``python examples/row_matmul.py --target smollm2 --compare native``.
 
 How. On first use the C file is compiled with the system's C compiler (``$CC``, else ``cc``; flags
 ``-O3 -march=native -fopenmp``, then without ``-march=native``, then without OpenMP) into
