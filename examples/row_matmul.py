@@ -54,10 +54,12 @@ def main() -> None:
     with torch.inference_mode():
         model(input_ids=ids, **{target.cache_keyword: cache}, use_cache=True)
     names = ("model", "lean") if args.compare == "lean" else ("stock", args.compare)
-    heads = {"rows": ("torch's product", "W·Xᵀ"), "packed": ("torch's product", "packed")}
-    heads = {**heads, "native": ("torch's product", "compiled here")}.get(
-        args.compare, ("the model's forward", "lean forward")
-    )
+    heads = {
+        "rows": ("torch's product", "W·Xᵀ"),
+        "packed": ("torch's product", "packed"),
+        "native": ("torch's product", "compiled here"),
+        "lean": ("the model's forward", "lean forward"),
+    }[args.compare]
     lean = LeanCausalLM(model, fuse=False) if args.compare == "lean" else None
     print(f"{args.target}, {args.threads} thread(s), {args.past} cached tokens, medians of {args.repeats}\n")
     print(f"| rows | {heads[0]} (ms) | {heads[1]} (ms) | ratio | max abs. logit difference |")

@@ -10,9 +10,9 @@ rows of X in registers against 4 rows of W at a time and prefetches the next row
 
 How. On first use the C file is compiled with the system's C compiler (``$CC``, else ``cc``; flags
 ``-O3 -march=native -fopenmp``, then without ``-march=native``, then without OpenMP) into
-``$XDG_CACHE_HOME/treespec/native/``, named by a hash of the source, the compiler's version, the flags
-and the CPU, so a new compiler, CPU or source compiles again and nothing stale is loaded (~0.5 s, once;
-15 kB). It is loaded with ctypes; its threads are OpenMP's, whose runtime torch has already loaded,
+``native/`` in treespec's cache (``~/.cache/treespec/native/`` by default), named by a hash of the
+source, the compiler's version, the flags and the CPU, so a new compiler, CPU or source compiles again
+and nothing stale is loaded (~0.5 s, once; 15 kB). It is loaded with ctypes; its threads are OpenMP's, whose runtime torch has already loaded,
 so the two share one pool. No compiler, or a failed compile: ``available()`` is False and the few-row
 products' verdict (``treespec.row_matmul``) never offers it; where it is offered the verdict measures it
 against torch's product at each row count and uses it only where it is faster.
@@ -49,18 +49,17 @@ MAX_ROWS = 64  # above this many rows torch's product is always the faster (a pr
 _LIB: list[tuple[ctypes._CFuncPtr, str] | None] = []  # [] not tried yet; [None] unavailable; [(function, name)]
 
 
-_threads = torch.get_num_threads
-
-
 def enabled() -> bool:
     """``TREESPEC_NATIVE``: on (the default) or off."""
     return os.environ.get("TREESPEC_NATIVE", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
 def library_dir() -> Path:
-    """Where compiled products are kept: ``$XDG_CACHE_HOME/treespec/native`` (else ``~/.cache/...``)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "treespec" / "native"
+    """Where compiled products are kept: ``native/`` in treespec's cache (``treespec.gguf.cache_root``:
+    ``$TREESPEC_CACHE``, else ``$XDG_CACHE_HOME/treespec``, else ``~/.cache/treespec``)."""
+    from treespec.gguf import cache_root
+
+    return cache_root() / "native"
 
 
 def compiler() -> str | None:
@@ -147,7 +146,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     kernel is never handed one). A forward calls this ~200 times: the checks are kept cheap."""
     k = x.shape[-1] if x.dim() else 0
     rows = x.numel() // k if k else 0
-    fn = _LIB[0][0] if _LIB and _LIB[0] else function()
+    fn = function()
     if (
         fn is None
         or not 0 < rows <= MAX_ROWS
@@ -177,6 +176,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         rows,
         n,
         k,
-        _threads(),
+        torch.get_num_threads(),
     )
     return y

@@ -67,7 +67,7 @@ PAD_UP_TO = 16  # up to this many rows, W·Xᵀ pads X to a power of two (above:
 #: the products: torch's, W·Xᵀ (``linear_rows``), MKL's packed one (``treespec.packed_matmul``), the one
 #: compiled here (``treespec.native_matmul``)
 CHOICES = ("stock", "rows", "packed", "native")
-MARGIN = 0.97  # W·Xᵀ is kept only where its median is at most this fraction of stock's
+MARGIN = 0.97  # another product is kept only where its median is at most this fraction of stock's
 REPEATS = 3  # timed forwards per size and variant (after one warm-up each)
 #: a size whose fastest product and torch's are within this fraction of each other is a close call:
 #: timed again (REPEATS more each, up to CLOSE_ROUNDS times) before the medians decide
@@ -149,6 +149,14 @@ def _dispatch(verdict: tuple[str, ...] | None, x: torch.Tensor) -> Callable[...,
             if verdict[i] == "native":
                 return native_matmul.linear
     return F.linear
+
+
+def choose(times: dict[str, float]) -> str:
+    """The product a size uses, from its timings (any unit; only measured products): the fastest other
+    than torch's where it takes at most MARGIN of torch's time, else ``stock``."""
+    others = [name for name in times if name != "stock"]
+    fastest = min(others, key=times.__getitem__, default="stock")
+    return fastest if "stock" in times and others and times[fastest] <= MARGIN * times["stock"] else "stock"
 
 
 def _index(rows: int) -> int:
@@ -278,9 +286,7 @@ class RowMatmul:
                 if allowed > 0:
                     allowed -= 1
                     continue
-                times = {name: ms[name][i] for name in ms if name != "packed" and ms[name][i] > 0}
-                fastest = min(times, key=times.__getitem__, default="stock")
-                out[i] = fastest if "stock" in times and times[fastest] <= MARGIN * times["stock"] else "stock"
+                out[i] = choose({name: ms[name][i] for name in ms if name != "packed" and ms[name][i] > 0})
         return tuple(out)
 
     def _packed_sizes(self) -> set[int]:
@@ -316,8 +322,8 @@ class RowMatmul:
         emb = self.model.get_input_embeddings()
         vocab = int(getattr(emb, "num_embeddings", 0) or emb.weight.shape[0])
         device = emb.weight.device if emb.weight.device.type != "meta" else torch.device("cpu")
-        products = [n for n in CHOICES if n in ("stock", "rows") or (n == "packed" and self.copies())]
-        products += ["native"] if self.native() else []
+        offered = {"stock": True, "rows": True, "packed": self.copies() > 0, "native": self.native() is not None}
+        products = [name for name in CHOICES if offered[name]]
         ms: dict[str, list[float]] = {name: [] for name in products}
         limit = max_positions(self.model.config) if hasattr(self.model, "config") else None
         verdict: list[str] = []
@@ -330,9 +336,7 @@ class RowMatmul:
             medians = self._time_one(ids, tried)
             for name in products:
                 ms[name].append(round(medians.get(name, 0.0) * 1e3, 3))
-            fastest = min((n for n in tried if n != "stock"), key=medians.__getitem__, default="stock")
-            won = tried and medians[fastest] <= MARGIN * medians["stock"]
-            verdict.append(fastest if won else "stock")
+            verdict.append(choose(medians))
             packed_matmul.drop({size}, [m.weight for m in self.layers])
         return tuple(verdict), ms
 
