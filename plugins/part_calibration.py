@@ -60,26 +60,21 @@ class PartCalibration:
     def apply(self, tree: DraftTree, nodes: torch.Tensor, props: list[Proposals]) -> list[Proposals]:
         """Each part's proposals for ``nodes`` [M] with q replaced by its calibrated value; records them
         so that ``learn`` can score them once the step is committed."""
-        index = nodes.detach().cpu().long()  # [M]
-        depths = tree.depths[index].long() + 1  # [M] the children's depth
+        index = nodes.detach().cpu().long().numpy()  # [M]
+        depths = tree.depths.numpy()[index] + 1  # [M] the children's depth
         depth_of = depths.tolist()
         keys = [tuple(path) for path in tree.suffixes(index.tolist())]
         out = []
         for i, p in enumerate(props):
-            raw = p.q.detach().to("cpu", torch.float64)  # [M, k]
-            toks = p.tokens.detach().to("cpu", torch.long)  # [M, k]
+            raw = p.q.detach().cpu().double().numpy()  # [M, k]
+            toks = p.tokens.detach().cpu().long().numpy()  # [M, k]
             valid = raw > 0  # [M, k]
-            cal = self.maps[i](raw.reshape(-1), depths.repeat_interleave(raw.shape[1])).reshape(raw.shape)  # [M, k]
-            cal = torch.where(valid, cal.clamp(min=MIN_Q), torch.zeros_like(cal))
-            out.append(Proposals(tokens=p.tokens, q=cal.to(p.q.dtype)))
-            raw_np, toks_np, valid_np = raw.numpy(), toks.numpy(), valid.numpy()
+            cal = self.maps[i].values(raw, depths[:, None])  # [M, k]
+            cal = np.where(valid, np.maximum(cal, MIN_Q), 0.0)
+            out.append(Proposals(tokens=p.tokens, q=torch.from_numpy(cal).to(p.q.dtype)))
             for m, key in enumerate(keys):
-                if valid_np[m].any():
-                    self.asked.setdefault(key, {})[i] = (
-                        toks_np[m][valid_np[m]],
-                        raw_np[m][valid_np[m]],
-                        depth_of[m],
-                    )
+                if valid[m].any():
+                    self.asked.setdefault(key, {})[i] = (toks[m][valid[m]], raw[m][valid[m]], depth_of[m])
         return out
 
     def learn(self, tokens: list[int]) -> None:

@@ -233,3 +233,26 @@ def test_rms_norm_in_float32_is_the_models_own_to_the_bit(shape):
     with torch.no_grad():
         norm.weight.copy_(torch.randn(shape[-1], generator=gen))
         assert torch.equal(rms_norm(x, norm.weight, 1e-5), norm(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_rope_is_the_models_own_to_the_bit(dtype, tokens):
+    """The lean RoPE (a roll of x times a sin whose first half is negated once per forward) must give
+    transformers' ``apply_rotary_pos_emb`` exactly, on the model's own cos/sin."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from treespec.lean import apply_rope, rotate, signed_sin
+
+    gen = torch.Generator().manual_seed(tokens)
+    q = 3 * torch.randn(2, 4, tokens, 16, generator=gen, dtype=dtype)  # [B, H, T, D]
+    k = 3 * torch.randn(2, 2, tokens, 16, generator=gen, dtype=dtype)
+    rotary = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, rope_theta=10000.0))
+    positions = torch.tensor([[5 + 3 * i for i in range(tokens)], [200 + i for i in range(tokens)]])
+    cos, sin = rotary(q, positions)  # [B, T, D]
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
+    assert torch.equal(apply_rope(q, cos[:, None], sin[:, None]), want_q)
+    ssin = signed_sin(sin[:, None])
+    assert torch.equal(rotate(q, cos[:, None], ssin), want_q)
+    assert torch.equal(rotate(k, cos[:, None], ssin), want_k)

@@ -84,9 +84,14 @@ class AcceptanceMap:
 
     def __call__(self, q: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
         """Calibrated conditional acceptance of nodes with draft confidence ``q`` [N] at ``depths`` [N]."""
-        groups = (depths.long() - 1).clamp(0, DEPTH_GROUPS - 1)  # [N]
-        index = (q.double().clamp(0, 1) * LUT).long()  # [N] the 1/LUT cell of each q (as ``lookup``)
-        return torch.from_numpy(self._lut_np)[groups, index]  # [N] float64
+        return torch.from_numpy(self.values(q.detach().cpu().double().numpy(), depths.cpu().numpy()))  # [N] float64
+
+    def values(self, q: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        """``f`` for arrays of confidences ``q`` and ``depths`` of shapes that broadcast (numpy: a drafter's
+        hot path, where a dozen torch calls on a few numbers cost more than the arithmetic)."""
+        groups = np.minimum(np.maximum(depths.astype(np.int64) - 1, 0), DEPTH_GROUPS - 1)  # [...]
+        cell = np.minimum(np.maximum(q.astype(np.float64), 0.0), 1.0) * LUT  # [...] q's 1/LUT cell (as ``lookup``)
+        return self._lut_np[groups, cell.astype(np.int64)]  # [...] float64
 
     def lookup(self, q: np.ndarray, depth: int) -> np.ndarray:
         """``f`` for an array of confidences ``q`` at one ``depth`` (numpy, for planners' inner loops)."""

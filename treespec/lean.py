@@ -197,9 +197,20 @@ def rms_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """Hugging Face's ``x·cos + rotate_half(x)·sin``, rotate_half(x) = (−x₂, x₁), to the bit."""
+    return rotate(x, cos, signed_sin(sin))
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: rotate_half(x)·sin = roll(x, D/2)·signed_sin(sin) exactly
+    ((−a)·b and a·(−b) round alike), so a forward negates once instead of once per layer and tensor."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tensor:
+    """RoPE with ``ssin = signed_sin(sin)``: three ops on x (roll, two products, a sum) instead of six."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * ssin
 
 
 def run_layers(
@@ -213,7 +224,7 @@ def run_layers(
 ) -> torch.Tensor:  # [B, T, H]
     b, t, _ = x.shape
     nq, nkv, d, eps = shape
-    cos, sin = position_embeddings[0][:, None], position_embeddings[1][:, None]  # [B, 1, T, D]
+    cos, ssin = position_embeddings[0][:, None], signed_sin(position_embeddings[1][:, None])  # [B, 1, T, D]
     mask = mask.to(x.dtype) if mask is not None else None
     mm = product(x)  # every product of this forward reads b·t rows: W·Xᵀ or torch's, chosen once
     for i, L in enumerate(layers):
@@ -221,8 +232,8 @@ def run_layers(
             inputs.append(x)
         n = x if L.g_in is None else rms_norm(x, L.g_in, eps)  # EAGLE's layer 0 reads fc's output as is
         q, k, v = project(n, L.w_qkv, L.b_qkv, [nq * d, nkv * d, nkv * d], mm)  # [B, T, Hq D], [B, T, Hkv D] x2
-        q = apply_rope(q.view(b, t, nq, d).transpose(1, 2), cos, sin)  # [B, Hq, T, D]
-        k = apply_rope(k.view(b, t, nkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
+        q = rotate(q.view(b, t, nq, d).transpose(1, 2), cos, ssin)  # [B, Hq, T, D]
+        k = rotate(k.view(b, t, nkv, d).transpose(1, 2), cos, ssin)  # [B, Hkv, T, D]
         v = v.view(b, t, nkv, d).transpose(1, 2)  # [B, Hkv, T, D]
         k, v = cache.update(k, v, i)  # [B, Hkv, S, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nq != nkv)  # [B, Hq, T, D]

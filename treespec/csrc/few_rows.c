@@ -42,6 +42,26 @@ static inline __attribute__((always_inline)) void tile(const float *X, const flo
       for (int r = 0; r < rr; r++) acc[j][r] += w[r] * x;
     }
   }
+  if (rr == R && K16 == K) {
+    /* a whole tile: each X row's 4 sums (one per W row) at once, by the same additions as hsum's (halves,
+     * quarters, then pairs), so every output has the same bits as through hsum */
+    for (int j = 0; j < mm; j++) {
+      v16 t0 = __builtin_shufflevector(acc[j][0], acc[j][1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(acc[j][0], acc[j][1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+      v16 t1 = __builtin_shufflevector(acc[j][2], acc[j][3], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(acc[j][2], acc[j][3], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+      /* t0: W row 0's 8 partial sums, then W row 1's; t1: W rows 2 and 3 */
+      v16 u = __builtin_shufflevector(t0, t1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+              __builtin_shufflevector(t0, t1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+      /* u: the 4 partial sums b0..b3 of each W row */
+      v8 w = __builtin_shufflevector(u, u, 0, 1, 4, 5, 8, 9, 12, 13) + __builtin_shufflevector(u, u, 2, 3, 6, 7, 10, 11, 14, 15);
+      /* w: (b0 + b2, b1 + b3) per W row; z: their sums */
+      v4 z = __builtin_shufflevector(w, w, 0, 2, 4, 6) + __builtin_shufflevector(w, w, 1, 3, 5, 7);
+      float *y = Y + (m0 + j) * N + n;
+      for (int r = 0; r < R; r++) y[r] = z[r] + (bias ? bias[n + r] : 0.0f);
+    }
+    return;
+  }
   for (int j = 0; j < mm; j++)
     for (int r = 0; r < rr; r++) {
       float s = hsum(acc[j][r]);
