@@ -90,13 +90,12 @@ class AcceptanceMap:
         """``f`` for arrays of confidences ``q`` and ``depths`` of shapes that broadcast (numpy: a drafter's
         hot path, where a dozen torch calls on a few numbers cost more than the arithmetic)."""
         groups = np.minimum(np.maximum(depths.astype(np.int64) - 1, 0), DEPTH_GROUPS - 1)  # [...]
-        cell = np.minimum(np.maximum(q.astype(np.float64), 0.0), 1.0) * LUT  # [...] q's 1/LUT cell (as ``lookup``)
+        cell = np.minimum(np.maximum(q.astype(np.float64), 0.0), 1.0) * LUT  # [...] q's 1/LUT cell
         return self._lut_np[groups, cell.astype(np.int64)]  # [...] float64
 
     def lookup(self, q: np.ndarray, depth: int) -> np.ndarray:
         """``f`` for an array of confidences ``q`` at one ``depth`` (numpy, for planners' inner loops)."""
-        table = self._lut_np[min(max(depth, 1), DEPTH_GROUPS) - 1]  # [LUT+2]
-        return table[(q * LUT).astype(np.int64)]  # q in [0, 1]: a probability, so the cell exists
+        return self.values(q, np.asarray(depth))
 
     def update(self, q: np.ndarray, depths: np.ndarray, accepted: np.ndarray) -> None:
         """Record outcomes of tested nodes: confidences ``q`` [N], ``depths`` [N], ``accepted`` [N] bool, for

@@ -61,10 +61,10 @@ import torch.nn.functional as F
 from treespec import native_matmul, packed_matmul
 from treespec.devices import cpu_name
 from treespec.kv import max_positions
+from treespec.transposed_matmul import PAD_UP_TO, linear_rows
 
 SIZES = (1, 2, 3, 4, 8, 16, 32, 64)  # rows measured; r rows follow the smallest size ≥ r up to PAD_UP_TO
-PAD_UP_TO = 16  # up to this many rows, W·Xᵀ pads X to a power of two (above: measured slower padded)
-#: the products: torch's, W·Xᵀ (``linear_rows``), MKL's packed one (``treespec.packed_matmul``), the one
+#: the products: torch's, W·Xᵀ (``treespec.transposed_matmul``), MKL's packed one (``treespec.packed_matmul``), the one
 #: compiled here (``treespec.native_matmul``)
 CHOICES = ("stock", "rows", "packed", "native")
 MARGIN = 0.97  # another product is kept only where its median is at most this fraction of stock's
@@ -100,23 +100,6 @@ def plausible(ms: dict[str, list[float]]) -> bool:
         if any(seen[i] > JUMP * min(seen[i + 1 :]) for i in range(len(seen) - 1)):
             return False
     return True
-
-
-def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` computed as (W·Xᵀ)ᵀ. Up to PAD_UP_TO rows, X is padded to a power
-    of two (one row to two: a matrix product, one read of W, instead of the matrix-vector path): BLAS
-    is measured much slower at some odd column counts (13 rows: 141 ms a forward, padded to 16: 109)."""
-    rows = x.numel() // x.shape[-1]
-    x2 = x.reshape(rows, x.shape[-1])  # [R, I]
-    if rows <= PAD_UP_TO:
-        padded = max(2, 1 << (rows - 1).bit_length())
-        if padded > rows:
-            x2 = torch.cat([x2, x2.new_zeros(padded - rows, x2.shape[1])])  # [P, I]
-    y = torch.mm(weight, x2.t()).t()[:rows]  # [R, O], transposed in memory
-    y = y.contiguous()  # [R, O] row-major, as F.linear returns it
-    if bias is not None:
-        y += bias
-    return y.view(*x.shape[:-1], weight.shape[0])  # [..., O]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
