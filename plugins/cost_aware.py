@@ -341,7 +341,8 @@ class AutoPlanner:
 
 def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
     """What a cost profile was measured for: target, drafter and its options, device, dtype, threads,
-    which few-row products the target's forward uses (``treespec.row_matmul``) and whether trees are
+    which few-row products the target's forward uses (``treespec.row_matmul``; with how many weights read
+    from a GGUF's blocks, ``treespec.gguf_blocks``) and whether trees are
     verified by the lean forward (``treespec.lean.lean_target``): both change T(n)."""
     rows = getattr(target, "row_matmul", None)
     return {
@@ -352,6 +353,7 @@ def profile_key(target: TargetModel, drafter: Drafter) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         **({"row_matmul": "".join(v[0] for v in rows.verdict())} if rows is not None else {}),  # s/r/p/n a size
+        **({"blocks": rows.blocks()} if rows is not None else {}),  # treespec.gguf_blocks
         **({"forward": "lean"} if getattr(target, "lean", None) is not None else {}),  # treespec.lean_target
     }
 

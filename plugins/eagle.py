@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from treespec import gguf_blocks
 from treespec.catalog import SHIPPED_HEADS
 from treespec.errors import ConfigError
 from treespec.inference import inference
@@ -77,6 +78,9 @@ class EagleDrafter(Drafter):
             )  # [N, H]: N/V of the output layer
             full = self._head
             self._head = (lambda x: full(x)[..., self.ids]) if offloaded else (lambda x: linear(x, weight, bias))
+            source = gguf_blocks.find(self.lm_head.weight)  # the target's output layer read from a GGUF's blocks
+            if weight is not None and source is not None:
+                gguf_blocks.attach(weight, source.rows(self.ids))  # so are its draft rows (checked exact)
         # greedy acceptance calibration (eagle_train.fit_temperature): q = softmax(logits / T)
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
         self._new_sequence()

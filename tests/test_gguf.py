@@ -41,11 +41,11 @@ def files(tmp_path_factory):
     return {q: write_llama_gguf(SOURCE, folder / f"draft-{q}.gguf", q) for q in ("F32", "Q8_0", "Q4_1")}
 
 
-def _hf_gguf(path: Path):
+def _hf_gguf(path: Path, dtype: torch.dtype = torch.float64):
     """transformers' own reading of the file (the reference)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float64)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     return model.eval(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 

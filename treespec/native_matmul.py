@@ -35,8 +35,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from treespec.gguf_blocks import find
+
 SOURCE = Path(__file__).with_name("csrc") / "few_rows.c"
 SYMBOL = "treespec_few_rows"
+BLOCK_SYMBOL = "treespec_block_rows"  # the same product with W as a GGUF's blocks (treespec.gguf_blocks)
 #: tried in order until one compiles: the fastest code for this CPU, then portable, then single-threaded
 FLAG_SETS = (
     ("-O3", "-march=native", "-fopenmp"),
@@ -46,7 +49,8 @@ FLAG_SETS = (
 F32 = torch.float32
 MAX_ROWS = 64  # above this many rows torch's product is always the faster (a prompt's prefill)
 
-_LIB: list[tuple[ctypes._CFuncPtr, str] | None] = []  # [] not tried yet; [None] unavailable; [(function, name)]
+#: [] not tried yet; [None] unavailable; [(function, its block twin, library name)]
+_LIB: list[tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, str] | None] = []
 
 
 def enabled() -> bool:
@@ -98,7 +102,7 @@ def _build(compiler: str, flags: tuple[str, ...]) -> Path | None:
     return path
 
 
-def _load() -> tuple[ctypes._CFuncPtr, str] | None:
+def _load() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, str] | None:
     cc = compiler() if enabled() else None
     if cc is None or not SOURCE.exists():
         return None
@@ -107,12 +111,14 @@ def _load() -> tuple[ctypes._CFuncPtr, str] | None:
         if path is None:
             continue
         try:
-            fn = getattr(ctypes.CDLL(str(path)), SYMBOL)
+            lib = ctypes.CDLL(str(path))
+            fn, blocks = getattr(lib, SYMBOL), getattr(lib, BLOCK_SYMBOL)
         except (OSError, AttributeError):
             continue
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
-        fn.restype = None
-        return fn, path.stem
+        blocks.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_long] * 3 + [ctypes.c_int]
+        fn.restype = blocks.restype = None
+        return fn, blocks, path.stem
     return None
 
 
@@ -125,7 +131,7 @@ def function() -> ctypes._CFuncPtr | None:
 
 def library_name() -> str | None:
     """The loaded library's name (``few_rows-<hash of source, compiler, flags, CPU>``), or None."""
-    return _LIB[0][1] if function() is not None and _LIB[0] else None
+    return _LIB[0][2] if function() is not None and _LIB[0] else None
 
 
 def available() -> bool:
@@ -168,6 +174,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x = x.contiguous()  # [..., I]: its rows read as [R, I]
     n = weight.shape[0]
     y = torch.empty((*x.shape[:-1], n))  # [..., O], written as [R, O]
+    blocks = find(weight)
+    if blocks is not None:  # the same bits from the GGUF's blocks (treespec.gguf_blocks)
+        _LIB[0][1](
+            blocks.kind,
+            x.data_ptr(),
+            blocks.q.data_ptr(),
+            blocks.d.data_ptr(),
+            blocks.m.data_ptr(),
+            y.data_ptr(),
+            bias.data_ptr() if bias is not None else None,
+            rows,
+            n,
+            k,
+            torch.get_num_threads(),
+        )
+        return y
     fn(
         x.data_ptr(),
         weight.data_ptr(),

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from treespec import native_matmul, packed_matmul
+from treespec import gguf_blocks, native_matmul, packed_matmul
 from treespec.devices import cpu_name
 from treespec.kv import max_positions
 from treespec.transposed_matmul import PAD_UP_TO, linear_rows
@@ -219,6 +219,10 @@ class RowMatmul:
             return None
         return native_matmul.library_name()
 
+    def blocks(self) -> int:
+        """How many layers the compiled product reads from a GGUF's blocks (``treespec.gguf_blocks``)."""
+        return sum(gguf_blocks.find(m.weight) is not None for m in self.layers)
+
     def key(self, threads: int) -> dict[str, Any]:
         """What a verdict was measured for."""
         cfg = getattr(self.model, "config", None)
@@ -235,6 +239,7 @@ class RowMatmul:
             "cpu": cpu_name(),
             "packed": self.copies() > 0,  # measured with the packed product offered or not
             "native": self.native(),  # and the compiled one (its library: source, compiler, flags)
+            "blocks": self.blocks(),
         }
 
     def _path(self, key: dict[str, Any]):

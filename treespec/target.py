@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from treespec import threads
+from treespec import gguf_blocks, threads
 from treespec.errors import ConfigError, TreespecError
 from treespec.inference import inference
 from treespec.kv import (
@@ -96,8 +96,12 @@ class TargetModel:
         device; each layer then moves what it reads to its own device."""
         first = next(self.model.parameters())
         if getattr(self, "_placement", None) != (first.device, first.dtype):  # new, or moved: which layers
+            gguf_blocks.prepare(self.model)  # a GGUF's blocks for the compiled product, where they are exact
             self.row_matmul = RowMatmul(self.model)  # few-row products on a CPU (treespec.row_matmul)
-            self._placement = (first.device, first.dtype)
+            self._placement, self._spot = (first.device, first.dtype), 0
+        else:  # a new sequence: one row of each weight against its blocks (an edit through .data)
+            self._spot += 1
+            gguf_blocks.spot_check([m.weight for m in self.row_matmul.layers], self._spot)
         self._device, self._dtype = first.device, first.dtype
         self.lean = lean_target(self.model)  # tree forwards without Hugging Face's per-module overhead
         self.grouped_sdpa = grouped_sdpa_helps(
