@@ -17,7 +17,7 @@ folder treespec converted from a GGUF file (its ``treespec-gguf.json`` names the
 ``blocks.safetensors`` in that folder, or builds it once from the GGUF file: each of the model's
 linear weights is matched row by row with the file's Q4_1 and Q8_0 tensors, by the bits of the rows
 gguf dequantises (no tensor names: llama.cpp's names and its q/k row order are whatever the file has),
-and the matching rows' blocks are kept (SmolLM2: ~150 MB beside the 538 MB of floats, 3–5 s once).
+and the matching rows' blocks are kept (SmolLM2: 111 MB beside the 538 MB of floats, 4.3 s once).
 A weight gets its blocks only if they dequantise to its exact bits (checked then, 0.3–0.6 s for
 SmolLM2); afterwards the product uses them only while the weight is the same tensor at the same
 version and storage (an in-place change through torch drops them), and ``spot_check`` compares one row
