@@ -20,7 +20,7 @@ from gguf_fixture import write_llama_gguf
 
 import treespec
 from treespec import gguf as tg
-from treespec import models
+from treespec import models, native_matmul
 from treespec.errors import ModelLoadError
 
 pytest.importorskip("gguf")
@@ -165,6 +165,8 @@ def test_smollm2_default_run_is_lossless(drafter):
     assert drafter in (defaults.drafter_for("smollm2"), defaults.drafter_for("smollm2", sampling=True))
     dec = treespec.Decoder(target="smollm2", drafter=drafter, builder="opt-tree", builder_options={"nodes": "auto"})
     tok, model = dec.target.tokenizer, dec.target.model
+    if native_matmul.available():  # every matrix read from the GGUF's blocks (treespec.gguf_blocks)
+        assert dec.target.row_matmul.blocks() == len(dec.target.row_matmul.layers) == 211
     for question in ("What is the capital of France? Answer in one sentence.", "Write a haiku about rivers."):
         ids = chat_ids(tok, [{"role": "user", "content": question}])
         x = torch.tensor([ids])

@@ -160,11 +160,12 @@ def prepare(model: Any, log: Any = None) -> int:
     from treespec import native_matmul
     from treespec.gguf import MARKER
 
-    folder = Path(str(getattr(model, "name_or_path", "") or ""))
-    if not enabled() or not native_matmul.available() or not (folder / MARKER).is_file():
+    name = str(getattr(model, "name_or_path", "") or "")  # the folder it was loaded from ("": built in memory)
+    if not name or not enabled() or not native_matmul.available() or not (Path(name) / MARKER).is_file():
         return 0
     weights = linear_weights(model)
     try:
+        folder = Path(name)
         meta = json.loads((folder / MARKER).read_text())
         stored = load(folder / FILE, meta["sha256"])
         if stored is None:

@@ -29,8 +29,10 @@ Verdicts are per thread count, kept for the process and saved beside the cost pr
 (``treespec.cost.profile_dir``), keyed by the model's shape, dtype (fp32/fp64 only), threads, torch
 and CPU. A measurement taken on a disturbed machine is neither used nor saved (``plausible``: no size
 more than JUMP× slower than a larger one; measured again up to ATTEMPTS times, else torch's product
-for the process), and a saved verdict whose timings fail that check is measured again: one busy
-minute must not decide for every later run. ``applied()`` brackets one of treespec's own forwards: it
+for the process), one taken while other processes kept BUSY cores or more busy (``threads.LoadMeter``:
+a neighbour inflates every size evenly, which ``plausible`` cannot see) is used but not saved, and a
+saved verdict whose timings fail that check is measured again: one busy minute must not decide for
+every later run. ``applied()`` brackets one of treespec's own forwards: it
 installs a forward on each such layer that reads the verdict from a context variable, so the switch
 holds only inside that forward on that thread (the user's model is as it was outside it, and between
 forwards nothing is installed).
@@ -61,6 +63,7 @@ import torch.nn.functional as F
 from treespec import gguf_blocks, native_matmul, packed_matmul
 from treespec.devices import cpu_name
 from treespec.kv import max_positions
+from treespec.threads import LoadMeter
 from treespec.transposed_matmul import PAD_UP_TO, linear_rows
 
 SIZES = (1, 2, 3, 4, 8, 16, 32, 64)  # rows measured; r rows follow the smallest size ≥ r up to PAD_UP_TO
@@ -77,6 +80,9 @@ CLOSE_ROUNDS = 3
 #: disturbed (BLAS oddities stay under 1.5×; a busy minute gave 535 ms at 8 rows against 23 at 32)
 JUMP = 2.0
 ATTEMPTS = 3  # measurements tried before giving up on a disturbed machine (then: stock, nothing saved)
+#: other processes' mean load during a measurement (cores, ``treespec.threads.LoadMeter``) from which its
+#: verdict is used by this process but not saved: timings inflated by a neighbour must not decide later runs
+BUSY = 0.5
 MODES = ("auto", "on", "native", "off")
 
 #: the verdict of the forward running in this context: per size index, one of CHOICES (None: stock)
@@ -282,13 +288,17 @@ class RowMatmul:
         return {SIZES[i] for found in self.verdicts.values() for i, choice in enumerate(found) if choice == "packed"}
 
     def _measure(self, threads: int) -> tuple[str, ...]:
-        """The verdict of the first undisturbed measurement (``plausible``), saved; if the machine stays
-        disturbed for ``ATTEMPTS`` measurements, torch's own product everywhere, for this process only."""
+        """The verdict of the first undisturbed measurement (``plausible``), saved if other processes kept
+        less than BUSY cores busy meanwhile; if the machine stays disturbed for ``ATTEMPTS`` measurements,
+        torch's own product everywhere, for this process only."""
         for _ in range(ATTEMPTS):
+            meter = LoadMeter()
             verdict, ms = self._time_sizes()
+            busy = meter.others()  # other processes' load meanwhile, in cores
             self.timings[threads] = ms
             if plausible(ms):
-                self._save(threads, verdict, ms)  # as measured: the budget is applied where it is read
+                if busy is None or busy < BUSY:  # measured beside other work: this process's verdict only
+                    self._save(threads, verdict, ms)  # as measured: the budget is applied where it is read
                 return self._fit(verdict, ms)
         return ("stock",) * len(SIZES)
 

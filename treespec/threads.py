@@ -75,6 +75,31 @@ def _sample() -> tuple[float, int, int] | None:
         return None
 
 
+def _clock_tick() -> float:
+    return float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+
+
+def _others(first: tuple[float, int, int], now: tuple[float, int, int], tick: float) -> float | None:
+    """The other processes' mean load between two ``_sample``s, in cores (None: no time between them)."""
+    elapsed = now[0] - first[0]
+    if elapsed <= 0:
+        return None
+    return max(0.0, ((now[1] - first[1]) - (now[2] - first[2])) / tick / elapsed)
+
+
+class LoadMeter:
+    """How busy other processes kept this process's cores while something was measured: ``others()`` is
+    their mean load since the meter was made, in cores (None where /proc cannot be read). A measurement
+    taken beside other work (``treespec.row_matmul``'s verdict) is used but not kept for later runs."""
+
+    def __init__(self) -> None:
+        self.first = _sample() if os.path.exists(_STAT) else None
+
+    def others(self) -> float | None:
+        now = _sample() if self.first is not None else None
+        return _others(self.first, now, _clock_tick()) if now is not None and self.first is not None else None
+
+
 class _Follower:
     """The process's one thread governor (torch's thread count is process-wide)."""
 
@@ -85,7 +110,7 @@ class _Follower:
         self.last: tuple[float, int, int] | None = None
         self.others = 0.0  # the other processes' load at the last look, in cores
         self.cores = _cores()  # the cores this process may run on, at the last look
-        self.tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+        self.tick = _clock_tick()
 
     def look(self) -> None:
         """Measure the other processes' load since the last look (the first look waits FIRST_LOOK)."""
@@ -98,12 +123,10 @@ class _Follower:
         now = _sample()
         if now is None or self.last is None:
             return
-        elapsed = now[0] - self.last[0]
-        if elapsed <= 0:
+        others = _others(self.last, now, self.tick)
+        if others is None:
             return
-        busy, own = now[1] - self.last[1], now[2] - self.last[2]
-        self.others = max(0.0, (busy - own) / self.tick / elapsed)
-        self.last = now
+        self.others, self.last = others, now
 
     def threads(self) -> int:
         """What torch should run on now."""
