@@ -210,7 +210,13 @@ def stdout_failed(exc: OSError) -> None:
 
 
 #: environment switches that change the products a run computes with, recorded in its command when set
-RECORDED_ENV = ("TREESPEC_ROW_MATMUL", "TREESPEC_PACKED_MB", "TREESPEC_NATIVE", "TREESPEC_LEAN_TARGET")
+RECORDED_ENV = (
+    "TREESPEC_ROW_MATMUL",
+    "TREESPEC_PACKED_MB",
+    "TREESPEC_NATIVE",
+    "TREESPEC_GGUF_BLOCKS",
+    "TREESPEC_LEAN_TARGET",
+)
 
 
 def command_line(ctx: Any, resolved: dict[str, Any] | None = None) -> list[str]:
