@@ -134,6 +134,9 @@ def test_a_gguf_target_reads_its_blocks_and_decodes_as_transformers(files, cache
     again = treespec.TargetModel.load(str(path))
     assert again.row_matmul.blocks() == len(layers)
     assert (folder / gguf_blocks.FILE).stat().st_mtime_ns == stamp  # read, not built again
+    # the folder stays a plain model folder: tools that load every top-level *.safetensors (vLLM) find
+    # the weights alone
+    assert [p.name for p in folder.glob("*.safetensors")] == ["model.safetensors"]
 
 
 def test_no_blocks_without_a_quantised_gguf_or_when_switched_off(files, cache, monkeypatch, tmp_path):

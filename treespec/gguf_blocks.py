@@ -14,7 +14,8 @@ SmolLM2's 211 matrices by 1, 2, 4, 8 and 16 rows on this repository's Xeon (2 th
 
 How. ``prepare(model)`` runs when a target is wrapped (``treespec.target``). For a model loaded from a
 folder treespec converted from a GGUF file (its ``treespec-gguf.json`` names the file), it reads
-``blocks.safetensors`` in that folder, or builds it once from the GGUF file: each of the model's
+``treespec-blocks/blocks.safetensors`` in that folder (a subfolder: vLLM, for one, loads every
+top-level ``*.safetensors`` of a model folder as weights), or builds it once from the GGUF file: each of the model's
 linear weights is matched row by row with the file's Q4_1 and Q8_0 tensors, by the bits of the rows
 gguf dequantises (no tensor names: llama.cpp's names and its q/k row order are whatever the file has),
 and the matching rows' blocks are kept (SmolLM2: 111 MB beside the 538 MB of floats, 4.3 s once).
@@ -42,7 +43,9 @@ import torch
 Q4_1, Q8_0 = 3, 8  # ggml's type numbers, as the kernel takes them
 KINDS = {Q4_1: ("Q4_1", 20), Q8_0: ("Q8_0", 34)}  # bytes per block of 32 weights: float16 d (and m), then q
 BLOCK = 32
-FILE = "blocks.safetensors"
+#: in the converted folder, one level down: tools that read a model folder load every top-level
+#: ``*.safetensors`` as weights (vLLM does), so the folder keeps exactly one, ``model.safetensors``
+FILE = Path("treespec-blocks") / "blocks.safetensors"
 FORMAT = 1  # of FILE: a file of another format is built again
 
 #: id(weight) -> (a weak reference to it, its version and storage when attached, its blocks)
@@ -76,10 +79,8 @@ class Blocks:
 
     def row_matches(self, weight: torch.Tensor, row: int) -> bool:
         """Whether row ``row`` of these blocks dequantises to the bits of ``weight``'s row."""
-        one = Blocks(
-            self.kind, self.q[row : row + 1], self.d[row : row + 1], self.m[row : row + 1] if self.m.numel() else self.m
-        )
-        return torch.equal(one.dequantised().view(torch.int32), weight[row : row + 1].detach().view(torch.int32))
+        one = self.rows(torch.tensor([row])).dequantised()  # [1, K]
+        return torch.equal(one.view(torch.int32), weight[row : row + 1].detach().view(torch.int32))
 
 
 def enabled() -> bool:
@@ -241,6 +242,7 @@ def _save(path: Path, blocks: dict[str, Blocks], sha256: str) -> None:
     meta = {"format": str(FORMAT), "sha256": sha256, "kinds": json.dumps(kinds)}
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
+        path.parent.mkdir(exist_ok=True)
         save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, path)
     except OSError:
