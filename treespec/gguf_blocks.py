@@ -122,14 +122,10 @@ def detach(weight: torch.Tensor) -> None:
 
 
 def usable(weight: torch.Tensor) -> bool:
-    """A contiguous float32 CPU matrix whose rows are whole blocks."""
-    return (
-        weight.dim() == 2
-        and weight.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and weight.is_contiguous()
-        and weight.shape[1] % BLOCK == 0
-    )
+    """What the compiled product reads (``native_matmul.usable``), with rows of whole blocks."""
+    from treespec import native_matmul  # imported lazily: native_matmul looks blocks up here
+
+    return native_matmul.usable(weight) and weight.shape[1] % BLOCK == 0
 
 
 def spot_check(weights: list[torch.Tensor], row: int) -> int:
@@ -161,12 +157,12 @@ def prepare(model: Any, log: Any = None) -> int:
     from treespec import native_matmul
     from treespec.gguf import MARKER
 
-    name = str(getattr(model, "name_or_path", "") or "")  # the folder it was loaded from ("": built in memory)
-    if not name or not enabled() or not native_matmul.available() or not (Path(name) / MARKER).is_file():
+    loaded_from = str(getattr(model, "name_or_path", "") or "")  # its folder ("": built in memory)
+    folder = Path(loaded_from)
+    if not loaded_from or not enabled() or not native_matmul.available() or not (folder / MARKER).is_file():
         return 0
     weights = linear_weights(model)
     try:
-        folder = Path(name)
         meta = json.loads((folder / MARKER).read_text())
         stored = load(folder / FILE, meta["sha256"])
         if stored is None:

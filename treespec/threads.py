@@ -93,11 +93,11 @@ class LoadMeter:
     taken beside other work (``treespec.row_matmul``'s verdict) is used but not kept for later runs."""
 
     def __init__(self) -> None:
-        self.first = _sample() if os.path.exists(_STAT) else None
+        self.first = _sample()
 
     def others(self) -> float | None:
         now = _sample() if self.first is not None else None
-        return _others(self.first, now, _clock_tick()) if now is not None and self.first is not None else None
+        return _others(self.first, now, _clock_tick()) if now is not None else None
 
 
 class _Follower:

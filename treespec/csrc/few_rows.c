@@ -174,6 +174,8 @@ static inline __attribute__((always_inline)) void block_rows(int kind, const flo
 void treespec_block_rows(int kind, const float *X, const unsigned char *Q, const float *D, const float *Mn, float *Y,
                          const float *bias, long M, long N, long K, int threads) {
   long tiles = N / R;
+  /* one loop per kind, spelled out: GCC outlines an OpenMP loop before it inlines, so a loop in a helper
+   * taking the kind as a constant compiles once, with the kind tested in the innermost loop */
   if (kind == Q4_1) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long t = 0; t < tiles; t++) block_rows(Q4_1, X, Q, D, Mn, Y, bias, t * R, R, M, N, K);
