@@ -11,8 +11,9 @@
     train           cli/train.py      train eagle (cli/train.py), train pair (cli/train_pair.py)
     export          cli/export.py     export measure | vllm | sglang: a head and its tree for a serving engine
 
-Shared helpers live in cli/common.py. torch is imported only inside commands that decode or train:
-`treespec --help` and `treespec plugins` stay light.
+Shared helpers live in cli/common.py, the options the decoding commands share in cli/decode_options.py.
+torch is imported only inside commands that decode or train: `treespec --help` and `treespec plugins`
+stay light.
 """
 
 from __future__ import annotations

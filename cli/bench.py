@@ -16,11 +16,6 @@ from treespec.cli.bench_batch import bench_batches
 from treespec.cli.bench_inputs import baselines_for, load_items, parse_rules, parse_sampling, rows_for
 from treespec.cli.bench_report import write_report
 from treespec.cli.common import (
-    DEVICE_HELP,
-    DEVICE_MAP_HELP,
-    DTYPE_HELP,
-    MAX_MEMORY_HELP,
-    OFFLOAD_HELP,
     check_positive,
     check_seed,
     check_threads,
@@ -29,6 +24,7 @@ from treespec.cli.common import (
     writable_dir,
     writable_file,
 )
+from treespec.cli.decode_options import Device, DeviceMap, Dtype, MaxMemory, OffloadFolder, Threads
 from treespec.errors import Interrupted, TreespecError
 
 EPILOG = """\
@@ -81,7 +77,6 @@ CHAT_HELP = (
     "e.g. HumanEval's as 'Complete the following Python function ...'"
 )
 TARGET_HELP = f"target model [default: {defaults.TARGET}]"
-THREADS_HELP = "CPU threads for torch [default: torch's]"
 REPORT_HELP = (
     "then regenerate this Markdown file (e.g. docs/benchmarks.md) from every results.json in --out's parent folder"
 )
@@ -112,12 +107,12 @@ def bench(
     top_p: Annotated[float, typer.Option(help="nucleus sampling threshold when --temperature > 0 (1 = off)")] = 1.0,
     top_k: Annotated[int, typer.Option(help="top-k filter when --temperature > 0 (0 = off)")] = 0,
     seed: Annotated[int, typer.Option(help="random seed; prompt n is sampled with seed + n in every row")] = 0,
-    threads: Annotated[Optional[int], typer.Option(help=THREADS_HELP, show_default=False)] = None,
-    device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
-    dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
-    device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
-    max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
-    offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
+    threads: Threads = None,
+    device: Device = None,
+    dtype: Dtype = None,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
+    offload_folder: OffloadFolder = None,
     out: Annotated[str, typer.Option(help="folder for results.json, steps.jsonl and the plots")] = "bench-out",
     report_to: Annotated[Optional[Path], typer.Option("--report", help=REPORT_HELP)] = None,
     batch_size: Annotated[Optional[str], typer.Option(help=BATCH_HELP, show_default=False)] = None,

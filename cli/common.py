@@ -1,6 +1,6 @@
-"""What several commands share: option help texts, reading a prompt file, checking an output folder
-before a long run, SIGTERM handled like Ctrl-C, a stdout that cannot be written, and the command line
-that reproduces a run. Imports no torch."""
+"""What several commands share: reading a prompt file, checking an output folder before a long run,
+SIGTERM handled like Ctrl-C, a stdout that cannot be written, and the command line that reproduces a
+run (the options they share are declared in cli/decode_options.py). Imports no torch."""
 
 from __future__ import annotations
 
@@ -14,23 +14,6 @@ from typing import Any
 
 from treespec.cli import fail
 from treespec.errors import TreespecError
-
-B_OPTION_HELP = (
-    "builder option name=value, repeatable or comma-separated (e.g. -B nodes=25 -B threshold=0.3). "
-    "`treespec plugins` lists every option."
-)
-D_OPTION_HELP = (
-    "drafter option name=value, repeatable or comma-separated (e.g. -D layers=4, -D head=DIR, "
-    "-D ngram.max_ngram=4 for a part of a+b). `treespec plugins` lists every option."
-)
-DEVICE_HELP = "cpu, cuda, cuda:1, mps ... (default: cpu)"
-DEVICE_MAP_HELP = (
-    "split the target across devices or offload it (accelerate): auto, balanced, sequential, or a "
-    'JSON file of module -> device ("cpu", 0, "disk")'
-)
-MAX_MEMORY_HELP = "with --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB"
-OFFLOAD_HELP = "with --device-map: the folder for weights offloaded to disk"
-DTYPE_HELP = "float32, bfloat16, float16, float64 (default: float32 on CPU)"
 
 
 def pair_options(

@@ -13,14 +13,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import (
-    D_OPTION_HELP,
-    check_positive,
-    pair_options,
-    set_threads,
-    writable_file,
-    write_or_print,
-)
+from treespec.cli.common import check_positive, pair_options, set_threads, writable_file, write_or_print
+from treespec.cli.decode_options import DrafterOptions
 from treespec.errors import TreespecError
 
 export_app = typer.Typer(
@@ -83,7 +77,7 @@ M_LIMIT_HELP = "prompts (first turns, chat-formatted when the target has a templ
 def measure(
     target: Target = None,
     drafter: Annotated[Optional[str], typer.Option(help=M_DRAFTER_HELP, show_default=False)] = None,
-    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
+    drafter_option: DrafterOptions = None,
     dataset: Annotated[
         str, typer.Option(help="mt-bench, spec-bench, gsm8k, humaneval, tinystories, or a file")
     ] = "mt-bench",

@@ -12,20 +12,8 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import (
-    D_OPTION_HELP,
-    DEVICE_HELP,
-    DEVICE_MAP_HELP,
-    DTYPE_HELP,
-    MAX_MEMORY_HELP,
-    OFFLOAD_HELP,
-    check_positive,
-    check_threads,
-    pair_options,
-    set_threads,
-    writable_dir,
-    writable_file,
-)
+from treespec.cli.common import check_positive, check_threads, pair_options, set_threads, writable_dir, writable_file
+from treespec.cli.decode_options import Device, DeviceMap, DrafterOptions, Dtype, MaxMemory, OffloadFolder, Threads
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -55,18 +43,16 @@ OUT_HELP = "write the profile here instead of where runs look for it"
 def profile(
     target: Annotated[Optional[str], typer.Option(help=TARGET_HELP, show_default=False)] = None,
     drafter: Annotated[Optional[str], typer.Option(help=DRAFTER_HELP, show_default=False)] = None,
-    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
+    drafter_option: DrafterOptions = None,
     prompt: Annotated[str, typer.Option(help=PROMPT_HELP, show_default=False)] = defaults.PROMPT,
     repeats: Annotated[int, typer.Option(help="measurements per point (the median is kept)")] = 5,
     batch_size: Annotated[int, typer.Option(help=BATCH_HELP)] = 1,
-    device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
-    dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
-    device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
-    max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
-    offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
-    threads: Annotated[
-        Optional[int], typer.Option(help="CPU threads for torch [default: torch's]", show_default=False)
-    ] = None,
+    device: Device = None,
+    dtype: Dtype = None,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
+    offload_folder: OffloadFolder = None,
+    threads: Threads = None,
     out: Annotated[Optional[Path], typer.Option(help=OUT_HELP, show_default=False)] = None,
 ) -> None:
     """Measure what drafting and verifying cost on this machine, for `opt-tree nodes=auto`."""

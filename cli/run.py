@@ -14,13 +14,6 @@ import typer
 from treespec import defaults
 from treespec.cli import fail
 from treespec.cli.common import (
-    B_OPTION_HELP,
-    D_OPTION_HELP,
-    DEVICE_HELP,
-    DEVICE_MAP_HELP,
-    DTYPE_HELP,
-    MAX_MEMORY_HELP,
-    OFFLOAD_HELP,
     check_seed,
     check_threads,
     interrupt_exit,
@@ -29,6 +22,15 @@ from treespec.cli.common import (
     set_threads,
     sigterm_as_interrupt,
     stdout_failed,
+)
+from treespec.cli.decode_options import (
+    BuilderOptions,
+    Device,
+    DeviceMap,
+    DrafterOptions,
+    Dtype,
+    MaxMemory,
+    OffloadFolder,
 )
 from treespec.errors import TreespecError
 
@@ -77,8 +79,8 @@ def run(
     target: Annotated[Optional[str], typer.Option(help=TARGET_HELP, show_default=False)] = None,
     drafter: Annotated[Optional[str], typer.Option(help=DRAFTER_HELP, show_default=False)] = None,
     builder: Annotated[str, typer.Option(help="tree builder name (see `treespec plugins`)")] = "opt-tree",
-    builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=B_OPTION_HELP)] = None,
-    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
+    builder_option: BuilderOptions = None,
+    drafter_option: DrafterOptions = None,
     prompt: Annotated[Optional[str], typer.Option(help="prompt text")] = None,
     prompt_file: Annotated[Optional[Path], typer.Option(help="read the prompt from this file (UTF-8)")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="stop after this many new tokens")] = 128,
@@ -88,11 +90,11 @@ def run(
     draft_temperature: Annotated[Optional[float], typer.Option(help=DRAFT_T_HELP, show_default=False)] = None,
     sampling_rule: Annotated[str, typer.Option(help=RULE_HELP)] = "auto",
     seed: Annotated[int, typer.Option(help="random seed: the same seed gives the same sampled output")] = 0,
-    device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
-    dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
-    device_map: Annotated[Optional[str], typer.Option(help=DEVICE_MAP_HELP, show_default=False)] = None,
-    max_memory: Annotated[Optional[str], typer.Option(help=MAX_MEMORY_HELP, show_default=False)] = None,
-    offload_folder: Annotated[Optional[Path], typer.Option(help=OFFLOAD_HELP, show_default=False)] = None,
+    device: Device = None,
+    dtype: Dtype = None,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
+    offload_folder: OffloadFolder = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (tiny models run fastest on 1)")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help=TRUST_HELP)] = False,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help=CHAT_HELP, show_default=False)] = None,

@@ -9,7 +9,8 @@ import typer
 
 from treespec import defaults
 from treespec.cli import fail
-from treespec.cli.common import B_OPTION_HELP, D_OPTION_HELP, DEVICE_HELP, pair_options, writable_file
+from treespec.cli.common import pair_options, writable_file
+from treespec.cli.decode_options import BuilderOptions, Device, DrafterOptions
 from treespec.errors import TreespecError
 
 tree_app = typer.Typer(help="Look at draft trees.", no_args_is_help=True, rich_markup_mode=None)
@@ -33,7 +34,7 @@ def tree_presets() -> None:
 @tree_app.command("show", epilog=SHOW_EPILOG)
 def tree_show(
     builder: Annotated[str, typer.Option(help="tree builder name")] = "opt-tree",
-    builder_option: Annotated[Optional[list[str]], typer.Option("--builder-option", "-B", help=B_OPTION_HELP)] = None,
+    builder_option: BuilderOptions = None,
     target: Annotated[
         Optional[str], typer.Option(help=f"target model [default: {defaults.TARGET}]", show_default=False)
     ] = None,
@@ -44,14 +45,14 @@ def tree_show(
             show_default=False,
         ),
     ] = None,
-    drafter_option: Annotated[Optional[list[str]], typer.Option("--drafter-option", "-D", help=D_OPTION_HELP)] = None,
+    drafter_option: DrafterOptions = None,
     prompt: Annotated[
         str, typer.Option(help="prompt text [default: a Python class opening]", show_default=False)
     ] = defaults.PROMPT,
     dot: Annotated[Optional[Path], typer.Option(help="also write the tree as Graphviz DOT")] = None,
     png: Annotated[Optional[Path], typer.Option(help="also draw the tree to a PNG (matplotlib)")] = None,
     max_nodes: Annotated[int, typer.Option(help="show at most this many nodes in the terminal")] = 200,
-    device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
+    device: Device = None,
 ) -> None:
     """Build one tree for a prompt, verify it with the target, and draw it (accepted path highlighted)."""
     if max_nodes <= 0:  # a slice by it kept all but the last nodes, or none

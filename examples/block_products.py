@@ -17,7 +17,7 @@ import time
 import torch
 
 import treespec
-from treespec import gguf_blocks, native_matmul
+from treespec import native_matmul, weight_blocks
 
 
 def main() -> None:
@@ -29,12 +29,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = treespec.TargetModel.load(args.target)
-    weights = [m.weight for m in target.row_matmul.layers if gguf_blocks.find(m.weight) is not None]
+    weights = [m.weight for m in target.row_matmul.layers if weight_blocks.find(m.weight) is not None]
     if not weights:
         raise SystemExit(f"{args.target}: no weight reads GGUF blocks (not a quantised GGUF, or no C compiler)")
     floats = [w.detach().clone() for w in weights]  # the same numbers, nothing attached
-    kinds = sorted({gguf_blocks.KINDS[gguf_blocks.find(w).kind][0] for w in weights})
-    mb = sum(b.q.nbytes + b.d.nbytes + b.m.nbytes for b in map(gguf_blocks.find, weights)) / 1e6
+    kinds = sorted({weight_blocks.KINDS[weight_blocks.find(w).kind][0] for w in weights})
+    mb = sum(b.q.nbytes + b.d.nbytes + b.m.nbytes for b in map(weight_blocks.find, weights)) / 1e6
     print(
         f"{len(weights)} matrices ({', '.join(kinds)}): {mb:.0f} MB of blocks, "
         f"{sum(w.nbytes for w in floats) / 1e6:.0f} MB of float32; {args.threads} threads"

@@ -26,32 +26,28 @@ import torch.nn.functional as F
 from treespec.catalog import SHIPPED_BLOCKS
 from treespec.errors import ConfigError
 from treespec.inference import inference
-from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.interfaces import Commit, PrefillContext, Proposals
 from treespec.plugins.block_head import load_block_head
 from treespec.plugins.configs import BlockConfig
-from treespec.plugins.eagle_head import drafter_dims, shipped_drafter
+from treespec.plugins.eagle_head import shipped_drafter
+from treespec.plugins.head_drafter import HeadDrafter
 from treespec.target import TargetModel
 from treespec.tree import DraftTree
 
 
-class BlockDrafter(Drafter):
+class BlockDrafter(HeadDrafter):
     Config = BlockConfig
     config: BlockConfig
-    needs_target_hidden = True
-    provides_probabilities = True
+    drafter = "block"
 
     def __init__(self, config: BlockConfig, target: TargetModel):
         super().__init__(config, target)
-        hidden, vocab = drafter_dims(target)
         name = config.head or shipped_drafter(target, SHIPPED_BLOCKS, "block", "block drafter", "treespec train block")
-        self.head, self.meta = load_block_head(name, hidden, vocab, f"target {target.name!r}")
-        self.device, self.dtype = target.device, target.dtype
-        self.head.to(device=self.device, dtype=self.dtype)
+        self.meta = self.load(target, name, load_block_head)
         self.target_hidden_layers = tuple(self.head.spec.target_layers)  # type: ignore[misc]  # per instance
         self.K = self.head.spec.block_size
-        self.vocab = vocab
         self.ids = self.head.draft_ids  # [Vd] target ids
-        inside = torch.zeros(vocab, dtype=torch.bool)
+        inside = torch.zeros(self.vocab, dtype=torch.bool)
         inside[self.ids.cpu()] = True
         # [V] distinct target ids: the draft vocabulary's, then the others. A row keeps them with q = 0
         # where the marginals propose nothing (depth ≥ K; columns past the draft vocabulary), so the
@@ -91,9 +87,7 @@ class BlockDrafter(Drafter):
         self._new_sequence()
         ids = context.input_ids
         if ids.shape[0] > 1:
-            if context.hidden is None:
-                raise ValueError("drafter 'block' needs the target's hidden states (PrefillContext.hidden)")
-            self.pending.append(context.hidden)
+            self.pending.append(self.target_hidden(context))
         self.root = int(ids[-1])
 
     def begin_step(self, root_token: int) -> None:
@@ -103,9 +97,7 @@ class BlockDrafter(Drafter):
 
     @inference
     def commit(self, commit: Commit) -> None:
-        if commit.hidden is None:
-            raise ValueError("drafter 'block' needs the target's hidden states (Commit.hidden)")
-        self.pending.append(commit.hidden)  # the old root and the accepted nodes: [m+1, k·H]
+        self.pending.append(self.target_hidden(commit))  # the old root and the accepted nodes: [m+1, k·H]
         self.root = int(commit.tokens[-1])
         self._drop_block()
 

@@ -229,6 +229,17 @@ class ComposeConfig(PluginConfig):
         return value
 
 
+def eagle_temperature_field() -> Any:
+    """An EAGLE head's calibration temperature (``eagle_train.fit_temperature``), by default the one
+    stored with the head."""
+    return Field(
+        None,
+        gt=0,
+        description="the head's q = softmax(logits / T), which shapes trees (never what is accepted) "
+        "[default: the calibration temperature stored with the head by `treespec train eagle`, else 1]",
+    )
+
+
 class EagleConfig(PluginConfig):
     head: str | None = Field(
         None,
@@ -238,12 +249,7 @@ class EagleConfig(PluginConfig):
     )
     attn_implementation: str | None = Field(None, description="eager | sdpa (default: sdpa; for lean=false)")
     lean: bool = Field(True, description="run the head through treespec.lean (same math, without per-module overhead)")
-    temperature: float | None = Field(
-        None,
-        gt=0,
-        description="the head's q = softmax(logits / T), which shapes trees (never what is accepted) "
-        "[default: the calibration temperature stored with the head by `treespec train eagle`, else 1]",
-    )
+    temperature: float | None = eagle_temperature_field()
     vocab: int | None = Field(
         None,
         ge=0,
@@ -266,12 +272,7 @@ class Eagle3Config(PluginConfig):
         description="the target's three feature layers as hidden_states indices (i = the input of layer i) "
         "[default: the head config's eagle_aux_hidden_state_layer_ids + 1, else (2, L//2, L-3)]",
     )
-    temperature: float | None = Field(
-        None,
-        gt=0,
-        description="the head's q = softmax(logits / T), which shapes trees (never what is accepted) "
-        "[default: the calibration temperature stored with the head by `treespec train eagle`, else 1]",
-    )
+    temperature: float | None = eagle_temperature_field()
 
 
 class BlockConfig(PluginConfig):

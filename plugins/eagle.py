@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from treespec import gguf_blocks
+from treespec import weight_blocks
 from treespec.catalog import SHIPPED_HEADS
 from treespec.errors import ConfigError
 from treespec.inference import inference
-from treespec.interfaces import Commit, Drafter, PrefillContext, Proposals
+from treespec.interfaces import Commit, PrefillContext, Proposals
 from treespec.kv import causal_mask, crop_cache, tree_mask
 from treespec.plugins.configs import EagleConfig
-from treespec.plugins.eagle_head import drafter_dims, load_head, shipped_drafter
+from treespec.plugins.eagle_head import load_head, shipped_drafter
+from treespec.plugins.head_drafter import HeadDrafter
 from treespec.row_matmul import linear
 from treespec.slack_cache import slack_cache
 from treespec.target import TargetModel
@@ -43,21 +44,17 @@ if TYPE_CHECKING:
     from treespec.plugins.eagle_rows import EagleRows
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(HeadDrafter):
     Config = EagleConfig
     config: EagleConfig
-    needs_target_hidden = True
-    provides_probabilities = True
+    drafter = "eagle"
 
     def __init__(self, config: EagleConfig, target: TargetModel):
         super().__init__(config, target)
-        hidden, vocab = drafter_dims(target)
         head = config.head or shipped_drafter(target, SHIPPED_HEADS, "eagle", "head", "treespec train eagle")
-        self.head, self.meta = load_head(head, hidden, vocab, target_name=f"target {target.name!r}")
+        self.meta = self.load(target, head, load_head)
         if config.attn_implementation:
             self.head.config._attn_implementation = config.attn_implementation
-        self.device, self.dtype = target.device, target.dtype
-        self.head.to(device=self.device, dtype=self.dtype)
         # the head's forward: treespec.lean unless switched off (same math, less per-call overhead)
         self.forward = self.head.lean() if config.lean else self.head
         self.embed = target.model.get_input_embeddings()  # shared with the target: no copy
@@ -67,9 +64,8 @@ class EagleDrafter(Drafter):
         offloaded = any(m.weight.device.type == "meta" for m in (self.embed, self.lm_head))
         self.embed_ids = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
         self._head = self.lm_head if offloaded else (lambda x: linear(x, self.lm_head.weight, self.lm_head.bias))
-        self.vocab = vocab
         # [N] target ids of a reduced draft vocabulary, or None
-        self.ids = self._draft_ids(config, head, vocab, self.meta)
+        self.ids = self._draft_ids(config, head, self.vocab, self.meta)
         if self.ids is not None:
             self.ids = self.ids.to(self.device)
             bias = self.lm_head.bias[self.ids].detach() if getattr(self.lm_head, "bias", None) is not None else None
@@ -78,9 +74,9 @@ class EagleDrafter(Drafter):
             )  # [N, H]: N/V of the output layer
             full = self._head
             self._head = (lambda x: full(x)[..., self.ids]) if offloaded else (lambda x: linear(x, weight, bias))
-            source = gguf_blocks.find(self.lm_head.weight)  # the target's output layer read from a GGUF's blocks
+            source = weight_blocks.find(self.lm_head.weight)  # the target's output layer read from a GGUF's blocks
             if weight is not None and source is not None:
-                gguf_blocks.attach(weight, source.rows(self.ids))  # so are its draft rows (checked exact)
+                weight_blocks.attach(weight, source.rows(self.ids))  # so are its draft rows (checked exact)
         # greedy acceptance calibration (eagle_train.fit_temperature): q = softmax(logits / T)
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
         self._new_sequence()
@@ -134,9 +130,7 @@ class EagleDrafter(Drafter):
         self._new_sequence()
         ids = context.input_ids
         if ids.shape[0] > 1:
-            if context.hidden is None:
-                raise ValueError("drafter 'eagle' needs the target's hidden states (PrefillContext.hidden)")
-            self.pending.append((context.hidden, ids[1:]))
+            self.pending.append((self.target_hidden(context), ids[1:]))
 
     def rows(self, n: int) -> EagleRows:
         """``n`` rows whose frontiers are expanded in one head forward per level (``eagle_rows.py``)."""
@@ -247,12 +241,11 @@ class EagleDrafter(Drafter):
 
     @inference
     def commit(self, commit: Commit) -> None:
-        if commit.hidden is None:
-            raise ValueError("drafter 'eagle' needs the target's hidden states (Commit.hidden)")
+        hidden = self.target_hidden(commit)
         if self.row_nodes:
             self.drop_tree_rows()  # drop every tree item: they were built on predictions
         tokens = torch.tensor(commit.tokens, dtype=torch.long)  # [m+1] accepted + bonus
-        self.pending.append((commit.hidden, tokens))  # items (f(root), a1), (f(a1), a2), ..., (f(am), bonus)
+        self.pending.append((hidden, tokens))  # items (f(root), a1), (f(a1), a2), ..., (f(am), bonus)
         self.root_feature = None
         self.clear_tree()
 

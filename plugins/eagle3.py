@@ -22,7 +22,6 @@ from treespec.errors import ConfigError
 from treespec.plugins.configs import Eagle3Config
 from treespec.plugins.eagle import EagleDrafter
 from treespec.plugins.eagle3_head import config_layers, default_layers, load_head3
-from treespec.plugins.eagle_head import drafter_dims
 from treespec.target import TargetModel
 
 
@@ -44,14 +43,10 @@ def default_head3(target: TargetModel) -> str:
 class Eagle3Drafter(EagleDrafter):
     Config = Eagle3Config
     config: Eagle3Config  # type: ignore[assignment]
-    needs_target_hidden = True
-    provides_probabilities = True
 
     def __init__(self, config: Eagle3Config, target: TargetModel):  # noqa: D107 - EagleDrafter's state, another head
         super(EagleDrafter, self).__init__(config, target)
-        hidden, vocab = drafter_dims(target)
-        head = config.head or default_head3(target)
-        self.head, raw = load_head3(head, hidden, vocab, target_name=f"target {target.name!r}")
+        raw = self.load(target, config.head or default_head3(target), load_head3)  # the head, on the target's device
         self.meta = raw.get("treespec", {})
         cfg = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
         n_layers = int(cfg.num_hidden_layers)
@@ -62,15 +57,12 @@ class Eagle3Drafter(EagleDrafter):
                 f"(i = the input of decoder layer i; the target has {n_layers} layers)"
             )
         self.target_hidden_layers = layers  # type: ignore[misc]  # per instance: the Decoder reads it
-        self.device, self.dtype = target.device, target.dtype
-        self.head.to(device=self.device, dtype=self.dtype)
         self.forward = self.head
         own = self.head.embed_tokens  # a head of another width than the target embeds with its own table
         self.embed = own if own is not None else target.model.get_input_embeddings()  # shared: no copy
         offloaded = self.embed.weight.device.type == "meta"
         self.embed_ids = self.embed if offloaded else (lambda ids: F.embedding(ids, self.embed.weight))
-        self.vocab = vocab
-        self.full_vocab = self.head.lm_head.out_features == vocab and not bool(self.head.d2t.any())
+        self.full_vocab = self.head.lm_head.out_features == self.vocab and not bool(self.head.d2t.any())
         self.ids = self.head.target_ids(torch.arange(self.head.lm_head.out_features, device=self.device))  # [Vd]
         self.temperature = float(config.temperature or self.meta.get("calibration_temperature") or 1.0)
         self._new_sequence()

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import treespec
 from treespec import gguf as tg
-from treespec import gguf_blocks, native_matmul
-from treespec.gguf_blocks import Q4_1, Q8_0
+from treespec import gguf_blocks, native_matmul, weight_blocks
+from treespec.weight_blocks import Q4_1, Q8_0
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(native_matmul.compiler() is None, reason="no C compiler: no compiled product")
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(native_matmul.compiler() is None, reason="no C c
 from test_gguf import SOURCE, _hf_gguf, assert_decodes_as_transformers  # noqa: E402
 
 
-def _blocks(kind: int, w: np.ndarray) -> tuple[gguf_blocks.Blocks, torch.Tensor]:
+def _blocks(kind: int, w: np.ndarray) -> tuple[weight_blocks.Blocks, torch.Tensor]:
     """``w`` quantised by gguf: its blocks, and the float32 weights gguf dequantises them to."""
     qtype = gguf.GGMLQuantizationType(kind)
     raw = gguf.quantize(w, qtype)  # [N, bytes per row], llama.cpp's layout
@@ -37,7 +37,7 @@ def _blocks(kind: int, w: np.ndarray) -> tuple[gguf_blocks.Blocks, torch.Tensor]
 
 def _float_product(x, w, b=None):
     """The compiled product on the floats (nothing attached to this tensor)."""
-    assert gguf_blocks.find(w) is None
+    assert weight_blocks.find(w) is None
     return native_matmul.linear(x, w, b)
 
 
@@ -60,8 +60,8 @@ def test_block_products_have_the_float_products_bits(kind, rows, n, blocks, bias
     b = torch.from_numpy(g.standard_normal(n).astype(np.float32)) if bias else None
     want = _float_product(x, floats, b)
     attached = floats.clone()
-    assert gguf_blocks.attach(attached, found)
-    assert gguf_blocks.find(attached) is found
+    assert weight_blocks.attach(attached, found)
+    assert weight_blocks.find(attached) is found
     assert torch.equal(native_matmul.linear(x, attached, b), want)
 
 
@@ -72,10 +72,10 @@ def test_blocks_that_are_not_the_weights_are_refused():
         found, floats = _blocks(kind, w)
         q = found.q.clone()
         q[3, 5] ^= 1
-        bad = gguf_blocks.Blocks(kind, q, found.d, found.m)
-        assert not gguf_blocks.attach(floats, bad) and gguf_blocks.find(floats) is None
-        assert not gguf_blocks.attach(floats * 2, found)
-        assert not gguf_blocks.attach(floats.double(), found)  # float32 only
+        bad = weight_blocks.Blocks(kind, q, found.d, found.m)
+        assert not weight_blocks.attach(floats, bad) and weight_blocks.find(floats) is None
+        assert not weight_blocks.attach(floats * 2, found)
+        assert not weight_blocks.attach(floats.double(), found)  # float32 only
 
 
 def test_a_changed_weight_loses_its_blocks():
@@ -85,18 +85,18 @@ def test_a_changed_weight_loses_its_blocks():
     found, floats = _blocks(Q4_1, w)
     x = torch.randn(3, 64)
     weight = torch.nn.Parameter(floats.clone(), requires_grad=False)
-    assert gguf_blocks.attach(weight, found)
+    assert weight_blocks.attach(weight, found)
     with torch.no_grad():
         weight.mul_(2)
-    assert gguf_blocks.find(weight) is None
+    assert weight_blocks.find(weight) is None
     assert torch.equal(native_matmul.linear(x, weight), _float_product(x, weight.detach().clone()))
     other = torch.nn.Parameter(floats.clone(), requires_grad=False)
-    assert gguf_blocks.attach(other, found)
+    assert weight_blocks.attach(other, found)
     other.data[7] += 1.0
-    assert gguf_blocks.spot_check([other], 6) == 0  # row 6 still matches
-    assert gguf_blocks.find(other) is found
-    assert gguf_blocks.spot_check([other], 7) == 1
-    assert gguf_blocks.find(other) is None
+    assert weight_blocks.spot_check([other], 6) == 0  # row 6 still matches
+    assert weight_blocks.find(other) is found
+    assert weight_blocks.spot_check([other], 7) == 1
+    assert weight_blocks.find(other) is None
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
@@ -148,7 +148,7 @@ def test_an_output_layers_rows_keep_their_blocks():
     found, floats = _blocks(Q8_0, w)
     index = torch.tensor([3, 0, 17, 5, 19])
     rows = floats[index]
-    assert gguf_blocks.attach(rows, found.rows(index))
+    assert weight_blocks.attach(rows, found.rows(index))
     x = torch.randn(2, 64)
     assert torch.equal(native_matmul.linear(x, rows), _float_product(x, rows.clone()))
-    assert not gguf_blocks.attach(floats[index.flip(0)].contiguous(), found.rows(index))
+    assert not weight_blocks.attach(floats[index.flip(0)].contiguous(), found.rows(index))

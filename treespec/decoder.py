@@ -16,7 +16,6 @@ from treespec.devices import InexactDtypeWarning, dtype_note
 from treespec.engine import Engine
 from treespec.errors import ConfigError, DecodingError, GenerationConfigNote, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
-from treespec.hf import unhonoured
 from treespec.interfaces import Drafter, DraftRows, PlanningBuilder, TreeBuilder
 from treespec.memory import check_fits
 from treespec.output import Output, StreamCallback, step_stats  # noqa: F401 - step_stats: public here before
@@ -213,20 +212,18 @@ class Decoder:
         decoder_args.refuse_unknown(unknown)
         prompt = decoder_args.hf_prompt(prompt, input_ids, attention_mask)
         temperature = decoder_args.sample_or_not(do_sample, temperature)
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)  # ``self.sampling``'s arguments
+        sampling.update(draft_temperature=draft_temperature, rule=rule)
         if batch.is_batch(prompt):
             batch.check_batch_settings(stream)
             if seed is not None:
                 inputs.seed_value(seed)  # before any row starts (a row's seed + i would fail mid-batch)
-            sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-            sampling.update(draft_temperature=draft_temperature, rule=rule)
             with self._exclusive():
                 return batch.generate_batch(self, list(prompt), max_new_tokens, sampling, batch_size)
         if batch_size is not None:
             raise ConfigError("batch_size is for a list of prompts: pass [prompt, ...], or leave batch_size out")
         with self._exclusive():
-            return self._generate(
-                prompt, max_new_tokens, stream, temperature, top_p, top_k, seed, draft_temperature, rule
-            )
+            return self._generate(prompt, max_new_tokens, stream, sampling)
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -241,19 +238,15 @@ class Decoder:
         prompt: str | list[int] | torch.Tensor,
         max_new_tokens: int,
         stream: StreamCallback | None,
-        temperature: float | None,
-        top_p: float | None,
-        top_k: int | None,
-        seed: int | None,
-        draft_temperature: float | None,
-        rule: str,
+        sampling: dict[str, Any],
     ) -> Output:
+        """One prompt; ``sampling``: ``generate``'s sampling arguments, by the names ``self.sampling`` takes."""
         ids = self.prompt_ids(prompt)
         max_new_tokens = inputs.positive_int("max_new_tokens", max_new_tokens)
         if stream is not None and not callable(stream):
             raise ConfigError(f"stream must be a callable taking a list of token ids, got {type(stream).__name__}")
-        params, draft = self.sampling(temperature, top_p, top_k, seed, draft_temperature, rule)
-        accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, rule)
+        params, draft = self.sampling(**sampling)
+        accept = step.greedy if params is None else step.sampling_rule(params, draft.generator, sampling["rule"])
         out = Output(token_ids=[], text="", prompt_ids=ids, stats=RunStats(prompt_tokens=len(ids)))
         self.builder.start(draft)
         try:  # the one decode loop, with one row: this Decoder's own drafter and builder
@@ -324,7 +317,7 @@ def _warn_about(target: TargetModel) -> None:
     note = dtype_note(target.dtype)
     if note is not None:
         warnings.warn(note, InexactDtypeWarning, stacklevel=3)
-    unapplied = unhonoured(getattr(target.model, "generation_config", None))
+    unapplied = decoder_args.unhonoured(getattr(target.model, "generation_config", None))
     if unapplied:
         warnings.warn(
             f"{target.name}'s generation_config sets {', '.join(unapplied)}, which treespec does not apply: its "

@@ -21,7 +21,7 @@ gguf dequantises (no tensor names: llama.cpp's names and its q/k row order are w
 and the matching rows' blocks are kept (SmolLM2: 111 MB beside the 538 MB of floats, 4.3 s once).
 A weight gets its blocks only if they dequantise to its exact bits (checked then, 0.3–0.6 s for
 SmolLM2); afterwards the product uses them only while the weight is the same tensor at the same
-version and storage (an in-place change through torch drops them), and ``spot_check`` compares one row
+version and storage (an in-place change through torch drops them), and ``weight_blocks.spot_check`` compares one row
 of every weight with its blocks at each new sequence (an edit through ``.data``, which torch does not
 count, drops them too). Without the compiled product, a GGUF, the ``gguf`` package, or with
 ``TREESPEC_GGUF_BLOCKS=off``: nothing is attached and the floats are read as before.
@@ -33,54 +33,18 @@ import json
 import os
 import sys
 import time
-import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-Q4_1, Q8_0 = 3, 8  # ggml's type numbers, as the kernel takes them
-KINDS = {Q4_1: ("Q4_1", 20), Q8_0: ("Q8_0", 34)}  # bytes per block of 32 weights: float16 d (and m), then q
-BLOCK = 32
+from treespec import native_matmul
+from treespec.weight_blocks import KINDS, Q4_1, Blocks, attach, usable
+
 #: in the converted folder, one level down: tools that read a model folder load every top-level
 #: ``*.safetensors`` as weights (vLLM does), so the folder keeps exactly one, ``model.safetensors``
 FILE = Path("treespec-blocks") / "blocks.safetensors"
 FORMAT = 1  # of FILE: a file of another format is built again
-
-#: id(weight) -> (a weak reference to it, its version and storage when attached, its blocks)
-_ATTACHED: dict[int, tuple[weakref.ref, int, int, Blocks]] = {}
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """One weight [N, K] as GGUF blocks: ``q`` [N, K/2] (Q4_1: byte i of a block holds weight i in its low
-    nibble and 16 + i in its high one) or [N, K] (Q8_0: signed bytes), ``d`` [N, K/32] and ``m``
-    [N, K/32] (Q4_1; empty for Q8_0) as float32."""
-
-    kind: int
-    q: torch.Tensor
-    d: torch.Tensor
-    m: torch.Tensor
-
-    def dequantised(self) -> torch.Tensor:
-        """The float32 weights [N, K] these blocks stand for (d·q + m, as gguf dequantises)."""
-        n, b = self.d.shape
-        if self.kind == Q4_1:
-            q = self.q.view(n, b, 16)  # [N, B, 16]
-            q = torch.cat([q & 15, q >> 4], dim=-1).float()  # [N, B, 32]: weights 0..15, then 16..31
-            return (self.d[..., None] * q + self.m[..., None]).view(n, b * BLOCK)
-        return (self.d[..., None] * self.q.view(torch.int8).view(n, b, BLOCK).float()).view(n, b * BLOCK)
-
-    def rows(self, index: torch.Tensor) -> Blocks:
-        """The blocks of the weight's rows ``index`` (a reduced draft vocabulary's rows of an output layer)."""
-        index = index.to("cpu")
-        return Blocks(self.kind, self.q[index], self.d[index], self.m[index] if self.m.numel() else self.m)
-
-    def row_matches(self, weight: torch.Tensor, row: int) -> bool:
-        """Whether row ``row`` of these blocks dequantises to the bits of ``weight``'s row."""
-        one = self.rows(torch.tensor([row])).dequantised()  # [1, K]
-        return torch.equal(one.view(torch.int32), weight[row : row + 1].detach().view(torch.int32))
 
 
 def enabled() -> bool:
@@ -88,60 +52,6 @@ def enabled() -> bool:
     return os.environ.get("TREESPEC_GGUF_BLOCKS", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
-# ---------------------------------------------------------------------- the weights' blocks
-def find(weight: torch.Tensor) -> Blocks | None:
-    """The blocks attached to ``weight`` while it is unchanged, else None (called once per product)."""
-    found = _ATTACHED.get(id(weight))
-    if found is None:
-        return None
-    ref, version, storage, blocks = found
-    if ref() is not weight or weight._version != version or weight.data_ptr() != storage:
-        return None
-    return blocks
-
-
-def attach(weight: torch.Tensor, blocks: Blocks) -> bool:
-    """Attach ``blocks`` to ``weight`` if they dequantise to its exact bits; whether they were."""
-    if not usable(weight) or tuple(blocks.d.shape) != (weight.shape[0], weight.shape[1] // BLOCK):
-        return False
-    with torch.inference_mode():
-        if not torch.equal(blocks.dequantised().view(torch.int32), weight.detach().view(torch.int32)):
-            return False
-    key = id(weight)
-    _ATTACHED[key] = (
-        weakref.ref(weight, lambda _, key=key: _ATTACHED.pop(key, None)),
-        weight._version,
-        weight.data_ptr(),
-        blocks,
-    )
-    return True
-
-
-def detach(weight: torch.Tensor) -> None:
-    _ATTACHED.pop(id(weight), None)
-
-
-def usable(weight: torch.Tensor) -> bool:
-    """What the compiled product reads (``native_matmul.usable``), with rows of whole blocks."""
-    from treespec import native_matmul  # imported lazily: native_matmul looks blocks up here
-
-    return native_matmul.usable(weight) and weight.shape[1] % BLOCK == 0
-
-
-def spot_check(weights: list[torch.Tensor], row: int) -> int:
-    """Compare row ``row`` (modulo each weight's rows) of every weight that has blocks with its blocks,
-    detaching those that differ (an edit through ``.data``); how many were detached."""
-    dropped = 0
-    with torch.inference_mode():
-        for weight in weights:
-            blocks = find(weight)
-            if blocks is not None and not blocks.row_matches(weight, row % weight.shape[0]):
-                detach(weight)
-                dropped += 1
-    return dropped
-
-
-# ---------------------------------------------------------------------- a model's blocks
 def linear_weights(model: Any) -> dict[str, torch.Tensor]:
     """The model's plain linear layers' weights that blocks can stand for, by parameter name."""
     return {
@@ -154,7 +64,6 @@ def linear_weights(model: Any) -> dict[str, torch.Tensor]:
 def prepare(model: Any, log: Any = None) -> int:
     """Attach the GGUF's blocks to a model loaded from a folder treespec converted (see the module doc);
     how many weights have them. Never raises: without blocks the floats are read as before."""
-    from treespec import native_matmul
     from treespec.gguf import MARKER
 
     loaded_from = str(getattr(model, "name_or_path", "") or "")  # its folder ("": built in memory)

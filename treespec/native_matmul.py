@@ -35,11 +35,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from treespec.gguf_blocks import find
+from treespec.weight_blocks import find, float_matrix
 
 SOURCE = Path(__file__).with_name("csrc") / "few_rows.c"
 SYMBOL = "treespec_few_rows"
-BLOCK_SYMBOL = "treespec_block_rows"  # the same product with W as a GGUF's blocks (treespec.gguf_blocks)
+BLOCK_SYMBOL = "treespec_block_rows"  # the same product with W as a GGUF's blocks (treespec.weight_blocks)
 #: tried in order until one compiles: the fastest code for this CPU, then portable, then single-threaded
 FLAG_SETS = (
     ("-O3", "-march=native", "-fopenmp"),
@@ -141,9 +141,7 @@ def available() -> bool:
 
 def usable(weight: torch.Tensor) -> bool:
     """A contiguous float32 CPU matrix: what the kernel reads."""
-    return (
-        weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2 and weight.is_contiguous()
-    )
+    return float_matrix(weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,7 +173,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     n = weight.shape[0]
     y = torch.empty((*x.shape[:-1], n))  # [..., O], written as [R, O]
     blocks = find(weight)
-    if blocks is not None:  # the same bits from the GGUF's blocks (treespec.gguf_blocks)
+    if blocks is not None:  # the same bits from the GGUF's blocks (treespec.weight_blocks)
         _LIB[0][1](
             blocks.kind,
             x.data_ptr(),

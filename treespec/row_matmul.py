@@ -60,7 +60,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from treespec import gguf_blocks, native_matmul, packed_matmul
+from treespec import native_matmul, packed_matmul, weight_blocks
 from treespec.devices import cpu_name
 from treespec.kv import max_positions
 from treespec.threads import LoadMeter
@@ -226,8 +226,8 @@ class RowMatmul:
         return native_matmul.library_name()
 
     def blocks(self) -> int:
-        """How many layers the compiled product reads from a GGUF's blocks (``treespec.gguf_blocks``)."""
-        return sum(gguf_blocks.find(m.weight) is not None for m in self.layers)
+        """How many layers the compiled product reads from a GGUF's blocks (``treespec.weight_blocks``)."""
+        return sum(weight_blocks.find(m.weight) is not None for m in self.layers)
 
     def key(self, threads: int) -> dict[str, Any]:
         """What a verdict was measured for."""

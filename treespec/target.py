@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from treespec import gguf_blocks, threads
+from treespec import gguf_blocks, threads, weight_blocks
 from treespec.errors import ConfigError, TreespecError
 from treespec.inference import inference
 from treespec.kv import (
@@ -101,7 +101,7 @@ class TargetModel:
             self._placement, self._spot = (first.device, first.dtype), 0
         else:  # a new sequence: one row of each weight against its blocks (an edit through .data)
             self._spot += 1
-            gguf_blocks.spot_check([m.weight for m in self.row_matmul.layers], self._spot)
+            weight_blocks.spot_check([m.weight for m in self.row_matmul.layers], self._spot)
         self._device, self._dtype = first.device, first.dtype
         self.lean = lean_target(self.model)  # tree forwards without Hugging Face's per-module overhead
         self.grouped_sdpa = grouped_sdpa_helps(

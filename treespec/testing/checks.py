@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from treespec.interfaces import Proposals
+from treespec.interfaces import Drafter, Proposals
 from treespec.tree import DraftTree
 
 from .driver import Driver, Other, accept_path
@@ -135,20 +135,22 @@ def budget(driver: Driver) -> None:
     drafter.close()
 
 
+def _short_run(
+    driver: Driver, drafter: Drafter, where: str, *, twin: Other | None = None, record: list | None = None
+) -> None:
+    """``driver.drive`` from prompt #0 with the first builder for the plan's first three steps: the run
+    the determinism, prefill-starts-over and flags checks watch."""
+    settings = driver.settings
+    driver.drive(drafter, driver.prompts[0], settings.builders[0], settings.plan[:3], where, twin=twin, record=record)
+
+
 def determinism(driver: Driver) -> None:
     """Determinism: two fresh drafters driven by the same calls (prefill, the trees the first
     builder grows, the same commits for three steps) give bit-identical proposals. Why: the other
     checks compare a drafter with a fresh one, and a benchmark must be reproducible."""
     first, second = driver.new("determinism"), driver.new("determinism")
     twin = Other(second, "a second fresh drafter given the same calls", exact=True, driven=True)
-    driver.drive(
-        first,
-        driver.prompts[0],
-        driver.settings.builders[0],
-        driver.settings.plan[:3],
-        "determinism (prompt #0)",
-        twin=twin,
-    )
+    _short_run(driver, first, "determinism (prompt #0)", twin=twin)
     first.close()
     second.close()
 
@@ -164,14 +166,7 @@ def prefill_starts_over(driver: Driver) -> None:
     driver.drive(used, other, settings.builders[0], settings.plan[:2], "prefill starts over (first sequence)")
     fresh = driver.new("prefill starts over")
     twin = Other(fresh, "a fresh drafter (this one had decoded another sequence before its prefill)", driven=True)
-    driver.drive(
-        used,
-        prompts[0],
-        settings.builders[0],
-        settings.plan[:3],
-        "prefill starts over (second sequence, prompt #0)",
-        twin=twin,
-    )
+    _short_run(driver, used, "prefill starts over (second sequence, prompt #0)", twin=twin)
     used.close()
     fresh.close()
 
@@ -276,14 +271,7 @@ def flags(driver: Driver) -> None:
             raise driver.fail(f"flags: {flag} = {value!r}; it must be a bool class attribute")
     record: list = []
     try:
-        driver.drive(
-            drafter,
-            driver.prompts[0],
-            driver.settings.builders[0],
-            driver.settings.plan[:3],
-            "flags (prompt #0)",
-            record=record,
-        )
+        _short_run(driver, drafter, "flags (prompt #0)", record=record)
     except ConformanceError as exc:
         if drafter.needs_target_hidden:
             raise
