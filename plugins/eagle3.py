@@ -43,6 +43,7 @@ def default_head3(target: TargetModel) -> str:
 class Eagle3Drafter(EagleDrafter):
     Config = Eagle3Config
     config: Eagle3Config  # type: ignore[assignment]
+    drafter = "eagle3"
 
     def __init__(self, config: Eagle3Config, target: TargetModel):  # noqa: D107 - EagleDrafter's state, another head
         super(EagleDrafter, self).__init__(config, target)

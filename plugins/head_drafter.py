@@ -23,7 +23,7 @@ class HeadDrafter(Drafter):
     needs_target_hidden = True
     provides_probabilities = True
     #: the drafter's name where a prefill or commit comes without the target's hidden states
-    drafter: ClassVar[str]
+    drafter: ClassVar[str] = "head"
 
     def load(self, target: TargetModel, name: str, loader: Callable[..., tuple[Any, Any]]) -> Any:
         """Set ``head`` to ``loader(name, hidden, vocab, target_name)`` for the target's sizes, on the target's

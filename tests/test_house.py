@@ -34,10 +34,10 @@ def _imports(name: str, path: Path) -> list[tuple[str, list[str]]]:
     """(imported module, names imported from it) for every import statement of the module, anywhere in it."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
-    typing_only = {  # ``if TYPE_CHECKING:`` blocks: annotations, never run
+    typing_only = {  # ``if TYPE_CHECKING:`` blocks: annotations, never run (``if not TYPE_CHECKING:`` does run)
         id(inner)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if isinstance(node, ast.If) and _is_type_checking(node.test)
         for stmt in node.body
         for inner in ast.walk(stmt)
     }
@@ -57,12 +57,18 @@ def _imports(name: str, path: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
 def _resolve(module: str, names: list[str]) -> list[str]:
-    """The product modules an import reaches: the module itself, or submodules imported by name from a package."""
+    """The product modules an import runs: the module (a package's ``__init__`` runs too when its
+    submodules are imported from it), and the submodules imported by name from a package. Not seen:
+    what a module imports by name at run time (``importlib``, a package's lazy ``__getattr__``)."""
     hits = [f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES]
-    if module in MODULES and len(hits) < len(names):
-        hits.append(module)
-    return hits
+    return [module, *hits] if module in MODULES else hits
 
 
 def _graph() -> nx.DiGraph:
@@ -83,6 +89,26 @@ def test_the_graph_sees_the_product():
     assert graph.has_edge("treespec.native_matmul", "treespec.weight_blocks")
     assert graph.has_edge("treespec.gguf_blocks", "treespec.native_matmul")
     assert graph.has_edge("treespec.plugins.eagle", "treespec.weight_blocks")
+
+
+def test_every_import_form_is_an_edge(tmp_path):
+    """Plain, aliased, from-, relative and function-level imports are read; ``if TYPE_CHECKING:`` ones are
+    not, ``if not TYPE_CHECKING:`` ones are."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "import treespec.gguf\n"
+        "import treespec.kv as kv\n"
+        "from treespec import weight_blocks\n"
+        "from .tree import DraftTree\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from treespec.decoder import Decoder\n"
+        "if not TYPE_CHECKING:\n    import treespec.errors\n"
+        "def f():\n    from treespec.plugins import eagle\n"
+    )
+    reached = {hit for module, names in _imports("treespec.probe", source) for hit in _resolve(module, names)}
+    assert {"treespec.gguf", "treespec.kv", "treespec.weight_blocks", "treespec.tree"} <= reached
+    assert {"treespec.errors", "treespec.plugins.eagle", "treespec.plugins"} <= reached
+    assert "treespec.decoder" not in reached
 
 
 def test_no_import_circle():

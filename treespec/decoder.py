@@ -16,6 +16,7 @@ from treespec.devices import InexactDtypeWarning, dtype_note
 from treespec.engine import Engine
 from treespec.errors import ConfigError, DecodingError, GenerationConfigNote, Interrupted, TreespecError
 from treespec.factory import make_builder, make_drafter
+from treespec.generation_settings import unhonoured
 from treespec.interfaces import Drafter, DraftRows, PlanningBuilder, TreeBuilder
 from treespec.memory import check_fits
 from treespec.output import Output, StreamCallback, step_stats  # noqa: F401 - step_stats: public here before
@@ -317,7 +318,7 @@ def _warn_about(target: TargetModel) -> None:
     note = dtype_note(target.dtype)
     if note is not None:
         warnings.warn(note, InexactDtypeWarning, stacklevel=3)
-    unapplied = decoder_args.unhonoured(getattr(target.model, "generation_config", None))
+    unapplied = unhonoured(getattr(target.model, "generation_config", None))
     if unapplied:
         warnings.warn(
             f"{target.name}'s generation_config sets {', '.join(unapplied)}, which treespec does not apply: its "

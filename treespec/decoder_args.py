@@ -1,7 +1,6 @@
 """What a ``Decoder`` accepts: its arguments' types, the user's own loaded models (a transformers model
-as target or draft, with its tokenizer), the models it needs from the hub cache, and which settings of
-a model's ``generation_config`` it does not apply; each misuse is one ``ConfigError`` line, before
-anything loads."""
+as target or draft, with its tokenizer), and the models it needs from the hub cache; each misuse is
+one ``ConfigError`` line, before anything loads."""
 
 from __future__ import annotations
 
@@ -11,32 +10,6 @@ from treespec.errors import ConfigError, TreespecError
 from treespec.inputs import is_loaded_model, model_name
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.target import TargetModel
-
-#: generation settings treespec cannot honour, with the value that leaves the output unchanged
-NEUTRAL: dict[str, Any] = {
-    "min_length": 0, "min_new_tokens": 0, "max_time": None, "stop_strings": None, "num_beams": 1,
-    "min_p": None, "top_h": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-    "bad_words_ids": None, "renormalize_logits": False, "forced_bos_token_id": None,
-    "forced_eos_token_id": None, "remove_invalid_values": False, "exponential_decay_length_penalty": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None, "token_healing": False,
-    "guidance_scale": 1.0, "watermarking_config": None, "num_return_sequences": 1, "output_attentions": False,
-    "output_hidden_states": False, "output_scores": False, "output_logits": False, "penalty_alpha": None,
-    "dola_layers": None, "diversity_penalty": 0.0, "num_beam_groups": 1, "constraints": None,
-    "force_words_ids": None, "cache_implementation": None,
-}  # fmt: skip
-
-
-def unhonoured(generation_config: Any) -> list[str]:
-    """The settings of a ``GenerationConfig`` that change ``generate``'s output and treespec does not apply,
-    as ``name=value``; empty when it holds none."""
-    if generation_config is None:
-        return []
-    return [
-        f"{k}={getattr(generation_config, k)!r}"
-        for k, neutral in sorted(NEUTRAL.items())
-        if getattr(generation_config, k, None) not in (None, neutral)
-    ]
 
 
 def adopt_target(model: Any, tokenizer: Any, placement: dict[str, Any]) -> TargetModel:

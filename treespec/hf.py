@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from treespec.decoder_args import unhonoured
 from treespec.errors import ConfigError
+from treespec.generation_settings import unhonoured
 
 #: the folder to pass as ``custom_generate=``: it holds ``custom_generate/generate.py``
 CUSTOM_GENERATE = str(Path(__file__).parent / "hf_generate")
