@@ -107,6 +107,17 @@ def check_seed(seed: int) -> int:
     raise AssertionError("unreachable")
 
 
+def check_offset_lr(offset: int, lr: float | None) -> None:
+    """The training commands' ``--offset`` (prompts skipped, >= 0) and ``--lr`` (finite, > 0; ``None``:
+    the command's default), or one line naming the option."""
+    import math
+
+    if offset < 0:
+        fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        fail(f"--lr must be a finite number > 0, got {lr}")
+
+
 def input_file(path: Path, flag: str, what: str = "a text file") -> None:
     """``path`` must be a regular file: one line for a folder, a pipe or device (reading one blocks or
     never ends; it was reported as "no such file"), or nothing there."""

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec.cli import fail as _fail
-from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
+from treespec.cli.common import check_offset_lr, check_positive, check_seed, set_threads, settings_from
 from treespec.cli.train_options import Answers, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 
@@ -157,10 +157,7 @@ def _check(
         max_new_tokens=max_new_tokens,
         gen_batch_size=gen_batch_size,
     )
-    if offset < 0:
-        _fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
-    if lr is not None and not (math.isfinite(lr) and lr > 0):
-        _fail(f"--lr must be a finite number > 0, got {lr}")
+    check_offset_lr(offset, lr)
     if not (math.isfinite(noise) and noise >= 0):
         _fail(f"--noise must be a finite number >= 0 (0: no noise), got {noise}")
     if version not in (1, 3):

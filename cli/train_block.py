@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
+from treespec.cli.common import check_offset_lr, check_positive, check_seed, set_threads, settings_from
 from treespec.cli.train_options import Answers, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 from treespec.plugins.block_settings import BlockSettings
@@ -99,10 +99,7 @@ def block(
         limit=limit, epochs=epochs, batch_size=batch_size, max_new_tokens=max_new_tokens,
         gen_batch_size=gen_batch_size, max_len=max_len,
     )  # fmt: skip
-    if offset < 0:
-        fail(f"--offset must be >= 0, got {offset} (it counts prompts skipped from the start)")
-    if not lr > 0:
-        fail(f"--lr must be a number > 0, got {lr}")
+    check_offset_lr(offset, lr)
     try:
         features = tuple(int(x) for x in feature_layers.split(",")) if feature_layers else ()
     except ValueError:

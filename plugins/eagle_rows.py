@@ -54,8 +54,7 @@ class EagleRows(RowsCache):
     @inference
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:
         rows = self.drafters
-        if not any(r.row_nodes for r in rows):  # a new step everywhere: drop the last step's columns
-            self.cut(max(r.stable for r in rows))
+        self.new_step(r.stable for r in rows)
         answers: dict[int, Proposals] = {}
         live: dict[int, tuple[Expansion, int]] = {}  # rows that need the head: (request, k)
         for i, req in requests.items():

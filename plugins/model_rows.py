@@ -56,8 +56,7 @@ class ModelRows(RowsCache):
     @inference
     def expand_together(self, requests: dict[int, Expansion]) -> dict[int, Proposals]:
         rows = self.drafters
-        if not any(r.row_nodes for r in rows):  # a new step everywhere: drop the last step's columns
-            self.cut(max(r.cache_len for r in rows))
+        self.new_step(r.cache_len for r in rows)
         answers: dict[int, Proposals] = {}
         feed: dict[int, list[int]] = {}  # row -> tree nodes to feed this round
         for i, req in requests.items():

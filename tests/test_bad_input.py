@@ -513,6 +513,7 @@ TRAIN_EAGLE = [
     "--epochs",
     "1",
 ]
+TRAIN_BLOCK = ["train", "block", *TRAIN_EAGLE[2:]]
 TRAIN_PAIR = ["train", "pair", "--steps", "1", "--draft-steps", "1", "--max-files", "4"]
 CLI_CASES += [
     # --- 9: cost profiles (-B profile=FILE): a traceback each, a pipe hung
@@ -671,6 +672,12 @@ CLI_CASES += [
     ),
     ("train-eagle-noise-negative", lambda b: [*TRAIN_EAGLE, "--noise", "-1", *OUT(b, "h-n")], "--noise must be"),
     ("train-eagle-lr-inf", lambda b: [*TRAIN_EAGLE, "--lr", "inf", *OUT(b, "h-i")], "--lr must be a finite"),
+    ("train-block-lr-inf", lambda b: [*TRAIN_BLOCK, "--lr", "inf", *OUT(b, "b-i")], "--lr must be a finite"),
+    (
+        "train-block-offset-negative",
+        lambda b: [*TRAIN_BLOCK, "--offset", "-1", *OUT(b, "b-o")],
+        "--offset must be >= 0",
+    ),
     ("train-eagle-threads-zero", lambda b: [*TRAIN_EAGLE, "--threads", "0", *OUT(b, "h-t")], "--threads must be > 0"),
     (
         "train-eagle-gen-batch-zero",

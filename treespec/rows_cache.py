@@ -17,6 +17,7 @@ none of this: batch state lives on batch rows only.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -77,6 +78,12 @@ class RowsCache(DraftRows):
         """Drop the columns from ``width`` on (the tails no row needs any more)."""
         if self.width > width:
             crop_cache(self.cache, width)
+
+    def new_step(self, committed: Iterable[int]) -> None:
+        """At a new step everywhere (no row has tree nodes in the cache yet), drop the last step's
+        columns past the longest committed row (``committed``: each row's committed columns)."""
+        if not any(r.row_nodes for r in self.drafters):
+            self.cut(max(committed))
 
     def add(self, n: int) -> list[Any]:
         """``n`` new rows (forks of ``self.base``) join the batch, their cache rows empty (all masked)."""
