@@ -25,6 +25,8 @@ Examples:
 
   treespec train block --target smollm2 --data instruct-mix --limit 1000 --max-new-tokens 256 --draft-vocab 8192 --answers heads/smollm2-eagle/data.pt --out heads/smollm2-block
 
+  treespec train block --target smollm2 --data smollm2-magpie.jsonl --max-new-tokens 256 --init smollm2-block --layers 2 --epochs 3 --out heads/smollm2-block-chat
+
 Run the same command again to resume after an interruption (OUT/checkpoint.pt); the target's
 generations and features are kept in OUT/data.pt and reused. The recipe: docs/drafters.md.
 """
@@ -59,6 +61,14 @@ DraftVocab = Annotated[
 ]
 MaxLen = Annotated[int, typer.Option(help="train on each sequence's last N tokens")]
 SaveDtype = Annotated[str, typer.Option(help="float32, float16 or bfloat16 for the saved weights")]
+Init = Annotated[
+    Optional[str],
+    typer.Option(
+        help="start from this block drafter (directory or alias), its feature layers and draft vocabulary: "
+        "fine-tune it on --data",
+        show_default=False,
+    ),
+]
 
 
 def block(
@@ -82,6 +92,7 @@ def block(
     max_len: MaxLen = D.max_len,
     gen_batch_size: GenBatch = None,
     answers: Answers = None,
+    init: Init = None,
     save_dtype: SaveDtype = D.save_dtype,
     seed: Annotated[int, typer.Option()] = D.seed,
     threads: Threads = None,

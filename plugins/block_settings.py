@@ -24,6 +24,7 @@ class BlockSettings(DataSettings):
     seed: int = 0
     last_feature: bool = False  # add the newest context row to every block row (BlockSpec.last_feature)
     feature_layers: tuple[int, ...] = ()  # the target's hidden_states indices fused [default: EAGLE-3's three]
+    init: str | None = None  # start from this block drafter (its layers, feature layers, draft vocabulary): fine-tune
 
     data_version: ClassVar[int] = 3  # EAGLE-3's data (``eagle_data.py``): the same files serve both
 

@@ -220,24 +220,63 @@ def with_layers(s: BlockSettings, target: Any) -> BlockSettings:
     return s
 
 
-def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) a block drafter; returns the summary also written to ``OUT/training.json``."""
-    check(s)
-    out = prepare_out(s.out, "block drafter training")
-    torch.manual_seed(s.seed)
-    target, embed, lm_head = frozen_target(s.target)
-    s = with_layers(s, target)
-    seqs = training_data(target, s, out, progress, log, layers=s.feature_layers)
+def new_drafter(target: Any, embed: Any, train_set: list[Sequence], s: BlockSettings) -> BlockHead:
+    """A drafter to train from scratch: its draft vocabulary the ``--draft-vocab`` tokens the target
+    generated most on the training prompts, its mask vector the average of their embeddings."""
     vocab = target.vocab_size
     size = min(vocab, s.draft_vocab or 32_000)
-    n_hold = max(1, round(len(seqs) * s.holdout))
-    held, train_set = crop(seqs[:n_hold], s.max_len), crop(seqs[n_hold:], s.max_len)
     used = draft_vocabulary(train_set, vocab, size)
     spec = BlockSpec(s.block_size, s.feature_layers, target.hidden_size, vocab, size, s.last_feature)
     head = BlockHead(head_config_for(target.model.config, layers=s.layers), spec)
     with torch.no_grad():
         head.draft_ids.copy_(used)
         head.mask.copy_(embed.weight[used].float().mean(0))  # a start: the average token
+    return head
+
+
+def initial_drafter(target: Any, s: BlockSettings, log: Callable[[str], None]) -> BlockHead | None:
+    """With ``--init``, the drafter fine-tuning starts from, which keeps its shape: its block size,
+    layers and newest-row input must be the settings' (one line naming the flag that differs), its
+    feature layers and draft vocabulary are its own (``--feature-layers`` / ``--draft-vocab`` that differ
+    are refused). None: a new drafter."""
+    if s.init is None:
+        return None
+    from treespec.plugins.block_head import load_block_head
+
+    head, _ = load_block_head(s.init, target.hidden_size, target.vocab_size, f"target {target.name!r}")
+    spec, layers = head.spec, len(head.layers)
+    differ = [
+        (f"--block-size {spec.block_size}", s.block_size != spec.block_size),
+        (f"--layers {layers}", s.layers != layers),
+        ("--last-feature" if spec.last_feature else "--no-last-feature", s.last_feature != spec.last_feature),
+        ("no --feature-layers", bool(s.feature_layers) and tuple(s.feature_layers) != tuple(spec.target_layers)),
+        ("no --draft-vocab", s.draft_vocab is not None and s.draft_vocab != spec.draft_vocab_size),
+    ]
+    wrong = [flag for flag, bad in differ if bad]
+    if wrong:
+        raise ConfigError(
+            f"--init {s.init} has block size {spec.block_size}, {layers} layer(s), feature layers "
+            f"{','.join(map(str, spec.target_layers))} and {spec.draft_vocab_size} draft tokens: pass {', '.join(wrong)}"
+        )
+    log(
+        f"starting from {s.init} (feature layers {list(spec.target_layers)}, draft vocabulary: {spec.draft_vocab_size})"
+    )
+    return head.float().train()
+
+
+def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) a block drafter; returns the summary also written to ``OUT/training.json``."""
+    check(s)
+    out = prepare_out(s.out, "block drafter training")
+    torch.manual_seed(s.seed)
+    target, embed, lm_head = frozen_target(s.target)
+    init = initial_drafter(target, s, log)  # before minutes of generating data, too
+    s = with_layers(replace(s, feature_layers=init.spec.target_layers) if init else s, target)
+    seqs = training_data(target, s, out, progress, log, layers=s.feature_layers)
+    n_hold = max(1, round(len(seqs) * s.holdout))
+    held, train_set = crop(seqs[:n_hold], s.max_len), crop(seqs[n_hold:], s.max_len)
+    head = init or new_drafter(target, embed, train_set, s)
+    size, used = head.spec.draft_vocab_size, head.draft_ids
     embed_w, out_w = embed.weight.detach(), lm_head.weight[used].detach()  # [V, H], [Vd, H]
     run = TrainRun.new(head, s, len(train_set))
     ckpt_file = out / "checkpoint.pt"

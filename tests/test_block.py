@@ -293,6 +293,24 @@ def test_an_interrupted_run_resumes_to_the_same_drafter(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_init_fine_tunes_from_the_drafters_own_weights_and_refuses_another_shape(tmp_path):
+    """``--init``: with no epochs the drafter scores on the held-out set exactly what it scored when it
+    was saved (its weights, feature layers and draft vocabulary were loaded, not made anew); one epoch
+    more lowers the held-out loss; a block size or layer count that differs is one line naming the flag."""
+    from treespec.plugins.block_train import train_block
+
+    base = train_block(settings(tmp_path / "base"), log=lambda _: None)
+    logs: list[str] = []
+    same = train_block(settings(tmp_path / "same", epochs=0, init=str(tmp_path / "base")), log=logs.append)
+    assert any("starting from" in m for m in logs), logs
+    assert same["held_out"] == base["held_out"] and same["draft_vocab"] == base["draft_vocab"]
+    more = train_block(settings(tmp_path / "more", epochs=1, init=str(tmp_path / "base")), log=lambda _: None)
+    assert more["held_out"]["loss"] < base["held_out"]["loss"]
+    for wrong, flag in ((dict(block_size=4), "--block-size 3"), (dict(layers=2), "--layers 1")):
+        with pytest.raises(ConfigError, match=f"--init .* pass {flag}"):
+            train_block(settings(tmp_path / "wrong", init=str(tmp_path / "base"), **wrong), log=lambda _: None)
+
+
 def test_cli_trains_and_decodes_losslessly(tmp_path, greedy_reference):
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     exe = [sys.executable, "-m", "treespec.cli.app"]
