@@ -62,12 +62,7 @@ DraftVocab = Annotated[
 MaxLen = Annotated[int, typer.Option(help="train on each sequence's last N tokens")]
 SaveDtype = Annotated[str, typer.Option(help="float32, float16 or bfloat16 for the saved weights")]
 Init = Annotated[
-    Optional[str],
-    typer.Option(
-        help="start from this block drafter (directory or alias), its feature layers and draft vocabulary: "
-        "fine-tune it on --data",
-        show_default=False,
-    ),
+    Optional[str], typer.Option(help="fine-tune this block drafter (folder or alias) on --data", show_default=False)
 ]
 
 
