@@ -246,17 +246,17 @@ def initial_drafter(target: Any, s: BlockSettings, log: Callable[[str], None]) -
     head, _ = load_block_head(s.init, target.hidden_size, target.vocab_size, f"target {target.name!r}")
     spec, layers = head.spec, len(head.layers)
     differ = [
-        (f"--block-size {spec.block_size}", s.block_size != spec.block_size),
-        (f"--layers {layers}", s.layers != layers),
-        ("--last-feature" if spec.last_feature else "--no-last-feature", s.last_feature != spec.last_feature),
-        ("no --feature-layers", bool(s.feature_layers) and tuple(s.feature_layers) != tuple(spec.target_layers)),
-        ("no --draft-vocab", s.draft_vocab is not None and s.draft_vocab != spec.draft_vocab_size),
+        (f"pass --block-size {spec.block_size}", s.block_size != spec.block_size),
+        (f"pass --layers {layers}", s.layers != layers),
+        (f"pass --{'' if spec.last_feature else 'no-'}last-feature", s.last_feature != spec.last_feature),
+        ("drop --feature-layers", bool(s.feature_layers) and tuple(s.feature_layers) != tuple(spec.target_layers)),
+        ("drop --draft-vocab", s.draft_vocab is not None and s.draft_vocab != spec.draft_vocab_size),
     ]
-    wrong = [flag for flag, bad in differ if bad]
-    if wrong:
+    fixes = [fix for fix, bad in differ if bad]
+    if fixes:
         raise ConfigError(
             f"--init {s.init} has block size {spec.block_size}, {layers} layer(s), feature layers "
-            f"{','.join(map(str, spec.target_layers))} and {spec.draft_vocab_size} draft tokens: pass {', '.join(wrong)}"
+            f"{','.join(map(str, spec.target_layers))} and {spec.draft_vocab_size} draft tokens: {'; '.join(fixes)}"
         )
     log(
         f"starting from {s.init} (feature layers {list(spec.target_layers)}, draft vocabulary: {spec.draft_vocab_size})"
