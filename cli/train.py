@@ -11,8 +11,15 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec.cli import fail as _fail
-from treespec.cli.common import check_offset_lr, check_positive, check_seed, set_threads, settings_from
-from treespec.cli.train_options import Answers, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
+from treespec.cli.common import (
+    check_device_option,
+    check_offset_lr,
+    check_positive,
+    check_seed,
+    set_threads,
+    settings_from,
+)
+from treespec.cli.train_options import Answers, Device, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -94,6 +101,7 @@ def eagle(
     noise: Noise = 0.2,
     seed: Annotated[int, typer.Option()] = 0,
     threads: Threads = None,
+    device: Device = None,
     version: Version = 1,
     ttt_steps: Ttt = 7,
     draft_vocab: DraftVocab = None,
@@ -111,6 +119,7 @@ def eagle(
 
     args = dict(locals())
     set_threads(threads)
+    check_device_option(device)
     _check(
         seed, limit, epochs, batch_size, layers, ttt_steps, max_new_tokens, gen_batch_size, offset, lr, noise, version
     )

@@ -11,8 +11,15 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import check_offset_lr, check_positive, check_seed, set_threads, settings_from
-from treespec.cli.train_options import Answers, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
+from treespec.cli.common import (
+    check_device_option,
+    check_offset_lr,
+    check_positive,
+    check_seed,
+    set_threads,
+    settings_from,
+)
+from treespec.cli.train_options import Answers, Device, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 from treespec.plugins.block_settings import BlockSettings
 
@@ -91,6 +98,7 @@ def block(
     save_dtype: SaveDtype = D.save_dtype,
     seed: Annotated[int, typer.Option()] = D.seed,
     threads: Threads = None,
+    device: Device = None,
 ) -> None:
     """Train a block drafter: one forward over the target's features proposes every depth of a tree
     (DFlash's recipe on the target's own greedy generations)."""
@@ -100,6 +108,7 @@ def block(
 
     args = dict(locals())
     set_threads(threads)
+    check_device_option(device)
     check_seed(seed)
     check_positive(
         limit=limit, epochs=epochs, batch_size=batch_size, max_new_tokens=max_new_tokens,

@@ -1,4 +1,4 @@
-"""The options `treespec train eagle` and `treespec train block` share, declared once (typer reads each
+"""The options the `treespec train` commands share, declared once (typer reads each
 parameter's ``Annotated`` type)."""
 
 from __future__ import annotations
@@ -16,6 +16,13 @@ Limit = Annotated[int, typer.Option(help="prompts used, held-out ones included")
 Holdout = Annotated[float, typer.Option(help="fraction of the prompts held out for the agreement summary")]
 MaxNew = Annotated[int, typer.Option(help="tokens the target generates per prompt")]
 Threads = Annotated[Optional[int], typer.Option(help="torch CPU threads")]
+Device = Annotated[
+    Optional[str],
+    typer.Option(
+        help="the device the target runs on (and a drafter trains on): cpu, cuda, cuda:1, mps ... [default: cpu]",
+        show_default=False,
+    ),
+]
 Answers = Annotated[
     Optional[str],
     typer.Option(

@@ -12,8 +12,8 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
-from treespec.cli.train_options import Threads
+from treespec.cli.common import check_device_option, check_positive, check_seed, set_threads, settings_from
+from treespec.cli.train_options import Device, Threads
 from treespec.errors import TreespecError
 
 EPILOG = """\
@@ -42,6 +42,7 @@ def prompts(
     max_words: Annotated[int, typer.Option(help="longer queries are dropped")] = 120,
     seed: Annotated[int, typer.Option()] = 0,
     threads: Threads = None,
+    device: Device = None,
 ) -> None:
     """Write chat prompts sampled from an instruct target given only its chat template up to a user
     turn (Magpie): requests from the target's own distribution, for `treespec train eagle --data`."""
@@ -51,6 +52,7 @@ def prompts(
 
     args = dict(locals())
     set_threads(threads)
+    check_device_option(device)
     check_seed(seed)
     check_positive(count=count, batch_size=batch_size, max_tokens=max_tokens, min_words=min_words)
     if not (math.isfinite(temperature) and temperature > 0):

@@ -230,7 +230,7 @@ def new_drafter(target: Any, embed: Any, train_set: list[Sequence], s: BlockSett
     head = BlockHead(head_config_for(target.model.config, layers=s.layers), spec)
     with torch.no_grad():
         head.draft_ids.copy_(used)
-        head.mask.copy_(embed.weight[used].float().mean(0))  # a start: the average token
+        head.mask.copy_(embed.weight[used.to(embed.weight.device)].float().mean(0))  # a start: the average token
     return head
 
 
@@ -269,13 +269,13 @@ def train_block(s: BlockSettings, progress: Progress = quiet, log: Callable[[str
     check(s)
     out = prepare_out(s.out, "block drafter training")
     torch.manual_seed(s.seed)
-    target, embed, lm_head = frozen_target(s.target)
+    target, embed, lm_head = frozen_target(s.target, s.device)
     init = initial_drafter(target, s, log)  # before minutes of generating data, too
     s = with_layers(replace(s, feature_layers=init.spec.target_layers) if init else s, target)
     seqs = training_data(target, s, out, progress, log, layers=s.feature_layers)
     n_hold = max(1, round(len(seqs) * s.holdout))
     held, train_set = crop(seqs[:n_hold], s.max_len), crop(seqs[n_hold:], s.max_len)
-    head = init or new_drafter(target, embed, train_set, s)
+    head = (init or new_drafter(target, embed, train_set, s)).to(target.device)  # where the features are
     size, used = head.spec.draft_vocab_size, head.draft_ids
     embed_w, out_w = embed.weight.detach(), lm_head.weight[used].detach()  # [V, H], [Vd, H]
     run = TrainRun.new(head, s, len(train_set))

@@ -185,10 +185,11 @@ def fit_temperature(
     to_draft = torch.cumsum(head.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
     zs, ys, n = [], [], 0
     for b0 in range(0, len(seqs), 16):
-        ids, fused, feats, lengths, plen = pad_batch(seqs[b0 : b0 + 16])
+        dev = to_draft.device
+        ids, fused, feats, lengths, plen = (x.to(dev) for x in pad_batch(seqs[b0 : b0 + 16]))
         out = unroll(head, embed, fused, ids, 1)[0]  # [B, T, H]
         greedy = F.pad(lm_head(feats[:, 1:]).argmax(-1), (0, 1))  # [B, T] the target's token for x_{t+2}
-        rows = torch.arange(ids.shape[1])[None]
+        rows = torch.arange(ids.shape[1], device=dev)[None]
         keep = (rows <= lengths[:, None] - 2) & (rows + 1 >= plen[:, None] - 1) & head.t2d[greedy]
         zs.append(head.logits(out[keep]).float())
         ys.append(to_draft[greedy[keep]])
@@ -217,7 +218,9 @@ def _new_head(config: Any, hidden: int, vocab: int, used: torch.Tensor, lm_head:
     with torch.no_grad():
         head.d2t.copy_(used - torch.arange(size))
         head.t2d.zero_()[used] = True
-        head.lm_head.weight.copy_(lm_head.weight[used])  # a start: the target's own output rows
+        head.lm_head.weight.copy_(
+            lm_head.weight[used.to(lm_head.weight.device)]
+        )  # a start: the target's own output rows
     return head
 
 
@@ -243,7 +246,7 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
     _check(s)
     out = prepare_out(s.out, "EAGLE-3 training")
     torch.manual_seed(s.seed)
-    target, embed, lm_head = frozen_target(s.target)
+    target, embed, lm_head = frozen_target(s.target, s.device)
     model = target.model
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     layers = default_layers(int(cfg.num_hidden_layers))
@@ -254,7 +257,8 @@ def train3(s: Train3Settings, progress: Progress = quiet, log: Callable[[str], N
     held, train_set = crop(seqs[:n_hold], s.max_len), crop(seqs[n_hold:], s.max_len)
     used = draft_vocabulary(train_set, vocab, size)
 
-    head = _new_head(model.config, target.hidden_size, vocab, used, lm_head)
+    head = _new_head(model.config, target.hidden_size, vocab, used, lm_head).to(target.device)
+    used = used.to(target.device)  # trained where the target's features are computed
     run = TrainRun.new(head, s, len(train_set))
     ckpt_file = out / "checkpoint.pt"
     start, history = run.resume(ckpt_file, s, log)

@@ -44,8 +44,8 @@ class DraftOut(torch.nn.Module):
 
     def __init__(self, lm_head: Any, ids: torch.Tensor):
         super().__init__()
-        self.ids = ids
-        self.weight = lm_head.weight[ids].detach()  # [N, H] a copy: N/V of the output layer
+        self.ids = ids.to(lm_head.weight.device)
+        self.weight = lm_head.weight[self.ids].detach()  # [N, H] a copy: N/V of the output layer
         self.bias = lm_head.bias[ids].detach() if getattr(lm_head, "bias", None) is not None else None
 
     @staticmethod

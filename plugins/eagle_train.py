@@ -91,13 +91,14 @@ def held_out_logits(
     head.eval()
     zs, ys, n = [], [], 0
     for b0 in range(0, len(seqs), s.batch_size):
-        ids, feats, valid, gen = batch_tensors(seqs[b0 : b0 + s.batch_size])
+        dev = next(head.parameters()).device
+        ids, feats, valid, gen = (x.to(dev) for x in batch_tensors(seqs[b0 : b0 + s.batch_size]))
         t = ids.shape[1]
         pred = head(
             feats[:, :-1],
             embed(ids[:, 1:]),
-            torch.arange(t - 1)[None].expand(ids.shape[0], -1),
-            causal_mask(0, t - 1, feats.dtype)[None, None],
+            torch.arange(t - 1, device=dev)[None].expand(ids.shape[0], -1),
+            causal_mask(0, t - 1, feats.dtype).to(dev)[None, None],
         )  # [B, T-1, H]
         keep = gen & valid
         zs.append(lm_head(pred[keep]).float())  # [n, V]
@@ -125,12 +126,13 @@ def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
     the dtype the final head is saved in (a finished run re-run with another ``save_dtype`` re-saves it),
     where its answers were reused from (block drafters: ``--answers``) and how many prompts the target
     answered at once (``gen_batch_size``: the data it made are keyed by ``data_key``)."""
-    return {k: v for k, v in settings.items() if k not in ("out", "save_dtype", "answers", "gen_batch_size")}
+    return {k: v for k, v in settings.items() if k not in ("out", "save_dtype", "answers", "gen_batch_size", "device")}
 
 
-def frozen_target(name: str) -> tuple[TargetModel, Any, Any]:
-    """The target, its weights frozen, with its embedding and output head (both trainers read them)."""
-    target = TargetModel.load(name)
+def frozen_target(name: str, device: str | None = None) -> tuple[TargetModel, Any, Any]:
+    """The target on ``device``, its weights frozen, with its embedding and output head (every trainer
+    reads them; the drafter being trained goes where they are)."""
+    target = TargetModel.load(name, device=device)
     for p in target.model.parameters():
         p.requires_grad_(False)
     return target, target.model.get_input_embeddings(), target.model.get_output_embeddings()
@@ -220,7 +222,7 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
         raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
     out = prepare_out(s.out, "EAGLE training")
     torch.manual_seed(s.seed)
-    target, embed, lm_head = frozen_target(s.target)
+    target, embed, lm_head = frozen_target(s.target, s.device)
     model = target.model
     head_config = head_config_for(model.config, layers=s.layers)
     params = decoder_parameters({**head_config.to_dict(), "vocab_size": 0}, s.layers)  # its embeddings are the target's
@@ -234,6 +236,7 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
     n_hold = max(1, round(len(seqs) * s.holdout))
     held, train_set = seqs[:n_hold], seqs[n_hold:]
     head, ids = init or (EagleHead(head_config), _draft_vocab(train_set, target, s, log))
+    head = head.to(target.device)  # trained where the target's features are computed
     draft_out = DraftOut.of(lm_head, ids)
 
     run = TrainRun.new(head, s, len(train_set))

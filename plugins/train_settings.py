@@ -20,6 +20,9 @@ class DataSettings:
     max_new_tokens: int = 128  # length of the target's continuation per prompt
     answers: str | None = None  # an earlier run's data.pt whose continuations to reuse (features computed anew)
     gen_batch_size: int | None = None  # prompts per batch while the target generates [default: batch_size]
+    #: where the target runs and the drafter trains (cpu, cuda, cuda:N, mps); None: the loader's default, cpu.
+    #: The saved data and the checkpoint are device-free: a run may resume on another device.
+    device: str | None = None
     #: the layout of ``data.pt`` (1: EAGLE-1's last hidden state; 3: EAGLE-3's fused layers as well)
     data_version: ClassVar[int] = 1
 

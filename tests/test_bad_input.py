@@ -679,6 +679,19 @@ CLI_CASES += [
         "--offset must be >= 0",
     ),
     ("train-eagle-threads-zero", lambda b: [*TRAIN_EAGLE, "--threads", "0", *OUT(b, "h-t")], "--threads must be > 0"),
+    # --device: one line, before the target loads or --out is made (cuda:7 is missing here and on most GPU hosts)
+    (
+        "train-eagle-device-bogus",
+        lambda b: [*TRAIN_EAGLE, "--device", "bogus", *OUT(b, "h-dv")],
+        "unknown device 'bogus'",
+    ),
+    ("train-eagle-device-cuda7", lambda b: [*TRAIN_EAGLE, "--device", "cuda:7", *OUT(b, "h-c7")], "is not available"),
+    ("train-block-device-meta", lambda b: [*TRAIN_BLOCK, "--device", "meta", *OUT(b, "b-m")], "no values"),
+    (
+        "train-prompts-device-bogus",
+        lambda b: ["train", "prompts", "--out", str(Path(b["root"]) / "d.jsonl"), "--device", "bogus"],
+        "unknown device 'bogus'",
+    ),
     (
         "train-eagle-gen-batch-zero",
         lambda b: [*TRAIN_EAGLE, "--gen-batch-size", "0", *OUT(b, "h-g")],
@@ -986,3 +999,12 @@ def test_plugins_lists_everything_and_shows_a_name_conflict(monkeypatch):
     assert any("TREESPEC_BLOCK_PLUGINS=dupe" in c for c in data["conflicts"])
     used = runner.invoke(app, [*RUN, *PAIR, "--builder", "chain"])
     assert used.exit_code == 2 and "registered twice" in one_line_error(used)
+
+
+@pytest.mark.parametrize("command", [TRAIN_EAGLE, TRAIN_BLOCK])
+def test_a_missing_training_device_writes_nothing(tmp_path, command):
+    """``--device`` is checked before the target loads: a device this machine lacks leaves no --out."""
+    out = tmp_path / "never"
+    result = runner.invoke(app, [*command, "--device", "cuda:7", "--out", str(out)])
+    assert result.exit_code == 2 and "is not available" in one_line_error(result)
+    assert not out.exists()

@@ -83,18 +83,21 @@ MAX_LOGITS = 1 << 26  # logits kept for the fit: 256 MB in float32 (16,384 posit
 
 
 @torch.inference_mode()
-def greedy_logits(
+def calibrate_draft(
     target_model: Any,
     draft_model: Any,
     prompts_ids: list[list[int]],
     max_new_tokens: int,
     max_positions: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The draft's logits [n, V] before every token the target generates greedily, that token [n],
-    and how many prompts were used (``treespec.acceptance.greedy_positions``). Stops once
-    ``max_positions`` positions are collected (default: 16,384, fewer when V × 16,384 exceeds
-    ``MAX_LOGITS``). Tokens the draft cannot produce are left out: they say nothing about T."""
+) -> Calibration:
+    """Fit the draft model's greedy-acceptance temperature on the target's own greedy continuations
+    (``target_model``/``draft_model``: causal LMs, or a ``TargetModel`` / ``model`` drafter).
+
+    The fit reads the draft's logits [n, V] before every token the target generates greedily
+    (``treespec.acceptance.greedy_positions``) and stops once ``max_positions`` positions are
+    collected (default: 16,384, fewer when V × 16,384 exceeds ``MAX_LOGITS``). Tokens the draft
+    cannot produce are left out: they say nothing about T."""
     zs, ys, n, used = [], [], 0, 0
     for i, (z, chosen, vocab) in enumerate(greedy_positions(target_model, draft_model, prompts_ids, max_new_tokens)):
         if max_positions is None:
@@ -110,20 +113,7 @@ def greedy_logits(
             break
     if n == 0:
         raise ValueError("no generated positions to calibrate on: give non-empty prompts")
-    return torch.cat(zs)[:max_positions], torch.cat(ys)[:max_positions], used
-
-
-def calibrate_draft(
-    target_model: Any,
-    draft_model: Any,
-    prompts_ids: list[list[int]],
-    max_new_tokens: int,
-    max_positions: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> Calibration:
-    """Fit the draft model's greedy-acceptance temperature on the target's own greedy continuations
-    (``target_model``/``draft_model``: causal LMs, or a ``TargetModel`` / ``model`` drafter)."""
-    z, y, used = greedy_logits(target_model, draft_model, prompts_ids, max_new_tokens, max_positions, progress)
+    z, y = torch.cat(zs)[:max_positions], torch.cat(ys)[:max_positions]  # [n, V], [n]
     t = fit_temperature(z, y)
     q1 = torch.softmax(z, dim=-1).amax(dim=-1).mean()  # [n] → mean top-1 q at T = 1
     qt = torch.softmax(z / t, dim=-1).amax(dim=-1).mean()

@@ -46,6 +46,7 @@ class MagpieSettings:
     seed: int = 0
     min_words: int = 3
     max_words: int = 120
+    device: str | None = None  # where the target samples (None: cpu); another device draws other queries
 
 
 def query_prefix(tokenizer: Any) -> list[int]:
@@ -182,7 +183,7 @@ def write_prompts(
     tokenizer = load_tokenizer(s.target)
     prefix = query_prefix(tokenizer)  # a target without a chat template fails here, before the model loads
     stops = end_of_turn(tokenizer)
-    model = load_causal_lm(s.target)
+    model = load_causal_lm(s.target, device=s.device)
     keep = Filter(s, evaluation_shingles(), (r["turns"][0] for r in rows))
     # the last batch is drawn again: its queries already written are repeats now, the rest (cut by a
     # smaller --count) are what an uninterrupted run would have written next
