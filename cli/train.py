@@ -11,14 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from treespec.cli import fail as _fail
-from treespec.cli.common import (
-    check_device_option,
-    check_offset_lr,
-    check_positive,
-    check_seed,
-    set_threads,
-    settings_from,
-)
+from treespec.cli.common import check_offset_lr, check_positive, check_seed, set_threads, settings_from
 from treespec.cli.train_options import Answers, Device, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 
@@ -115,6 +108,7 @@ def eagle(
     token loss) or, with --version 3, EAGLE-3 (three fused target layers, training-time test)."""
     from treespec.catalog import DEFAULT_TARGET
     from treespec.cli import TrainingProgress
+    from treespec.cli.common import check_device_option
     from treespec.plugins.eagle_train import TrainSettings, train
 
     args = dict(locals())

@@ -11,14 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import (
-    check_device_option,
-    check_offset_lr,
-    check_positive,
-    check_seed,
-    set_threads,
-    settings_from,
-)
+from treespec.cli.common import check_offset_lr, check_positive, check_seed, set_threads, settings_from
 from treespec.cli.train_options import Answers, Device, GenBatch, Holdout, Limit, MaxNew, Offset, Target, Threads
 from treespec.errors import TreespecError
 from treespec.plugins.block_settings import BlockSettings
@@ -104,6 +97,7 @@ def block(
     (DFlash's recipe on the target's own greedy generations)."""
     from treespec.catalog import DEFAULT_TARGET
     from treespec.cli import TrainingProgress
+    from treespec.cli.common import check_device_option
     from treespec.plugins.block_train import train_block
 
     args = dict(locals())
