@@ -183,9 +183,8 @@ def fit_temperature(
     """T calibrating step 0's q to greedy acceptance (``treespec.train.calibration``), on held-out
     generated positions whose target token is in the draft vocabulary."""
     to_draft = torch.cumsum(head.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
-    zs, ys, n = [], [], 0
+    zs, ys, n, dev = [], [], 0, to_draft.device
     for b0 in range(0, len(seqs), 16):
-        dev = to_draft.device
         ids, fused, feats, lengths, plen = (x.to(dev) for x in pad_batch(seqs[b0 : b0 + 16]))
         out = unroll(head, embed, fused, ids, 1)[0]  # [B, T, H]
         greedy = F.pad(lm_head(feats[:, 1:]).argmax(-1), (0, 1))  # [B, T] the target's token for x_{t+2}
@@ -218,9 +217,8 @@ def _new_head(config: Any, hidden: int, vocab: int, used: torch.Tensor, lm_head:
     with torch.no_grad():
         head.d2t.copy_(used - torch.arange(size))
         head.t2d.zero_()[used] = True
-        head.lm_head.weight.copy_(
-            lm_head.weight[used.to(lm_head.weight.device)]
-        )  # a start: the target's own output rows
+        rows = lm_head.weight[used.to(lm_head.weight.device)]  # [Vd, H] a start: the target's own output rows
+        head.lm_head.weight.copy_(rows)
     return head
 
 

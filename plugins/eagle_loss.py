@@ -46,7 +46,7 @@ class DraftOut(torch.nn.Module):
         super().__init__()
         self.ids = ids.to(lm_head.weight.device)
         self.weight = lm_head.weight[self.ids].detach()  # [N, H] a copy: N/V of the output layer
-        self.bias = lm_head.bias[ids].detach() if getattr(lm_head, "bias", None) is not None else None
+        self.bias = lm_head.bias[self.ids].detach() if getattr(lm_head, "bias", None) is not None else None
 
     @staticmethod
     def of(lm_head: Any, ids: torch.Tensor | None) -> Any:

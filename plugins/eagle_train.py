@@ -90,8 +90,8 @@ def held_out_logits(
     """The head's logits [n, V] at generated positions and the target's greedy token there [n]."""
     head.eval()
     zs, ys, n = [], [], 0
+    dev = next(head.parameters()).device
     for b0 in range(0, len(seqs), s.batch_size):
-        dev = next(head.parameters()).device
         ids, feats, valid, gen = (x.to(dev) for x in batch_tensors(seqs[b0 : b0 + s.batch_size]))
         t = ids.shape[1]
         pred = head(
