@@ -48,6 +48,10 @@ MaxFiles = Annotated[
 Context = Annotated[int, typer.Option(help="training window and the models' max_position_embeddings")]
 Vocab = Annotated[int, typer.Option(help="byte-level BPE vocabulary, special tokens included")]
 EvalEvery = Annotated[int, typer.Option(help="steps between held-out evaluations (OUT/log.jsonl)")]
+PairDevice = Annotated[
+    Optional[str],
+    typer.Option(help="the device both models train on: cpu, cuda, cuda:1, mps ... [default: cpu]", show_default=False),
+]
 Size = Annotated[int, typer.Option()]  # a model dimension (--target-hidden, --draft-layers, ...)
 
 
@@ -77,16 +81,18 @@ def pair(
     draft_intermediate: Size = D.draft.intermediate,
     eval_every: EvalEvery = D.eval_every,
     checkpoint_every: Annotated[int, typer.Option(help="steps between checkpoints")] = D.checkpoint_every,
+    device: PairDevice = None,
 ) -> None:
     """Train treespec's own Llama target and draft (one BPE tokenizer) on the Python standard library's source."""
     from treespec.cli import TrainingProgress
     from treespec.cli import fail as _fail
-    from treespec.cli.common import settings_from
+    from treespec.cli.common import check_device_option, settings_from
     from treespec.train.pair import train_pair
 
     args = dict(locals())
     if minutes is not None and minutes <= 0:
         _fail(f"--minutes must be > 0, got {minutes}")
+    check_device_option(device)
     settings = settings_from(
         PairSettings,
         args,

@@ -20,7 +20,7 @@ from treespec.errors import ConfigError
 from treespec.files import save_torch_atomic
 from treespec.plugins.train_settings import DataSettings
 from treespec.target import TargetModel
-from treespec.train.checkpoint import load_data
+from treespec.train.checkpoint import load_data, same_settings
 
 
 @dataclass
@@ -106,7 +106,7 @@ def _journaled(prompts: list[list[int]], journal: Path | None, key: Any) -> dict
     done: dict[int, Sequence] = {}
     if journal is not None and journal.is_file():
         saved = load_data(journal)
-        if saved.get("key") == key:
+        if same_settings(saved.get("key", {}), key):
             for i, cont in zip(saved["index"], saved["conts"]):
                 done[int(i)] = Sequence(
                     torch.tensor(prompts[int(i)] + cont.tolist(), dtype=torch.long),
@@ -142,7 +142,7 @@ def reuse_answers(s: DataSettings, out: Path, log: Callable[[str], None]) -> Non
     old = data.get("key", {})
     same = {k: old.get(k) for k in ("target", "data", "offset", "max_new_tokens")}
     want = {k: getattr(s, k) for k in same}
-    if same != want:
+    if not same_settings(same, want):
         raise ConfigError(
             f"--answers {s.answers}: made with {same}, this run needs {want}; drop --answers to generate anew"
         )
@@ -170,7 +170,7 @@ def training_data(
     if s.answers and not data_file.is_file():  # --answers: an earlier run's continuations
         reuse_answers(s, out, log)
     cached = load_data(data_file) if data_file.is_file() else None
-    if cached is not None and cached["key"] == s.data_key():
+    if cached is not None and same_settings(cached["key"], s.data_key()):
         seqs = sequences(cached)
         log(f"reusing the target's generations in {data_file} ({len(seqs)} sequences)")
         return seqs
@@ -223,7 +223,7 @@ def _prefix(cached: dict[str, Any] | None, key: dict[str, Any], wanted: int) -> 
     if cached is None:
         return []
     old = dict(cached["key"])
-    if old.pop("limit", None) is None or old != {k: v for k, v in key.items() if k != "limit"}:
+    if old.pop("limit", None) is None or not same_settings(old, {k: v for k, v in key.items() if k != "limit"}):
         return []
     seqs = sequences(cached)
     return seqs if len(seqs) < wanted else []

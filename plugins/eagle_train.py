@@ -41,7 +41,7 @@ from treespec.plugins.eagle_loss import DraftOut, batch_tensors, head_step
 from treespec.plugins.train_settings import DataSettings
 from treespec.target import TargetModel
 from treespec.train import calibration
-from treespec.train.checkpoint import load_data, prepare_out
+from treespec.train.checkpoint import check_resumable, load_data, prepare_out
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,7 @@ class TrainRun:
         if not ckpt_file.is_file():
             return 0, []
         ckpt = load_data(ckpt_file)
-        if _resume_key(ckpt["settings"]) != _resume_key(asdict(s)):
-            raise ConfigError(
-                f"{ckpt_file} was written with other settings; pass the same options to resume, or another --out"
-            )
+        check_resumable(ckpt_file, _resume_key(ckpt["settings"]), _resume_key(asdict(s)))
         self.head.load_state_dict(ckpt["head"])
         self.opt.load_state_dict(ckpt["opt"])
         self.sched.load_state_dict(ckpt["sched"])

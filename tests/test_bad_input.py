@@ -688,6 +688,11 @@ CLI_CASES += [
     ("train-eagle-device-cuda7", lambda b: [*TRAIN_EAGLE, "--device", "cuda:7", *OUT(b, "h-c7")], "is not available"),
     ("train-block-device-meta", lambda b: [*TRAIN_BLOCK, "--device", "meta", *OUT(b, "b-m")], "no values"),
     (
+        "train-pair-device-bogus",
+        lambda b: [*TRAIN_PAIR, "--device", "bogus", *OUT(b, "p-dv")],
+        "unknown device 'bogus'",
+    ),
+    (
         "train-prompts-device-bogus",
         lambda b: ["train", "prompts", "--out", str(Path(b["root"]) / "d.jsonl"), "--device", "bogus"],
         "unknown device 'bogus'",
@@ -1001,7 +1006,7 @@ def test_plugins_lists_everything_and_shows_a_name_conflict(monkeypatch):
     assert used.exit_code == 2 and "registered twice" in one_line_error(used)
 
 
-@pytest.mark.parametrize("command", [TRAIN_EAGLE, TRAIN_BLOCK])
+@pytest.mark.parametrize("command", [TRAIN_EAGLE, TRAIN_BLOCK, TRAIN_PAIR])
 def test_a_missing_training_device_writes_nothing(tmp_path, command):
     """``--device`` is checked before the target loads: a device this machine lacks leaves no --out."""
     out = tmp_path / "never"

@@ -414,6 +414,31 @@ def test_answers_made_with_other_settings_are_one_line(tmp_path):
         train(s, log=lambda _: None)
 
 
+def test_answers_on_one_prompts_file_named_two_ways_are_reused(tmp_path, monkeypatch):
+    """``--data`` named by an absolute path in the run that made ``data.pt`` and by a relative one in
+    the run that reuses it (``--answers``) or resumes it: one file, so its answers (and its epochs) are
+    reused; another file is still refused, and a changed setting is named."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"turns": [p]}) + "\n" for p in tinystories_prompts(8)))
+    small = dict(offset=0, limit=8, max_new_tokens=16, epochs=1, batch_size=4)
+    train(settings(tmp_path / "first", data=str(prompts), **small), log=lambda _: None)
+    monkeypatch.chdir(tmp_path)
+    logs: list[str] = []
+    again = settings(tmp_path / "again", data="prompts.jsonl", answers=str(tmp_path / "first" / "data.pt"), **small)
+    train(again, log=logs.append)
+    assert any("reusing 8 continuations" in m for m in logs), logs
+    logs.clear()  # the first run resumed, its data named the other way: its answers and epoch are kept
+    train(settings(tmp_path / "first", data="prompts.jsonl", **small), log=logs.append)
+    assert any("reusing the target's generations" in m for m in logs), logs
+    assert any("resuming" in m and "after epoch 1" in m for m in logs), logs
+    with pytest.raises(ConfigError, match=r"other settings \(lr 0.003 → 0.002\)"):
+        train(settings(tmp_path / "first", data="prompts.jsonl", **small, lr=2e-3), log=lambda _: None)
+    (tmp_path / "other.jsonl").write_text(prompts.read_text())
+    other = settings(tmp_path / "other", data="other.jsonl", answers=str(tmp_path / "first" / "data.pt"), **small)
+    with pytest.raises(ConfigError, match="this run needs .*drop --answers"):
+        train(other, log=lambda _: None)
+
+
 def test_an_interrupted_generation_resumes_from_its_journal(tmp_path):
     """Generating the target's answers is the long part of training (an hour for 2,000 prompts here):
     each batch's continuations are journalled, so a stop costs one batch. The resumed data equal a run

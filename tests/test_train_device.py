@@ -80,3 +80,23 @@ def test_an_accelerator_trains_what_the_cpu_trains(tmp_path, trainer):
         assert last < first, (device, first, last)
         assert math.isclose(last, cpu["history"][-1]["held_out"]["loss"], rel_tol=0.05), (device, acc, cpu)
         assert (tmp_path / device / "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(not _accelerators(), reason="no CUDA or MPS device on this machine")
+def test_an_accelerator_trains_the_pair_the_cpu_trains(tmp_path):
+    """`treespec train pair --device`: the tiny pair of ``tests/test_train_pair.py`` on each accelerator
+    and on the CPU (one tokenizer and token streams): both models learn on the accelerator, and their
+    held-out losses are the CPU run's to within a few percent."""
+    from test_train_pair import tiny
+
+    from treespec.train.pair import train_pair
+
+    quiet = lambda _: None  # noqa: E731
+    cpu = train_pair(tiny(tmp_path / "cpu", device="cpu"), log=quiet)
+    for device in _accelerators():
+        acc = train_pair(tiny(tmp_path / device, tmp_path / "cpu", device=device), log=quiet)
+        for which in ("target", "draft"):
+            a, c = acc["models"][which], cpu["models"][which]
+            assert a["held_out_loss"] < a["held_out_loss_initial"] - 0.3, (device, which, a)
+            assert math.isclose(a["held_out_loss"], c["held_out_loss"], rel_tol=0.05), (device, which, a, c)
+        assert (tmp_path / device / "target" / "model.safetensors").is_file()

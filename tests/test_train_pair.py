@@ -106,6 +106,8 @@ def test_training_lowers_the_held_out_loss_and_logs_it(pair):
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(pair, tmp_path):
+    """Stopped at a step, then by --minutes, then resumed with ``device="cpu"`` (the device is not part
+    of what a checkpoint must match): the weights are the uninterrupted run's, bit for bit."""
     from safetensors.torch import load_file
 
     b = tmp_path / "b"
@@ -114,8 +116,9 @@ def test_an_interrupted_run_resumes_to_the_same_weights(pair, tmp_path):
     summary = train_pair(tiny(b, pair[0], minutes=0.0005), which="target", log=lambda _: None)  # 30 ms: stops early
     assert not summary["models"]["target"]["finished"] and not (b / "target").exists()
     lines: list[str] = []
-    train_pair(tiny(b, pair[0]), which="target", log=lines.append)
+    resumed = train_pair(tiny(b, pair[0], device="cpu"), which="target", log=lines.append)  # the device: no setting
     assert any("resuming" in line for line in lines), lines
+    assert resumed["settings"]["device"] == "cpu"
     wa, wb = load_file(pair[0] / "target" / "model.safetensors"), load_file(b / "target" / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)  # = the uninterrupted run
     with pytest.raises(ConfigError, match="other settings"):

@@ -58,3 +58,34 @@ def load_data(path: str | Path, mmap: bool = False) -> Any:
         raise ConfigError(
             f"{path} cannot be read safely ({why}; treespec never unpickles code); delete it to start that part over"
         ) from None
+
+
+def same_settings(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Equal settings, where a ``data`` prompts file named two ways (relative in one run, absolute in
+    the other) is one file: a resumed run must not regenerate an hour of answers for a path's spelling."""
+    return _as_new(old, new) == new
+
+
+def _as_new(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` with its ``data`` spelt as ``new`` spells it when both name one existing file."""
+    a, b = old.get("data"), new.get("data")
+    if a != b and isinstance(a, str) and isinstance(b, str) and Path(a).is_file():
+        try:
+            if Path(a).samefile(b):
+                return {**old, "data": b}
+        except OSError:  # b is no file
+            pass
+    return old
+
+
+def check_resumable(ckpt_file: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """A ``ConfigError`` naming each setting that differs (``same_settings``) between the checkpoint's
+    settings ``old`` and this run's ``new``."""
+    old = _as_new(old, new)
+    if old != new:
+        diff = ", ".join(
+            f"{k} {old.get(k)} → {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+        )
+        raise ConfigError(
+            f"{ckpt_file} was written with other settings ({diff}); pass the same options to resume, or another --out"
+        )

@@ -26,10 +26,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from treespec.devices import check_device
 from treespec.errors import ConfigError
 from treespec.files import save_torch_atomic, write_text_atomic, writing
 from treespec.memory import check_fits, check_threads
-from treespec.train.checkpoint import load_data, prepare_out
+from treespec.train.checkpoint import check_resumable, load_data, prepare_out
 from treespec.train.pair_data import EOT_ID, PAD_ID, PairData, prepare
 from treespec.train.pair_settings import (
     WHICH,
@@ -63,6 +64,7 @@ def held_out_loss(model: Any, stream: Any, s: PairSettings) -> float:
     """Mean next-token loss over ``eval_windows`` fixed, evenly spaced windows of the held-out stream."""
     import torch
 
+    device = next(model.parameters()).device
     length = min(s.context, stream.numel() - 1)
     starts = torch.linspace(0, stream.numel() - length - 1, s.eval_windows).long()  # [W]
     was_training, total = model.training, 0.0
@@ -70,7 +72,7 @@ def held_out_loss(model: Any, stream: Any, s: PairSettings) -> float:
     with torch.no_grad():
         for b0 in range(0, s.eval_windows, s.batch_size):
             part = starts[b0 : b0 + s.batch_size]
-            total += float(lm_loss(model, windows(stream, part, length))) * part.numel()
+            total += float(lm_loss(model, windows(stream, part, length).to(device))) * part.numel()
     model.train(was_training)
     return total / s.eval_windows
 
@@ -111,7 +113,9 @@ class _Trainer:
         self.held_stream = torch.from_numpy(data.held_out.astype(np.int64))  # [M]
         self.length = min(s.context, self.train_stream.numel() - 1)
         torch.manual_seed(s.seed + (0 if which == "target" else 1))
-        self.model = LlamaForCausalLM(llama_config(s, which)).float().train()
+        # initialised on the CPU (the same weights on every device), then trained on --device
+        self.model = LlamaForCausalLM(llama_config(s, which)).float().train().to(s.device or "cpu")
+        self.device = next(self.model.parameters()).device
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         rest = [p for p in self.model.parameters() if p.dim() < 2]
         self.opt = torch.optim.AdamW(
@@ -130,14 +134,7 @@ class _Trainer:
         if not self.ckpt_file.is_file():
             return
         ckpt = load_data(self.ckpt_file)
-        old, new = ckpt["key"], self.s.key(self.which)
-        if old != new:
-            diff = ", ".join(
-                f"{k} {old.get(k)} → {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
-            )
-            raise ConfigError(
-                f"{self.ckpt_file} was written with other settings ({diff}); pass the same options to resume, or another --out"
-            )
+        check_resumable(self.ckpt_file, ckpt["key"], self.s.key(self.which))
         self.model.load_state_dict(ckpt["model"])
         self.opt.load_state_dict(ckpt["opt"])
         self.sched.load_state_dict(ckpt["sched"])
@@ -202,7 +199,7 @@ class _Trainer:
             seed %= 2**64
         g = torch.Generator().manual_seed(seed)
         starts = torch.randint(0, self.train_stream.numel() - self.length, (s.batch_size,), generator=g)  # [B]
-        loss = lm_loss(self.model, windows(self.train_stream, starts, self.length))
+        loss = lm_loss(self.model, windows(self.train_stream, starts, self.length).to(self.device))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
@@ -311,8 +308,10 @@ def train_pair(
     s.draft.check("draft")
     check_settings(s)
     check_threads(s.threads)
-    for w in WHICH if which == "both" else (which,):  # before building even a meta model: 10⁷ layers are 10⁷ objects
-        n = llama_parameters(s, w)
+    check_device(s.device)
+    on_cpu = torch.device(s.device or "cpu").type == "cpu"  # elsewhere the models train in the device's memory
+    for w in (WHICH if which == "both" else (which,)) if on_cpu else ():  # before building even a meta model
+        n = llama_parameters(s, w)  # (10⁷ layers are 10⁷ objects)
         check_fits(
             training_bytes(s, w, n),
             f"training the {w} ({n:,} parameters, --batch-size {s.batch_size} × --context {s.context})",

@@ -57,6 +57,7 @@ class PairSettings:
     checkpoint_every: int = 50
     threads: int = 2
     minutes: float | None = None  # stop (checkpointed, resumable) after this much training in one call
+    device: str | None = None  # where both models train (None: the CPU); checkpoints are device-free
 
     def size(self, which: str) -> ModelSize:
         return self.target if which == "target" else self.draft
@@ -71,6 +72,7 @@ class PairSettings:
             "out",
             "threads",
             "minutes",
+            "device",
             "eval_every",
             "eval_windows",
             "checkpoint_every",
