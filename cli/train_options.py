@@ -19,7 +19,8 @@ Threads = Annotated[Optional[int], typer.Option(help="torch CPU threads")]
 Device = Annotated[
     Optional[str],
     typer.Option(
-        help="the device the target runs on (and a drafter trains on): cpu, cuda, cuda:1, mps ... [default: cpu]",
+        help="the device training runs on (the target, and the model being trained): cpu, cuda, cuda:1, mps ... "
+        "[default: cpu]",
         show_default=False,
     ),
 ]

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from treespec.cli.train_options import Device
 from treespec.errors import TreespecError
 from treespec.train.pair import ModelSize, PairSettings
 
@@ -48,10 +49,6 @@ MaxFiles = Annotated[
 Context = Annotated[int, typer.Option(help="training window and the models' max_position_embeddings")]
 Vocab = Annotated[int, typer.Option(help="byte-level BPE vocabulary, special tokens included")]
 EvalEvery = Annotated[int, typer.Option(help="steps between held-out evaluations (OUT/log.jsonl)")]
-PairDevice = Annotated[
-    Optional[str],
-    typer.Option(help="the device both models train on: cpu, cuda, cuda:1, mps ... [default: cpu]", show_default=False),
-]
 Size = Annotated[int, typer.Option()]  # a model dimension (--target-hidden, --draft-layers, ...)
 
 
@@ -81,7 +78,7 @@ def pair(
     draft_intermediate: Size = D.draft.intermediate,
     eval_every: EvalEvery = D.eval_every,
     checkpoint_every: Annotated[int, typer.Option(help="steps between checkpoints")] = D.checkpoint_every,
-    device: PairDevice = None,
+    device: Device = None,
 ) -> None:
     """Train treespec's own Llama target and draft (one BPE tokenizer) on the Python standard library's source."""
     from treespec.cli import TrainingProgress
