@@ -309,9 +309,8 @@ def train_pair(
     check_settings(s)
     check_threads(s.threads)
     check_device(s.device)
-    on_cpu = torch.device(s.device or "cpu").type == "cpu"  # elsewhere the models train in the device's memory
-    for w in (WHICH if which == "both" else (which,)) if on_cpu else ():  # before building even a meta model
-        n = llama_parameters(s, w)  # (10⁷ layers are 10⁷ objects)
+    for w in WHICH if which == "both" else (which,):  # before building even a meta model: 10⁷ layers are 10⁷ objects
+        n = llama_parameters(s, w)  # (on any --device: the models are built on the CPU first)
         check_fits(
             training_bytes(s, w, n),
             f"training the {w} ({n:,} parameters, --batch-size {s.batch_size} × --context {s.context})",
