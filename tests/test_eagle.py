@@ -437,6 +437,11 @@ def test_answers_on_one_prompts_file_named_two_ways_are_reused(tmp_path, monkeyp
     other = settings(tmp_path / "other", data="other.jsonl", answers=str(tmp_path / "first" / "data.pt"), **small)
     with pytest.raises(ConfigError, match="this run needs .*drop --answers"):
         train(other, log=lambda _: None)
+    from treespec.train.checkpoint import same_settings
+
+    (tmp_path / "tinystories").write_text(prompts.read_text())  # a file named like a dataset is not it
+    assert not same_settings({"data": "tinystories"}, {"data": str(tmp_path / "tinystories")})
+    assert not same_settings({"data": str(tmp_path / "tinystories")}, {"data": "tinystories"})
 
 
 def test_an_interrupted_generation_resumes_from_its_journal(tmp_path):

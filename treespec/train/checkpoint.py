@@ -67,9 +67,13 @@ def same_settings(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 def _as_new(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """``old`` with its ``data`` spelt as ``new`` spells it when both name one existing file."""
+    """``old`` with its ``data`` spelt as ``new`` spells it when both name one existing file (a dataset
+    name such as ``mt-bench`` is the dataset, whatever file of that name the current folder holds)."""
+    from treespec.bench.datasets import DATASETS, MIX
+
     a, b = old.get("data"), new.get("data")
-    if a != b and isinstance(a, str) and isinstance(b, str) and Path(a).is_file():
+    named = {a, b} & {*DATASETS, MIX}
+    if a != b and not named and isinstance(a, str) and isinstance(b, str) and Path(a).is_file():
         try:
             if Path(a).samefile(b):
                 return {**old, "data": b}
