@@ -80,18 +80,6 @@ def check_threads(threads: int | None) -> int | None:
     raise AssertionError("unreachable")
 
 
-def check_device_option(device: str | None) -> None:
-    """``--device``: one line for a device torch cannot parse or this machine does not have, before
-    anything is loaded or written (``treespec.devices.check_device``)."""
-    from treespec.devices import check_device
-    from treespec.errors import TreespecError
-
-    try:
-        check_device(device)
-    except TreespecError as exc:
-        fail(str(exc))
-
-
 def set_threads(threads: int | None) -> None:
     """Check ``--threads`` (``check_threads``), then give torch that many (None: leave torch's default)."""
     if check_threads(threads) is not None:

@@ -108,12 +108,10 @@ def eagle(
     token loss) or, with --version 3, EAGLE-3 (three fused target layers, training-time test)."""
     from treespec.catalog import DEFAULT_TARGET
     from treespec.cli import TrainingProgress
-    from treespec.cli.common import check_device_option
     from treespec.plugins.eagle_train import TrainSettings, train
 
     args = dict(locals())
     set_threads(threads)
-    check_device_option(device)
     _check(
         seed, limit, epochs, batch_size, layers, ttt_steps, max_new_tokens, gen_batch_size, offset, lr, noise, version
     )

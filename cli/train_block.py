@@ -97,12 +97,10 @@ def block(
     (DFlash's recipe on the target's own greedy generations)."""
     from treespec.catalog import DEFAULT_TARGET
     from treespec.cli import TrainingProgress
-    from treespec.cli.common import check_device_option
     from treespec.plugins.block_train import train_block
 
     args = dict(locals())
     set_threads(threads)
-    check_device_option(device)
     check_seed(seed)
     check_positive(
         limit=limit, epochs=epochs, batch_size=batch_size, max_new_tokens=max_new_tokens,

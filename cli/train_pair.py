@@ -83,13 +83,12 @@ def pair(
     """Train treespec's own Llama target and draft (one BPE tokenizer) on the Python standard library's source."""
     from treespec.cli import TrainingProgress
     from treespec.cli import fail as _fail
-    from treespec.cli.common import check_device_option, settings_from
+    from treespec.cli.common import settings_from
     from treespec.train.pair import train_pair
 
     args = dict(locals())
     if minutes is not None and minutes <= 0:
         _fail(f"--minutes must be > 0, got {minutes}")
-    check_device_option(device)
     settings = settings_from(
         PairSettings,
         args,

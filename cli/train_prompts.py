@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail
-from treespec.cli.common import check_device_option, check_positive, check_seed, set_threads, settings_from
+from treespec.cli.common import check_positive, check_seed, set_threads, settings_from
 from treespec.cli.train_options import Device, Threads
 from treespec.errors import TreespecError
 
@@ -52,7 +52,6 @@ def prompts(
 
     args = dict(locals())
     set_threads(threads)
-    check_device_option(device)
     check_seed(seed)
     check_positive(count=count, batch_size=batch_size, max_tokens=max_tokens, min_words=min_words)
     if not (math.isfinite(temperature) and temperature > 0):

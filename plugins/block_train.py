@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from treespec.devices import check_device
 from treespec.errors import ConfigError
 from treespec.files import write_text_atomic
 from treespec.plugins.block_head import BlockHead, BlockSpec
@@ -205,6 +206,7 @@ def check(s: BlockSettings) -> None:
         raise ConfigError(f"--gamma must be a finite number > 0, got {s.gamma}")
     if s.save_dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"--save-dtype {s.save_dtype!r}: use float32, float16 or bfloat16")
+    check_device(s.device)
 
 
 def with_layers(s: BlockSettings, target: Any) -> BlockSettings:

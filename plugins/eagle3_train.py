@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from treespec.devices import check_device
 from treespec.errors import ConfigError
 from treespec.files import write_text_atomic
 from treespec.lean import apply_rope
@@ -208,6 +209,7 @@ def _check(s: Train3Settings) -> None:
         raise ConfigError(f"--draft-vocab must be ≥ 2, got {s.draft_vocab}")
     if s.max_len < 8:
         raise ConfigError(f"--max-len must be ≥ 8, got {s.max_len}")
+    check_device(s.device)
 
 
 def _new_head(config: Any, hidden: int, vocab: int, used: torch.Tensor, lm_head: torch.nn.Module) -> Eagle3Head:

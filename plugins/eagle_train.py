@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from treespec.devices import check_device
 from treespec.errors import ConfigError
 from treespec.files import save_torch_atomic, write_text_atomic
 from treespec.kv import causal_mask
@@ -217,6 +218,7 @@ def train(s: TrainSettings, progress: Progress = quiet, log: Callable[[str], Non
     """Train (or resume) a head; returns the summary also written to ``OUT/training.json``."""
     if not 0 < s.holdout < 1:
         raise ConfigError(f"--holdout must be between 0 and 1, got {s.holdout}")
+    check_device(s.device)
     out = prepare_out(s.out, "EAGLE training")
     torch.manual_seed(s.seed)
     target, embed, lm_head = frozen_target(s.target, s.device)

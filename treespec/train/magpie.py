@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from treespec.devices import check_device
 from treespec.errors import ConfigError
 
 SENTINEL = "\x00treespec-user-turn\x00"
@@ -178,6 +179,7 @@ def write_prompts(
     """Append kept queries to ``s.out`` (JSON lines: id, turns, category) until it holds ``s.count``."""
     from treespec.models import load_causal_lm, load_tokenizer
 
+    check_device(s.device)  # before anything loads
     out = Path(s.out)
     rows = _written(out)
     tokenizer = load_tokenizer(s.target)
