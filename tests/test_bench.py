@@ -101,6 +101,30 @@ def test_format_raw_and_chat(target64, tmp_path):
     assert chat_tok.decode(datasets.format_turns(chat_tok, code, []), skip_special_tokens=True) == "def f():"
 
 
+def test_a_prompt_longer_than_the_context_is_formatted_without_the_tokenizers_warning():
+    """Training keeps a long prompt's tail and the Decoder refuses it in one line, so the tokenizer's
+    "will result in indexing errors" warning is noise. A fresh tokenizer (it warns once per instance),
+    and a handler on transformers' own logger (it does not propagate)."""
+    import logging
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(STORIES260K)
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        ids = datasets.format_turns(
+            tok, datasets.PromptItem("long", ["def f(x):\n    return x + 1\n" * 400], raw=True), []
+        )
+    finally:
+        logger.removeHandler(handler)
+    assert len(ids) > tok.model_max_length  # long enough that the tokenizer would warn
+    assert not [m for m in said if "sequence length" in m]
+
+
 # ------------------------------------------------------------------ specs
 def test_parse_spec_sweeps_the_cartesian_product():
     assert parse_spec("opt-tree nodes=10,25 threshold=0.5,0") == [

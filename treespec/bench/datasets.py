@@ -174,4 +174,5 @@ def format_turns(tokenizer: Any, item: PromptItem, answers: list[str]) -> list[i
         text += turn if i == 0 else f"\n\n{turn}"
         if i < len(answers):
             text += answers[i]
-    return list(tokenizer(text).input_ids)
+    # no length warning: the callers cut a long prompt to the context (training) or refuse it in one line (Decoder)
+    return list(tokenizer(text, verbose=False).input_ids)
