@@ -114,13 +114,16 @@ def test_a_prompt_longer_than_the_context_is_formatted_without_the_tokenizers_wa
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
     logger = logging.getLogger("transformers")
+    level = logger.level  # an earlier in-process CLI run may have set transformers' verbosity to errors
     logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
     try:
         ids = datasets.format_turns(
             tok, datasets.PromptItem("long", ["def f(x):\n    return x + 1\n" * 400], raw=True), []
         )
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
     assert len(ids) > tok.model_max_length  # long enough that the tokenizer would warn
     assert not [m for m in said if "sequence length" in m]
 
