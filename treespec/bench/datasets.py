@@ -174,5 +174,5 @@ def format_turns(tokenizer: Any, item: PromptItem, answers: list[str]) -> list[i
         text += turn if i == 0 else f"\n\n{turn}"
         if i < len(answers):
             text += answers[i]
-    # no length warning: the callers cut a long prompt to the context (training) or refuse it in one line (Decoder)
+    # no length warning: training and bench cut a long prompt to the context, the Decoder refuses it in one line
     return list(tokenizer(text, verbose=False).input_ids)

@@ -72,8 +72,9 @@ def _as_new(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     from treespec.bench.datasets import DATASETS, MIX
 
     a, b = old.get("data"), new.get("data")
-    named = {a, b} & {*DATASETS, MIX}
-    if a != b and not named and isinstance(a, str) and isinstance(b, str) and Path(a).is_file():
+    if not (isinstance(a, str) and isinstance(b, str)) or a == b or {a, b} & {*DATASETS, MIX}:
+        return old
+    if Path(a).is_file():
         try:
             if Path(a).samefile(b):
                 return {**old, "data": b}
