@@ -46,6 +46,7 @@ class BlockDrafter(HeadDrafter):
         self.meta = self.load(target, name, load_block_head)
         self.target_hidden_layers = tuple(self.head.spec.target_layers)  # type: ignore[misc]  # per instance
         self.K = self.head.spec.block_size
+        self.fused = self.head.fused()  # the decoding forward's concatenated weights (block_head.Fused)
         self.ids = self.head.draft_ids  # [Vd] target ids
         inside = torch.zeros(self.vocab, dtype=torch.bool)
         inside[self.ids.cpu()] = True
@@ -80,6 +81,7 @@ class BlockDrafter(HeadDrafter):
         self.logits: torch.Tensor | None = None  # [K, Vd] this step's block output
         self.q_raw: torch.Tensor | None = None  # [K, Vd] its softmax at temperature 1, made when asked (draws)
         self.q_cal: torch.Tensor | None = None  # [K, Vd] calibrated marginals (what trees are shaped by)
+        self.top: tuple[torch.Tensor, torch.Tensor] | None = None  # their top-k per depth (``_top``)
 
     # ------------------------------------------------------------------ lifecycle
     @inference
@@ -109,15 +111,20 @@ class BlockDrafter(HeadDrafter):
         tokens, q = self.padding[:k].expand(m, k).clone(), torch.zeros(m, k)
         if m == 0 or k == 0:
             return Proposals(tokens, q)
-        q_cal = self._marginals()
+        top_tokens, top_q = self._top(kd)  # [K, kd] each: every depth's candidates, best first
         depths = tree.depths[nodes]  # [M]
-        for d in depths.unique().tolist():
-            if d >= self.K:
-                continue  # beyond the block: nothing to propose (q = 0)
-            top, index = q_cal[d].topk(kd)  # [kd] best first, distinct
-            rows = (depths == d).nonzero().flatten()
-            tokens[rows, :kd], q[rows, :kd] = self.ids[index].cpu(), top.float().cpu()
+        rows = (depths < self.K).nonzero().flatten()  # nodes at depth ≥ K get nothing (q = 0)
+        tokens[rows, :kd], q[rows, :kd] = top_tokens[depths[rows]], top_q[depths[rows]]
         return Proposals(tokens, q)
+
+    def _top(self, kd: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's top-kd target ids and calibrated probabilities for every depth ([K, kd] each, on the
+        CPU), from one top-k over the marginals; kept for the step (a tree asks once per depth)."""
+        if self.top is None or self.top[0].shape[1] < kd:
+            q, index = self._marginals().topk(kd)  # [K, kd] best first, distinct
+            self.top = (self.ids[index].cpu(), q.float().cpu())
+        tokens, q = self.top
+        return tokens[:, :kd], q[:, :kd]
 
     @inference
     def distribution(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
@@ -139,7 +146,7 @@ class BlockDrafter(HeadDrafter):
             root = F.embedding(torch.tensor([self.root], device=self.device), self.embed_weight)  # [1, H]
             x = self.head.block_input(root, self.last)[0]  # [K+1, H]
             positions = torch.arange(self.stable, self.stable + self.K + 1, device=self.device)  # [K+1]
-            out = self.head.forward_one(x, positions, self.ctx)  # [K+1, H]
+            out = self.head.forward_one(x, positions, self.ctx, self.fused)  # [K+1, H]
             self.logits = self.head.logits(out[1:], self.out_weight, self.out_bias).float()  # [K, Vd]
             self.q_cal = torch.softmax(self.logits / self.temperatures[:, None], -1)
         return self.q_cal
@@ -153,7 +160,7 @@ class BlockDrafter(HeadDrafter):
         n = feats.shape[0]
         positions = torch.arange(self.stable, self.stable + n, device=self.device)[None]  # [1, n]
         c = self.head.fuse(feats[None])  # [1, n, H]
-        new = self.head.context(c, positions)
+        new = self.head.context_one(c, positions, self.fused)
         self.last = c[:, -1]  # [1, H] the newest context row
         self.ctx = [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(self.ctx, new)]
         self.stable += n
