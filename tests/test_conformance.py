@@ -318,3 +318,12 @@ def test_check_drafter_lists_every_failed_check(tiny):
     check_drafter(toy(ToyDrafter), prompts=[[1, 2, 3, 2, 3]], max_new_tokens=8)  # default target
     with pytest.raises(ValueError, match="unknown checks"):
         check_drafter(toy(ToyDrafter), tiny, skip=["nope"])
+
+
+def test_a_bad_prompt_is_refused_in_one_line_naming_it(tiny):
+    """The kit encodes prompts as the Decoder does (``treespec.inputs.token_ids``) and names the bad one."""
+    vocab = tiny.vocab_size
+    with pytest.raises(ValueError, match=rf"^prompt #1: token id {vocab} is outside the target's vocabulary"):
+        check_drafter(toy(ToyDrafter), tiny, prompts=[[1, 2, 3], [1, vocab]], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"^prompt #0 is empty"):
+        check_drafter(toy(ToyDrafter), tiny, prompts=[[]], max_new_tokens=4)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from treespec.errors import ConfigError
+from treespec.inputs import token_ids
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.target import TargetModel
 
@@ -90,15 +92,14 @@ def default_drafters() -> list[NamedDrafter]:
 
 
 def encode_prompt(target: TargetModel, prompt: Sequence[int] | str, i: int) -> list[int]:
-    """Prompt #i as token ids: text through the target's tokenizer, ids checked against its vocabulary."""
-    if isinstance(prompt, str):
-        if target.tokenizer is None:
-            raise ValueError(f"prompt #{i} is text but the target has no tokenizer: give token ids")
-        ids = list(target.tokenizer(prompt).input_ids)
-    else:
-        ids = [int(t) for t in prompt]
-    if not ids or any(not 0 <= t < target.vocab_size for t in ids):
-        raise ValueError(f"prompt #{i} must be 1+ token ids in [0, {target.vocab_size}): {ids}")
+    """Prompt #i as token ids: text through the target's tokenizer, ids checked against its vocabulary
+    (``treespec.inputs.token_ids``, as the Decoder encodes prompts)."""
+    try:
+        ids = token_ids(prompt, target.tokenizer, target.vocab_size)
+    except ConfigError as exc:
+        raise ValueError(f"prompt #{i}: {exc}") from None
+    if not ids:
+        raise ValueError(f"prompt #{i} is empty: give 1+ token ids")
     return ids
 
 
