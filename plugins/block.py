@@ -114,7 +114,8 @@ class BlockDrafter(HeadDrafter):
         top_tokens, top_q = self._top(kd)  # [K, kd] each: every depth's candidates, best first
         depths = tree.depths[nodes]  # [M]
         rows = (depths < self.K).nonzero().flatten()  # nodes at depth ≥ K get nothing (q = 0)
-        tokens[rows, :kd], q[rows, :kd] = top_tokens[depths[rows]], top_q[depths[rows]]
+        d = depths[rows]  # [M'] depths of the nodes answered
+        tokens[rows, :kd], q[rows, :kd] = top_tokens[d], top_q[d]
         return Proposals(tokens, q)
 
     def _top(self, kd: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,8 +22,8 @@ draft vocabulary, ``draft_ids``), frozen and shared, as DFlash shares it; so is 
 Context keys and values do not depend on the block, so the drafter caches them and a step projects
 only the newly committed rows (``context_one``); the block itself is never cached. Decoding reads the
 layers' weights concatenated (``Fused``: [Wq; Wk; Wv], [Wgate; Wup], every layer's [Wk; Wv]), the same
-dot products in fewer calls: on the default pair a step's drafting 2.79 → 2.52 ms (chain of 7,
-2 threads, interleaved in one process; docs/drafters.md).
+dot products in fewer calls: on the default pair a step's drafting 4.24 → 3.87 ms (chain of 7,
+2 threads, ``examples/block_draft_ab.py``; docs/bench/block3-default-pair/NOTES.md).
 
 Files: ``config.json`` (a Llama config for the layers + a ``block`` section, ``BlockSpec``) and
 ``model.safetensors`` (``fc``, ``hidden_norm``, ``mask``, ``layers.i.*`` in Llama's names, ``norm``,
@@ -217,17 +217,22 @@ class BlockHead(nn.Module):
             q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv :]
             k, v = torch.cat([k_ctx, k], 2), torch.cat([v_ctx, v], 2)  # [1, Hkv, S + R, D]
             o = F.scaled_dot_product_attention(q, k, v, enable_gqa=nq != nkv)  # [1, Hq, R, D]
-            h = x + linear(o.transpose(1, 2).reshape(1, r, nq * d), layer.self_attn.o_proj.weight)
-            gate, up = linear(rms_norm(h, layer.post_attention_layernorm.weight, eps), gu_w).chunk(2, -1)
-            x = h + linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
+            x = self._finish(layer, x, o.transpose(1, 2).reshape(1, r, nq * d), gu_w)
         return x[0]
 
-    def _finish(self, layer: nn.Module, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        """The layer's residual, o_proj and SwiGLU MLP: x [.., H], attention output o [.., Hq·D]."""
+    def _finish(
+        self, layer: nn.Module, x: torch.Tensor, o: torch.Tensor, gate_up: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The layer's residual, o_proj and SwiGLU MLP: x [.., H], attention output o [.., Hq·D];
+        ``gate_up``: the layer's [Wgate; Wup] (``Fused``), one product for both."""
         h = x + linear(o, layer.self_attn.o_proj.weight)
         y = rms_norm(h, layer.post_attention_layernorm.weight, self.shape[3])
         m = layer.mlp
-        return h + linear(F.silu(linear(y, m.gate_proj.weight)) * linear(y, m.up_proj.weight), m.down_proj.weight)
+        if gate_up is None:
+            gate, up = linear(y, m.gate_proj.weight), linear(y, m.up_proj.weight)
+        else:
+            gate, up = linear(y, gate_up).chunk(2, -1)
+        return h + linear(F.silu(gate) * up, m.down_proj.weight)
 
     def logits(self, out: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """Draft-vocabulary logits [.., Vd] from outputs [.., H]; ``weight`` [Vd, H] = the target's output
