@@ -20,6 +20,7 @@ from treespec.cli.common import (
     check_seed,
     check_threads,
     command_line,
+    hf_errors_only,
     set_threads,
     writable_dir,
     writable_file,
@@ -92,6 +93,7 @@ LOAD_HELP = (
 )
 
 
+@hf_errors_only  # assisted generation warns about its own arguments on every call
 def bench(
     ctx: typer.Context,
     dataset: Annotated[str, typer.Option(help=DATASET_HELP)] = "humaneval",
@@ -266,11 +268,9 @@ def _runner(
     pairs: list | None = None,
 ) -> Any:
     import torch
-    from transformers.utils import logging as hf_logging
 
     from treespec.bench.runner import Bench
 
-    hf_logging.set_verbosity_error()  # assisted generation warns about its own arguments on every call
     torch.manual_seed(seed)
     set_threads(threads)
     try:

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import measure
-from treespec.cli.common import check_positive, writable_file, write_or_print
+from treespec.cli.common import check_positive, hf_errors_only, writable_file, write_or_print
 
 EPILOG = """\
 Examples:
@@ -32,6 +32,7 @@ MAX_POSITIONS_HELP = (
 )
 
 
+@hf_errors_only  # generate() warns about pad tokens on every call
 def calibrate(
     target: measure.TargetOption = None,
     drafter: measure.DraftModelOption = None,

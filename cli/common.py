@@ -4,10 +4,11 @@ run (the options they share are declared in cli/decode_options.py). Imports no t
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,25 @@ def writable_file(path: Path, flag: str, create_folder: bool = False) -> None:
         check_writable_file(path, flag)
     except TreespecError as exc:
         fail(str(exc))
+
+
+def hf_errors_only(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The command with transformers logging errors only while it runs (``generate()`` warns about its
+    own arguments on every call), then the caller's setting back: a program that calls the command
+    in-process keeps its own verbosity."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from transformers.utils import logging as hf_logging
+
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            return command(*args, **kwargs)
+        finally:
+            hf_logging.set_verbosity(level)
+
+    return run
 
 
 @contextmanager

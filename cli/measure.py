@@ -137,8 +137,5 @@ def load(
         if not prompts:
             _fail(f"no prompt fits the target's context of {context} with --max-new-tokens {max_new_tokens}; lower it")
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()  # generate() warns about pad tokens on every call
     spec = f"{drafter} layers={layers}" if layers else drafter
     return Loaded(tgt, draft, target, spec, prompts, n - len(prompts))

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from treespec.cli import fail, measure
-from treespec.cli.common import check_positive, writable_file, write_or_print
+from treespec.cli.common import check_positive, hf_errors_only, writable_file, write_or_print
 
 EPILOG = """\
 Examples:
@@ -25,6 +25,7 @@ Examples:
 OUT_HELP = "write the JSON here (for `--builder sequoia -B acceptance=FILE`) [default: print it]"
 
 
+@hf_errors_only  # generate() warns about pad tokens on every call
 def sequoia_measure(
     target: measure.TargetOption = None,
     drafter: measure.DraftModelOption = None,
