@@ -139,3 +139,19 @@ def test_a_self_draft_of_the_first_layers_still_loads():
     """Weights the config does not use (layers a self-draft skips) are not a reason to refuse."""
     model = models.load_causal_lm(str(STORIES260K), num_hidden_layers=2)
     assert model.config.num_hidden_layers == 2
+
+
+def test_loading_gives_the_callers_transformers_settings_back():
+    """Loading hides transformers' warnings and progress bars, then restores the caller's choices."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_info()
+    hf_logging.enable_progress_bar()
+    try:
+        models.load_tokenizer(str(STORIES260K))
+        models.load_causal_lm(str(STORIES260K))
+        assert hf_logging.get_verbosity() == hf_logging.INFO and hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()

@@ -167,6 +167,7 @@ def _convert(path: Path, digest: str, folder: Path, log: Any) -> None:
 
     t0 = time.perf_counter()
     log(f"converting {path.name} once into {folder} (fp32 safetensors; later runs load it in seconds)")
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.enable_progress_bar()
     try:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -178,7 +179,8 @@ def _convert(path: Path, digest: str, folder: Path, log: Any) -> None:
             "check that it is a complete llama.cpp GGUF of a supported architecture"
         ) from None
     finally:
-        hf_logging.disable_progress_bar()  # the bar is for the conversion only
+        if not bars:
+            hf_logging.disable_progress_bar()  # the bar is for the conversion only
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         config = model.config

@@ -143,7 +143,7 @@ def quiet_transformers() -> Any:
 
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     placing = logging.getLogger("accelerate.big_modeling")  # "Some parameters are on the meta device ...":
@@ -153,6 +153,8 @@ def quiet_transformers() -> Any:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
         placing.setLevel(level)
 
 
