@@ -4,12 +4,13 @@
         --ids docs/training/block-site-ids.txt
 
 The first ``--held-out`` lines of ``--head`` (the 300 the earlier stages held out, so the held-out
-numbers stay comparable) come first; then 3,000 prompts (a signature and its docstring,
-``treespec.train.code_prompts.function_prompts``) from the ``*.py`` files of the installed
-``--packages`` (test folders skipped), shuffled with ``--seed``. With ``--ids`` the prompts are the ones
-that file names (``package/path.py:line`` a line, in its order): the shipped run's sample, rebuilt
-from the same package versions (the file's header lists them); an id not found is reported, never
-filled in. Only ids are kept in the repository: the prompts' text belongs to those packages.
+numbers stay comparable) come first. Then come ``--limit`` prompts (a signature and its docstring,
+``treespec.train.code_prompts.function_prompts``), a random sample drawn with ``--seed`` from the
+``*.py`` files of the ``--packages`` installed beside this Python (folders named ``test`` or ``tests``
+skipped; ``numpy/testing`` and the like are kept). With ``--ids`` the prompts are the ones that file
+names (``package/path.py:line`` a line, in its order): the shipped run's sample, rebuilt from the same
+package versions (the file's header lists them). An id not found is reported, never filled in. Only
+ids are kept in the repository: the prompts' text belongs to those packages.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def package_prompts(packages: list[str]) -> list[dict[str, str]]:
     site = Path(sysconfig.get_paths()["purelib"])
     out = []
     for name in packages:
+        if not (site / name).is_dir():
+            raise SystemExit(f"package {name!r} is not installed in {site}: install it or leave it out of --packages")
         for path in sorted((site / name).rglob("*.py")):
             rel = path.relative_to(site).as_posix()
             if {"test", "tests"} & set(rel.split("/")):
@@ -80,7 +83,7 @@ def main() -> None:
     head = args.head.read_text().splitlines(keepends=True)[: args.held_out]
     args.out.write_text("".join(head) + "".join(json.dumps(p) + "\n" for p in sample))
     if args.write_ids:
-        versions = " ".join(f"{name}=={metadata.version(name)}" for name in packages)
+        versions = " ".join(f"{name}=={metadata.version(name)}" for name in packages)  # import = distribution names
         args.write_ids.write_text(f"# {versions}\n" + "".join(p["id"] + "\n" for p in sample))
     print(f"wrote {args.out}: {len(head)} held-out + {len(sample)} package prompts")
 
