@@ -166,20 +166,16 @@ def writable_file(path: Path, flag: str, create_folder: bool = False) -> None:
 
 
 def hf_errors_only(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The command with transformers logging errors only while it runs (``generate()`` warns about its
-    own arguments on every call), then the caller's setting back: a program that calls the command
-    in-process keeps its own verbosity."""
+    """The command run inside ``treespec.models.quiet_transformers`` (transformers logs errors only,
+    its progress bars off: ``generate()`` warns about its own arguments on every call), so a program
+    that calls the command in-process gets its own settings back."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
-        from transformers.utils import logging as hf_logging
+        from treespec.models import quiet_transformers
 
-        level = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
+        with quiet_transformers():
             return command(*args, **kwargs)
-        finally:
-            hf_logging.set_verbosity(level)
 
     return run
 

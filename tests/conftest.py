@@ -62,6 +62,20 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def hf_logging_info():
+    """transformers logging at INFO with its progress bars on, as a program calling treespec may have
+    it; the test's own settings back afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_info()
+    hf_logging.enable_progress_bar()
+    yield hf_logging
+    hf_logging.set_verbosity(verbosity)
+    (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+
+
 def tinystories_prompts(n: int, cut_words: int = 25) -> list[str]:
     """The first n validation stories, each without its last ``cut_words`` words (at least 12 kept):
     real text, and some runs reach the story's end within 128 tokens."""

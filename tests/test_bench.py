@@ -268,22 +268,9 @@ def test_rule_sweep_runs_every_configuration_once_per_rule_with_the_same_seeds()
 
 
 # ------------------------------------------------------------------ the command
-def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path):
-    from transformers.utils import logging as hf_logging
-
+def test_bench_command_writes_table_json_steps_plots_and_report(tmp_path, hf_logging_info):
     out = tmp_path / "run"
-    caller = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_info()  # a program calling the command in-process: its own setting survives the run
-    try:
-        res = _bench_command(out)
-        assert hf_logging.get_verbosity() == hf_logging.INFO
-    finally:
-        hf_logging.set_verbosity(caller)
-    _check_bench_command(res, out, tmp_path)
-
-
-def _bench_command(out):
-    return CliRunner().invoke(
+    res = CliRunner().invoke(
         app,
         [
             "bench",
@@ -305,9 +292,7 @@ def _bench_command(out):
             str(out),
         ],
     )
-
-
-def _check_bench_command(res, out, tmp_path):
+    assert hf_logging_info.get_verbosity() == hf_logging_info.INFO  # an in-process caller keeps its setting
     assert res.exit_code == 0, res.output
     assert "hf-greedy" in res.stdout and "lossless" in res.stdout
     result = json.loads((out / "results.json").read_text())

@@ -293,12 +293,10 @@ def test_a_chat_template_that_rejects_the_system_role_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_hf_errors_only_quiets_transformers_while_a_command_runs_then_gives_the_setting_back(fails):
-    from transformers.utils import logging as hf_logging
-
+def test_hf_errors_only_quiets_transformers_while_a_command_runs_then_gives_the_setting_back(fails, hf_logging_info):
     from treespec.cli.common import hf_errors_only
 
-    seen = []
+    hf_logging, seen = hf_logging_info, []
 
     @hf_errors_only
     def command(x: int) -> int:
@@ -307,14 +305,9 @@ def test_hf_errors_only_quiets_transformers_while_a_command_runs_then_gives_the_
             raise RuntimeError("boom")
         return x + 1
 
-    caller = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_info()
-    try:
-        if fails:
-            with pytest.raises(RuntimeError):
-                command(1)
-        else:
-            assert command(1) == 2
-        assert seen == [hf_logging.ERROR] and hf_logging.get_verbosity() == hf_logging.INFO
-    finally:
-        hf_logging.set_verbosity(caller)
+    if fails:
+        with pytest.raises(RuntimeError):
+            command(1)
+    else:
+        assert command(1) == 2
+    assert seen == [hf_logging.ERROR] and hf_logging.get_verbosity() == hf_logging.INFO

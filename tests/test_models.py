@@ -142,17 +142,11 @@ def test_a_self_draft_of_the_first_layers_still_loads():
 
 
 @pytest.mark.parametrize("bars", [True, False])
-def test_loading_gives_the_callers_transformers_settings_back(bars):
+def test_loading_gives_the_callers_transformers_settings_back(bars, hf_logging_info):
     """Loading hides transformers' warnings and progress bars, then restores the caller's choices."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, before = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_info()
-    (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
-    try:
-        models.load_tokenizer(str(STORIES260K))
-        models.load_causal_lm(str(STORIES260K))
-        assert hf_logging.get_verbosity() == hf_logging.INFO and hf_logging.is_progress_bar_enabled() == bars
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+    hf_logging = hf_logging_info
+    if not bars:
+        hf_logging.disable_progress_bar()
+    models.load_tokenizer(str(STORIES260K))
+    models.load_causal_lm(str(STORIES260K))
+    assert hf_logging.get_verbosity() == hf_logging.INFO and hf_logging.is_progress_bar_enabled() == bars

@@ -137,8 +137,10 @@ def _trust_fix(what: str) -> str:
 
 @contextlib.contextmanager
 def quiet_transformers() -> Any:
-    """transformers' own warnings and progress bars off while loading: treespec reports what matters
-    in one line (a refused custom-code model would otherwise print a stray config-type warning)."""
+    """transformers' own warnings and progress bars off while loading (and while a CLI command that
+    calls ``generate()`` runs, ``cli.common.hf_errors_only``), the caller's settings back after:
+    treespec reports what matters in one line (a refused custom-code model would otherwise print a
+    stray config-type warning)."""
     import logging
 
     from transformers.utils import logging as hf_logging
