@@ -3,7 +3,6 @@ results.json; ``treespec bench --report`` writes it the same way after its run."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +11,7 @@ import typer
 from treespec.cli import fail
 from treespec.cli.common import writable_file
 from treespec.errors import TreespecError
+from treespec.files import read_json
 
 
 def write_report(paths: list[Path], out: Path, flag: str = "--out") -> None:
@@ -20,13 +20,12 @@ def write_report(paths: list[Path], out: Path, flag: str = "--out") -> None:
 
     loaded = []
     for path in paths:
-        if not path.is_file():
-            fail(f"{path}: no such results.json; run `treespec bench --out DIR` first")
+        fix = "run `treespec bench --out DIR` first" if not path.is_file() else "rerun the bench that wrote it"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            fail(f"{path} is not a valid results.json ({exc}); rerun the bench that wrote it")
-        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            data = read_json(path, "results file", fix)
+        except TreespecError as exc:
+            fail(str(exc))
+        if not isinstance(data.get("rows"), list):
             fail(f"{path} is not a treespec results.json (no rows); rerun the bench that wrote it")
         try:  # every field the page reads is there (a hand-edited or older file failed half-way, KeyError)
             report.markdown([(path.resolve(), data)], out.resolve().parent, out)

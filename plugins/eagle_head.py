@@ -33,7 +33,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from treespec.errors import ConfigError, ModelLoadError
-from treespec.files import save_safetensors_atomic, write_text_atomic, writing
+from treespec.files import read_json, save_safetensors_atomic, write_text_atomic, writing
 from treespec.inference import inference
 from treespec.kv import cache_keyword
 from treespec.row_matmul import linear
@@ -244,14 +244,7 @@ def read_config(name: str, what: str = "EAGLE head") -> tuple[dict[str, Any], Pa
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise ModelLoadError(f"{what} {name!r}: {folder} has no config.json; pass the head's directory")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(
-            f"{what} {name!r}: {cfg_path} is not valid JSON ({exc}); download or save the head again"
-        ) from None
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{what} {name!r}: {cfg_path} is not a config object; download or save the head again")
+    raw = read_json(cfg_path, f"{what} {name!r}:", "download or save the head again", ModelLoadError)
     return raw, folder
 
 

@@ -45,6 +45,7 @@ import torch
 from treespec.errors import ConfigError
 from treespec.export.tree import Path as RankPath
 from treespec.export.tree import Tree as SequoiaShape  # a static tree: rank paths by depth then rank, and its E(A)
+from treespec.files import read_json
 from treespec.interfaces import Drafter, TreeBuilder
 from treespec.plugins.configs import SequoiaConfig
 from treespec.plugins.static import grow, shape_layers
@@ -69,12 +70,7 @@ def load_acceptance(value: str | Path | Sequence[float]) -> tuple[float, ...]:
         else:
             path = Path(text).expanduser()
             source = f"acceptance file {path}"
-            if not path.is_file():
-                raise ConfigError(f"sequoia: acceptance file {path} not found; {MEASURE_HINT}")
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ConfigError(f"sequoia: {source} is not JSON ({exc}); {MEASURE_HINT}") from None
+            data = read_json(path, "sequoia: acceptance file", MEASURE_HINT, kind=None)
             if isinstance(data, dict):
                 if "acceptance" not in data:
                     raise ConfigError(f"sequoia: {source} has no 'acceptance' list; {MEASURE_HINT}")

@@ -67,15 +67,11 @@ def _device_map(value: Any) -> Any:
     path = Path(str(value))
     if not path.is_file():
         raise ConfigError(f"--device-map {value!r}: use {', '.join(DEVICE_MAPS)} or a JSON file of module -> device")
-    import json
+    from treespec.files import read_json
 
-    try:
-        mapping = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"--device-map {path}: not JSON ({first_line(exc)}); give a JSON object of module -> device"
-        ) from None
-    if not isinstance(mapping, dict) or not mapping:
+    fix = 'give a JSON object of module name -> device ("cpu", 0, "disk", ...)'
+    mapping = read_json(path, "--device-map", fix)
+    if not mapping:
         raise ConfigError(f'--device-map {path}: give a JSON object of module name -> device ("cpu", 0, "disk", ...)')
     return mapping
 

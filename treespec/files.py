@@ -1,4 +1,4 @@
-"""Writing files: atomically, checked before the work, and one line when it fails.
+"""Files: written atomically, checked before the work, JSON read as data, and one line when it fails.
 
 Every file treespec writes goes through here. The content goes to a temporary file beside its target
 (``.NAME.XXXXXXXX.tmp``, in the same folder, so on the same filesystem), is flushed to the disk, then
@@ -15,11 +15,15 @@ temporary file is left behind. An ``OSError`` (a full disk, a read-only folder, 
     writing(path)                             one line for the OSError of a write that cannot be atomic
                                               (an appended log, a model folder written by transformers)
     check_writable_dir(path) / check_writable_file(path)   before long work: can we write there at all?
+    read_json(path, what, fix)                a JSON file a user gave (a profile, a map, a config): its
+                                              value, or one line for a missing file, bad JSON or the
+                                              wrong kind of value
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -28,6 +32,30 @@ from pathlib import Path
 from typing import Any
 
 from treespec.errors import ConfigError
+
+_KINDS = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}
+
+
+def read_json(
+    path: str | Path, what: str, fix: str, error: type[Exception] = ConfigError, kind: type | None = dict
+) -> Any:
+    """The value in the JSON file ``path`` (data, never code), or one ``error`` line that names ``what``
+    (the file's role: ``"acceptance file"``, ``"--device-map"``), the file and ``fix`` when the file is
+    missing, unreadable, not UTF-8 JSON, or its value is not a ``kind`` (``dict`` or ``list``; None:
+    any value)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise error(f"{what} {path} not found; {fix}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        detail = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+        raise error(f"{what} {path} is not JSON ({detail}); {fix}") from None
+    if kind is not None and not isinstance(data, kind):
+        held = _KINDS.get(type(data), "null")
+        raise error(f"{what} {path} holds {held}, not {_KINDS[kind]}; {fix}")
+    return data
+
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)

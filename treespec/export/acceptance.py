@@ -146,20 +146,15 @@ def measure_depth_rank(
 
 def load(path: str) -> dict[str, Any]:
     """A measurement written by ``treespec export measure`` (JSON); problems are one ``ConfigError`` line."""
-    import json
     from pathlib import Path
 
     from treespec.errors import ConfigError
+    from treespec.files import read_json
 
     hint = "make one with `treespec export measure --target T --drafter D --out FILE`"
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"acceptance file {file} not found; {hint}")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"acceptance file {file} is not JSON ({type(exc).__name__}); {hint}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    data = read_json(file, "acceptance file", hint)
+    if data.get("format") != FORMAT:
         raise ConfigError(f"acceptance file {file} is not a depth-by-rank measurement ({FORMAT}); {hint}")
     p = data.get("acceptance")
     if (

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from treespec.errors import ConfigError, ModelLoadError
+from treespec.files import read_json
 
 
 @dataclass
@@ -57,12 +58,7 @@ def read_target(name: str) -> TargetInfo:
         if Path(folder).is_dir()
         else snapshot_dir(folder, ["config.json"], "target") / "config.json"
     )
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(
-            f"target {name!r}: cannot read {path} ({type(exc).__name__}); pass a model folder"
-        ) from None
+    raw = read_json(path, f"target {name!r}:", "pass a model folder", ModelLoadError)
     text = raw.get("text_config") or raw
     try:
         return TargetInfo(

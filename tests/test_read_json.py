@@ -1,0 +1,71 @@
+"""A JSON file a user gives (a device map, an acceptance file, a head's config.json, a results.json)
+is read by one function, ``treespec.files.read_json``: its value, or one line that names the file's
+role, the file, what is wrong and the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from treespec.cli.app import app
+from treespec.errors import ConfigError, ModelLoadError
+from treespec.files import read_json
+
+CASES = [
+    (None, "not found"),
+    ("{not json", "is not JSON (Expecting property name"),
+    (b"\xff\xfe{}", "is not JSON (UnicodeDecodeError)"),
+    ("[1, 2]", "holds a list, not an object"),
+    ('"text"', "holds a string, not an object"),
+    ("null", "holds null, not an object"),
+]
+
+
+def _write(path, content):
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+
+
+@pytest.mark.parametrize("content,needle", CASES)
+def test_a_bad_file_is_one_line_with_its_role_and_fix(tmp_path, content, needle):
+    path = tmp_path / "map.json"
+    _write(path, content)
+    with pytest.raises(ConfigError) as info:
+        read_json(path, "--device-map", "give a JSON object")
+    message = str(info.value)
+    assert "\n" not in message and needle in message
+    assert message.startswith(f"--device-map {path} ") and message.endswith("; give a JSON object")
+
+
+def test_the_value_and_the_kinds_asked_for(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps({"x": [1, 2.5]}))
+    assert read_json(path, "file", "fix") == {"x": [1, 2.5]}
+    path.write_text("[0.5, 0.25]")
+    assert read_json(path, "file", "fix", kind=list) == [0.5, 0.25]
+    assert read_json(path, "file", "fix", kind=None) == [0.5, 0.25]
+    with pytest.raises(ModelLoadError, match="holds a list, not an object; fix"):
+        read_json(path, "head 'h':", "fix", ModelLoadError)
+
+
+def test_a_folder_is_not_a_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        read_json(tmp_path, "acceptance file", "fix")
+
+
+@pytest.mark.parametrize("content,needle", [c for c in CASES if c[0] is not None])
+def test_callers_say_it_in_one_line(tmp_path, content, needle):
+    """Two callers, through their own entry points: a device map given to a load, and bench-report."""
+    from treespec.devices import device_placement
+
+    path = tmp_path / "results.json"
+    _write(path, content)
+    with pytest.raises(ConfigError) as info:
+        device_placement(str(path), None, None)
+    assert str(info.value).startswith(f"--device-map {path} ") and needle in str(info.value)
+    res = CliRunner().invoke(app, ["bench-report", str(path), "--out", str(tmp_path / "b.md")])
+    assert res.exit_code == 2 and needle in res.output and res.output.count("\n") == 1, res.output
