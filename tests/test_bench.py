@@ -357,7 +357,7 @@ def test_bench_bad_input(tmp_path):
     )
     assert res.exit_code == 2 and "one or the other" in res.stderr
     res = runner.invoke(app, ["bench-report", str(tmp_path / "missing")])
-    assert res.exit_code == 2 and "no such results.json" in res.stderr
+    assert res.exit_code == 2 and "missing not found; run `treespec bench --out DIR` first" in res.stderr
 
 
 def test_report_targets_call_a_loss_a_miss_only_at_equal_budget():
