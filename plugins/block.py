@@ -108,6 +108,11 @@ class BlockDrafter(HeadDrafter):
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         m, k = int(nodes.shape[0]), min(k, self.vocab)
         kd = min(k, int(self.ids.numel()))  # from the marginals; the rest: tokens outside the draft vocabulary, q = 0
+        if m == 1 and kd == k:  # one node (a chain's): its depth's row of the marginals' top-k, nothing to pad
+            d = int(tree.depths[int(nodes[0])])
+            if d < self.K:
+                top_tokens, top_q = self._top(kd)  # [K, kd]
+                return Proposals(top_tokens[d : d + 1].clone(), top_q[d : d + 1].clone())  # [1, k]
         tokens, q = self.padding[:k].expand(m, k).clone(), torch.zeros(m, k)
         if m == 0 or k == 0:
             return Proposals(tokens, q)

@@ -124,6 +124,13 @@ def test_nodes_at_the_same_depth_share_candidates_and_depth_k_gets_none(target64
     a, b = tree.add_children(torch.zeros(2, dtype=torch.long), first.tokens[0, :2], first.q[0, :2]).tolist()
     second = d.expand(tree, torch.tensor([a, b]), 3)
     assert torch.equal(second.tokens[0], second.tokens[1]) and torch.equal(second.q[0], second.q[1])
+    alone = d.expand(tree, torch.tensor([a]), 3)  # one node: the chain's shortcut, the same answer
+    assert torch.equal(alone.tokens, second.tokens[:1]) and torch.equal(alone.q, second.q[:1])
+    with torch.inference_mode():  # a copy: a caller that writes into its proposals changes no later answer
+        alone.q.zero_()
+    assert torch.equal(d.expand(tree, torch.tensor([a]), 3).q, second.q[:1])
+    wide = d.expand(tree, torch.tensor([a]), d.vocab + 5)  # asked for more than there is: the whole vocabulary
+    assert wide.tokens.shape == (1, d.vocab) and torch.equal(wide.tokens[0, :3], second.tokens[0])
     node = a
     for _ in range(d.K - 1):
         node = int(
