@@ -26,7 +26,9 @@ def write_report(paths: list[Path], out: Path, flag: str = "--out") -> None:
         except TreespecError as exc:
             fail(str(exc))
         if not isinstance(data.get("rows"), list):
-            fail(f"{path} is not a treespec results.json (no rows); rerun the bench that wrote it")
+            fail(
+                f"results file {path} has no 'rows' list: it is not a treespec results.json; rerun the bench that wrote it"
+            )
         try:  # every field the page reads is there (a hand-edited or older file failed half-way, KeyError)
             report.markdown([(path.resolve(), data)], out.resolve().parent, out)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:

@@ -108,7 +108,7 @@ class BlockDrafter(HeadDrafter):
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         m, k = int(nodes.shape[0]), min(k, self.vocab)
         kd = min(k, int(self.ids.numel()))  # from the marginals; the rest: tokens outside the draft vocabulary, q = 0
-        if m == 1 and kd == k:  # one node (a chain's): its depth's row of the marginals' top-k, nothing to pad
+        if m == 1 and 0 < k == kd:  # one node (a chain's): its depth's row of the marginals' top-k, nothing to pad
             d = int(tree.depths[int(nodes[0])])
             if d < self.K:
                 top_tokens, top_q = self._top(kd)  # [K, kd]

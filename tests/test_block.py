@@ -129,8 +129,12 @@ def test_nodes_at_the_same_depth_share_candidates_and_depth_k_gets_none(target64
     with torch.inference_mode():  # a copy: a caller that writes into its proposals changes no later answer
         alone.q.zero_()
     assert torch.equal(d.expand(tree, torch.tensor([a]), 3).q, second.q[:1])
-    wide = d.expand(tree, torch.tensor([a]), d.vocab + 5)  # asked for more than there is: the whole vocabulary
-    assert wide.tokens.shape == (1, d.vocab) and torch.equal(wide.tokens[0, :3], second.tokens[0])
+    kd = int(d.ids.numel())  # the whole draft vocabulary: the most the shortcut answers
+    alone, both = d.expand(tree, torch.tensor([a]), kd), d.expand(tree, torch.tensor([a, b]), kd)
+    assert torch.equal(alone.tokens, both.tokens[:1]) and torch.equal(alone.q, both.q[:1])
+    d.begin_step(6)  # a new step: no marginals yet; asking for no children must not run the block
+    assert d.expand(tree, torch.tensor([a]), 0).tokens.shape == (1, 0) and d.q_cal is None
+    d.begin_step(5)
     node = a
     for _ in range(d.K - 1):
         node = int(

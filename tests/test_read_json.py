@@ -16,7 +16,7 @@ from treespec.files import read_json
 CASES = [
     (None, "not found"),
     ("{not json", "is not JSON (Expecting property name"),
-    (b"\xff\xfe{}", "is not JSON (UnicodeDecodeError)"),
+    (b"\xff\xfe{}", "is not JSON (not UTF-8 text)"),
     ("[1, 2]", "holds a list, not an object"),
     ('"text"', "holds a string, not an object"),
     ("null", "holds null, not an object"),
@@ -52,14 +52,30 @@ def test_the_value_and_the_kinds_asked_for(tmp_path):
         read_json(path, "head 'h':", "fix", ModelLoadError)
 
 
-def test_a_folder_is_not_a_file(tmp_path):
-    with pytest.raises(ConfigError, match="not found"):
+def test_a_folder_is_not_a_file_and_an_unreadable_file_says_so(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"is not a file; fix$"):
         read_json(tmp_path, "acceptance file", "fix")
+    path = tmp_path / "a.json"
+    path.write_text("{}")
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(path), "read_text", denied)
+    with pytest.raises(ConfigError, match=r"a.json cannot be read \(Permission denied\); fix$"):
+        read_json(path, "acceptance file", "fix")
+
+
+def test_only_objects_and_lists_are_asked_for(tmp_path):
+    with pytest.raises(ValueError, match="kind is dict, list or None"):
+        read_json(tmp_path / "a.json", "file", "fix", kind=float)
 
 
 @pytest.mark.parametrize("content,needle", [c for c in CASES if c[0] is not None])
 def test_callers_say_it_in_one_line(tmp_path, content, needle):
-    """Two callers, through their own entry points: a device map given to a load, and bench-report."""
+    """Callers through their own entry points: a device map given to ``device_placement`` (what a load
+    is placed by) and ``bench-report``."""
+    pytest.importorskip("accelerate")  # --device-map needs it
     from treespec.devices import device_placement
 
     path = tmp_path / "results.json"
@@ -69,3 +85,20 @@ def test_callers_say_it_in_one_line(tmp_path, content, needle):
     assert str(info.value).startswith(f"--device-map {path} ") and needle in str(info.value)
     res = CliRunner().invoke(app, ["bench-report", str(path), "--out", str(tmp_path / "b.md")])
     assert res.exit_code == 2 and needle in res.output and res.output.count("\n") == 1, res.output
+
+
+def test_a_heads_config_and_an_acceptance_list(tmp_path):
+    """A head's config.json (``what`` ends in a colon: the head's name comes first) is a ModelLoadError;
+    sequoia takes an object or a bare list (``kind=None``)."""
+    from treespec.plugins.eagle_head import read_config
+    from treespec.plugins.sequoia import load_acceptance
+
+    (tmp_path / "config.json").write_text("[1]")
+    with pytest.raises(ModelLoadError, match=rf"^EAGLE head '{tmp_path}': {tmp_path}/config.json holds a list"):
+        read_config(str(tmp_path))
+    acc = tmp_path / "acc.json"
+    acc.write_text("[0.5, 0.25]")
+    assert load_acceptance(str(acc)) == (0.5, 0.25)
+    acc.write_text("{bad")
+    with pytest.raises(ConfigError, match=r"^sequoia: acceptance file .*acc.json is not JSON"):
+        load_acceptance(str(acc))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from treespec.errors import ConfigError, PromiseNote
+from treespec.files import read_json
 
 
 def first_line(exc: BaseException) -> str:
@@ -67,12 +68,10 @@ def _device_map(value: Any) -> Any:
     path = Path(str(value))
     if not path.is_file():
         raise ConfigError(f"--device-map {value!r}: use {', '.join(DEVICE_MAPS)} or a JSON file of module -> device")
-    from treespec.files import read_json
-
     fix = 'give a JSON object of module name -> device ("cpu", 0, "disk", ...)'
     mapping = read_json(path, "--device-map", fix)
     if not mapping:
-        raise ConfigError(f'--device-map {path}: give a JSON object of module name -> device ("cpu", 0, "disk", ...)')
+        raise ConfigError(f"--device-map {path} is an empty object; {fix}")
     return mapping
 
 

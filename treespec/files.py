@@ -15,9 +15,9 @@ temporary file is left behind. An ``OSError`` (a full disk, a read-only folder, 
     writing(path)                             one line for the OSError of a write that cannot be atomic
                                               (an appended log, a model folder written by transformers)
     check_writable_dir(path) / check_writable_file(path)   before long work: can we write there at all?
-    read_json(path, what, fix)                a JSON file a user gave (a profile, a map, a config): its
-                                              value, or one line for a missing file, bad JSON or the
-                                              wrong kind of value
+    read_json(path, what, fix)                a JSON file a user gave (a device map, an acceptance file,
+                                              a head's config.json, a results.json): its value, or one
+                                              line for a missing file, bad JSON or the wrong kind of value
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 from treespec.errors import ConfigError
 
-_KINDS = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}
+_HELD = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}
 
 
 def read_json(
@@ -41,19 +41,26 @@ def read_json(
 ) -> Any:
     """The value in the JSON file ``path`` (data, never code), or one ``error`` line that names ``what``
     (the file's role: ``"acceptance file"``, ``"--device-map"``), the file and ``fix`` when the file is
-    missing, unreadable, not UTF-8 JSON, or its value is not a ``kind`` (``dict`` or ``list``; None:
-    any value)."""
+    missing or not a file, cannot be read, is not UTF-8 JSON, or holds something other than a ``kind``
+    (``dict`` or ``list``; None: any value)."""
+    if kind not in (dict, list, None):
+        raise ValueError(f"read_json: kind is dict, list or None, not {kind!r}")
     path = Path(path).expanduser()
     if not path.is_file():
-        raise error(f"{what} {path} not found; {fix}")
+        raise error(f"{what} {path} {'is not a file' if path.exists() else 'not found'}; {fix}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:  # no permission, an I/O error
+        raise error(f"{what} {path} cannot be read ({exc.strerror or type(exc).__name__}); {fix}") from None
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not JSON (not UTF-8 text); {fix}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or a number too long to convert
         detail = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
         raise error(f"{what} {path} is not JSON ({detail}); {fix}") from None
     if kind is not None and not isinstance(data, kind):
-        held = _KINDS.get(type(data), "null")
-        raise error(f"{what} {path} holds {held}, not {_KINDS[kind]}; {fix}")
+        raise error(f"{what} {path} holds {_HELD.get(type(data), 'null')}, not {_HELD[kind]}; {fix}")
     return data
 
 
