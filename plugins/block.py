@@ -108,16 +108,13 @@ class BlockDrafter(HeadDrafter):
     def expand(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> Proposals:
         m, k = int(nodes.shape[0]), min(k, self.vocab)
         kd = min(k, int(self.ids.numel()))  # from the marginals; the rest: tokens outside the draft vocabulary, q = 0
-        if m == 1 and 0 < k == kd:  # one node (a chain's): its depth's row of the marginals' top-k, nothing to pad
-            d = int(tree.depths[int(nodes[0])])
-            if d < self.K:
-                top_tokens, top_q = self._top(kd)  # [K, kd]
-                return Proposals(top_tokens[d : d + 1].clone(), top_q[d : d + 1].clone())  # [1, k]
-        tokens, q = self.padding[:k].expand(m, k).clone(), torch.zeros(m, k)
         if m == 0 or k == 0:
-            return Proposals(tokens, q)
+            return Proposals(self.padding[:k].expand(m, k).clone(), torch.zeros(m, k))
         top_tokens, top_q = self._top(kd)  # [K, kd] each: every depth's candidates, best first
         depths = tree.depths[nodes]  # [M]
+        if kd == k and int(depths.max()) < self.K:  # every node answered in full (a chain's, a frontier)
+            return Proposals(top_tokens[depths], top_q[depths])  # [M, k] gathered copies, nothing to pad
+        tokens, q = self.padding[:k].expand(m, k).clone(), torch.zeros(m, k)
         rows = (depths < self.K).nonzero().flatten()  # nodes at depth ≥ K get nothing (q = 0)
         d = depths[rows]  # [M'] depths of the nodes answered
         tokens[rows, :kd], q[rows, :kd] = top_tokens[d], top_q[d]

@@ -124,12 +124,12 @@ def test_nodes_at_the_same_depth_share_candidates_and_depth_k_gets_none(target64
     a, b = tree.add_children(torch.zeros(2, dtype=torch.long), first.tokens[0, :2], first.q[0, :2]).tolist()
     second = d.expand(tree, torch.tensor([a, b]), 3)
     assert torch.equal(second.tokens[0], second.tokens[1]) and torch.equal(second.q[0], second.q[1])
-    alone = d.expand(tree, torch.tensor([a]), 3)  # one node: the chain's shortcut, the same answer
+    alone = d.expand(tree, torch.tensor([a]), 3)  # one node (a chain's): the same answer
     assert torch.equal(alone.tokens, second.tokens[:1]) and torch.equal(alone.q, second.q[:1])
     with torch.inference_mode():  # a copy: a caller that writes into its proposals changes no later answer
         alone.q.zero_()
     assert torch.equal(d.expand(tree, torch.tensor([a]), 3).q, second.q[:1])
-    kd = int(d.ids.numel())  # the whole draft vocabulary: the most the shortcut answers
+    kd = int(d.ids.numel())  # the whole draft vocabulary: the most the marginals answer without padding
     alone, both = d.expand(tree, torch.tensor([a]), kd), d.expand(tree, torch.tensor([a, b]), kd)
     assert torch.equal(alone.tokens, both.tokens[:1]) and torch.equal(alone.q, both.q[:1])
     d.begin_step(6)  # a new step: no marginals yet; asking for no children must not run the block
@@ -142,6 +142,9 @@ def test_nodes_at_the_same_depth_share_candidates_and_depth_k_gets_none(target64
         )
     assert int(tree.depths[node]) == d.K
     assert d.expand(tree, torch.tensor([node]), 3).q.abs().sum() == 0  # beyond the block: nothing
+    mixed = d.expand(tree, torch.tensor([a, node]), 3)  # one node beyond the block: the padded path
+    assert torch.equal(mixed.tokens[0], second.tokens[0]) and torch.equal(mixed.q[0], second.q[0])
+    assert mixed.q[1].abs().sum() == 0
     dist = d.distribution(tree, torch.tensor([0, node]))
     assert torch.allclose(dist[0].sum(), torch.tensor(1.0, dtype=dist.dtype)) and dist[1].abs().sum() == 0
     assert (dist[0, d.ids] > 0).all()
