@@ -163,24 +163,21 @@ def _convert(path: Path, digest: str, folder: Path, log: Any) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+
+    from treespec.models import progress_bars
 
     t0 = time.perf_counter()
     log(f"converting {path.name} once into {folder} (fp32 safetensors; later runs load it in seconds)")
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.enable_progress_bar()
     try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        with progress_bars(True):  # the bar is for the conversion only
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     except Exception as exc:  # noqa: BLE001 - an unreadable or unsupported file: one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise ModelLoadError(
             f"GGUF file {path} cannot be read by transformers ({type(exc).__name__}: {first}); "
             "check that it is a complete llama.cpp GGUF of a supported architecture"
         ) from None
-    finally:
-        if not bars:
-            hf_logging.disable_progress_bar()  # the bar is for the conversion only
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         config = model.config

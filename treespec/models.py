@@ -136,6 +136,20 @@ def _trust_fix(what: str) -> str:
 
 
 @contextlib.contextmanager
+def progress_bars(on: bool) -> Any:
+    """transformers' progress bars on (a GGUF conversion's) or off (a save inside treespec's own rich
+    bars) inside the block, and the caller's setting back after it."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if on else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+@contextlib.contextmanager
 def quiet_transformers() -> Any:
     """transformers' own warnings and progress bars off while loading (and while a CLI command that
     calls ``generate()`` runs, ``cli.common.hf_errors_only``), the caller's settings back after:
@@ -145,18 +159,16 @@ def quiet_transformers() -> Any:
 
     from transformers.utils import logging as hf_logging
 
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
     placing = logging.getLogger("accelerate.big_modeling")  # "Some parameters are on the meta device ...":
     level = placing.level  # what a device map is for, not news
     placing.setLevel(logging.ERROR)
     try:
-        yield
+        with progress_bars(False):
+            yield
     finally:
         hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
         placing.setLevel(level)
 
 

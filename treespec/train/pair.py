@@ -265,18 +265,14 @@ MAX_SHARD = "16MB"  # weights over this are split into shards + model.safetensor
 def export(model: Any, tokenizer: Any, folder: Path) -> None:
     """A ``from_pretrained`` directory: config, generation config (stops at ``<|endoftext|>``), weights, tokenizer."""
     from transformers import GenerationConfig
-    from transformers.utils import logging as hf_logging
+
+    from treespec.models import progress_bars
 
     model.generation_config = GenerationConfig(bos_token_id=EOT_ID, eos_token_id=EOT_ID, pad_token_id=PAD_ID)
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # "Writing model shards" would break the rich progress bar
-    try:
-        with writing(folder, "--out"):  # transformers writes the folder's files itself
-            model.eval().save_pretrained(folder, max_shard_size=MAX_SHARD)
-            tokenizer.save_pretrained(folder)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+    # "Writing model shards" would break the rich progress bar
+    with progress_bars(False), writing(folder, "--out"):  # transformers writes the folder's files itself
+        model.eval().save_pretrained(folder, max_shard_size=MAX_SHARD)
+        tokenizer.save_pretrained(folder)
 
 
 # ---------------------------------------------------------------------- the pair
