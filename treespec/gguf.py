@@ -164,7 +164,7 @@ def _convert(path: Path, digest: str, folder: Path, log: Any) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from treespec.models import progress_bars
+    from treespec.hf_bars import progress_bars
 
     t0 = time.perf_counter()
     log(f"converting {path.name} once into {folder} (fp32 safetensors; later runs load it in seconds)")

@@ -14,6 +14,7 @@ from treespec import model_checks as checks
 from treespec.catalog import MODEL_ALIASES, PACKAGED_MODELS, resolve_name
 from treespec.devices import check_device, check_dtype, check_map_modules, device_placement, device_type
 from treespec.errors import ConfigError, ModelLoadError, TreespecError
+from treespec.hf_bars import progress_bars
 
 
 def looks_like_model(name: str) -> bool:
@@ -133,20 +134,6 @@ def _trust_fix(what: str) -> str:
         "pass --trust-remote-code to `treespec run` (Python: trust_remote_code=True); bench, calibrate and "
         "train load only targets that need no code of their own"
     )
-
-
-@contextlib.contextmanager
-def progress_bars(on: bool) -> Any:
-    """transformers' progress bars on (a GGUF conversion's) or off (a save inside treespec's own rich
-    bars) inside the block, and the caller's setting back after it."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    (hf_logging.enable_progress_bar if on else hf_logging.disable_progress_bar)()
-    try:
-        yield
-    finally:
-        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
 @contextlib.contextmanager

@@ -266,7 +266,7 @@ def export(model: Any, tokenizer: Any, folder: Path) -> None:
     """A ``from_pretrained`` directory: config, generation config (stops at ``<|endoftext|>``), weights, tokenizer."""
     from transformers import GenerationConfig
 
-    from treespec.models import progress_bars
+    from treespec.hf_bars import progress_bars
 
     model.generation_config = GenerationConfig(bos_token_id=EOT_ID, eos_token_id=EOT_ID, pad_token_id=PAD_ID)
     # "Writing model shards" would break the rich progress bar
